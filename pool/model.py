@@ -160,6 +160,9 @@ class ChatRequest:
     metadata: Mapping[str, Any] | None = None
     # the client's body as received (never mutated), for same-dialect pass-through
     raw: Mapping[str, Any] = field(default_factory=dict)
+    # client headers a same-dialect upstream should see (``anthropic-beta``,
+    # ``anthropic-version``), lower-case names
+    passthrough_headers: Mapping[str, str] = field(default_factory=dict)
 
 
 # --- events --------------------------------------------------------------------
