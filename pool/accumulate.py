@@ -59,6 +59,9 @@ class Accumulator:
             self._reasoning.append(event.text)
         elif t is ReasoningEnd:
             self._close_text()
+            if event.redacted_data is not None:
+                # a redacted block is a part of its own, never the end of an open one
+                self._close_reasoning()
             text = "".join(self._reasoning) if self._reasoning is not None else ""
             if self._reasoning is None:
                 c.parts.append(ReasoningPart(""))

@@ -1,0 +1,128 @@
+"""``create_app(settings)``: everything the app needs is passed in here."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, AsyncIterator
+
+import structlog
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from auth.keys import KeyRing, TokenGate
+from pool.errors import GatewayError, InternalError, NotFound
+from pool.pool import Pool
+from pool.remote import RemoteSpec, make_remote_worker
+
+from .gateway import Gateway
+from .http import error_response
+from .middleware import GatewayMiddleware
+from .observability import Metrics
+from .routes import chat, models, ops
+
+__all__ = ["create_app", "worker_specs"]
+
+log = structlog.get_logger("poolgate")
+
+DEMO_MODELS = {"openai": ("demo",), "anthropic": ("demo-claude",)}
+
+
+def _secret(value: Any) -> str | None:
+    if value is None:
+        return None
+    getter = getattr(value, "get_secret_value", None)
+    text = getter() if getter is not None else str(value)
+    return text or None
+
+
+def worker_specs(settings: Any) -> list[RemoteSpec]:
+    """The remote worker specs the configuration asks for."""
+    return [RemoteSpec(name=w.name, dialect=w.dialect, url=w.url, api_key=_secret(w.api_key),
+                       models=tuple(w.models), aliases=dict(w.aliases),
+                       connect_timeout=w.connect_timeout,
+                       first_byte_timeout=w.first_byte_timeout,
+                       idle_timeout=w.idle_timeout, max_connections=w.max_connections)
+            for w in settings.workers]
+
+
+def create_app(settings: Any) -> Starlette:
+    server = settings.server
+    keys = KeyRing({name: _secret(key) or "" for name, key in server.api_keys.items()})
+    gw = Gateway(settings=settings, metrics=Metrics(),
+                 admin=TokenGate(_secret(server.admin_token)),
+                 metrics_gate=TokenGate(_secret(server.metrics_token)),
+                 metrics_public=server.metrics_public, max_body_bytes=server.max_body_bytes)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            specs = worker_specs(settings)
+            if not specs:
+                specs = await _start_demo(stack)
+            gw.pool = Pool([make_remote_worker(spec) for spec in specs])
+            await gw.pool.start()
+            stack.push_async_callback(gw.pool.aclose)
+            log.info("gateway.started", workers=[s.name for s in specs],
+                     models=[m.id for m in gw.pool.models()])
+            yield
+
+    routes = [
+        Route("/", ops.root, methods=["GET", "HEAD"]),
+        Route("/healthz", ops.healthz, methods=["GET"]),
+        Route("/readyz", ops.readyz, methods=["GET"]),
+        Route("/metrics", ops.metrics, methods=["GET"]),
+        Route("/v1/models", models.list_models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", models.get_model, methods=["GET"]),
+        Route("/v1/chat/completions", chat.chat_completions, methods=["POST"]),
+        Route("/v1/messages", chat.messages, methods=["POST"]),
+        Route("/internal/workers", ops.internal_workers, methods=["GET"]),
+    ]
+    app = Starlette(
+        routes=routes,
+        exception_handlers={HTTPException: _http_exception, Exception: _unhandled},
+        middleware=[Middleware(GatewayMiddleware, keys=keys, max_body_bytes=server.max_body_bytes,
+                               on_finish=gw.finish)],
+        lifespan=lifespan,
+    )
+    app.state.gateway = gw
+    return app
+
+
+async def _start_demo(stack: contextlib.AsyncExitStack) -> list[RemoteSpec]:
+    """No workers configured: serve the embedded demo upstream, offline."""
+    from .demo_upstream import start_demo_upstream
+
+    demo = await start_demo_upstream()
+    stack.push_async_callback(demo.close)
+    log.info("gateway.demo_upstream", port=demo.port)
+    return [RemoteSpec(name="demo-openai", dialect="openai", url=demo.openai_url,
+                       models=DEMO_MODELS["openai"]),
+            RemoteSpec(name="demo-anthropic", dialect="anthropic", url=demo.anthropic_url,
+                       models=DEMO_MODELS["anthropic"])]
+
+
+def _dialect(request: Request) -> str:
+    record = request.scope.get("state", {}).get("record")
+    return record.error_dialect() if record is not None else "openai"
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        err: GatewayError = NotFound(f"No such endpoint: {request.method} {request.url.path}.")
+    else:
+        err = GatewayError(f"{request.method} is not allowed on {request.url.path}.",
+                           status=exc.status_code)
+        err.kind = "invalid_request"
+    return error_response(err, _dialect(request), dict(exc.headers or {}))
+
+
+async def _unhandled(request: Request, exc: Exception) -> Response:
+    # The traceback goes to the log (by the server), never to the client.
+    log.error("gateway.unhandled_error", error_type=type(exc).__name__)
+    return error_response(InternalError("The gateway failed to handle this request."),
+                          _dialect(request))

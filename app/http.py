@@ -1,0 +1,72 @@
+"""Small HTTP helpers shared by the routes: body reading, JSON and error responses."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from pool.errors import BadRequest, GatewayError, PayloadTooLarge
+
+from .errors import error_body, error_headers, error_status
+
+__all__ = ["read_json", "json_response", "error_response", "new_id", "now", "dialect_of_path"]
+
+
+class JSONBytesResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return JSONBytesResponse(content, status_code=status, headers=headers)
+
+
+def error_response(exc: GatewayError, dialect: str, headers: dict[str, str] | None = None) -> Response:
+    extra = error_headers(exc)
+    if headers:
+        extra.update(headers)
+    return JSONBytesResponse(error_body(exc, dialect), status_code=error_status(exc, dialect),
+                             headers=extra)
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The parsed JSON body, or a :class:`BadRequest` / :class:`PayloadTooLarge`."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
+        chunks.append(chunk)
+    raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    if not raw:
+        raise BadRequest("The request body is empty; send a JSON object.")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"The request body is not valid JSON: {exc}.") from None
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def dialect_of_path(path: str, headers_have_anthropic_version: bool = False) -> str:
+    """The error dialect for a path: Anthropic for ``/v1/messages*`` (and for
+    ``/v1/models`` asked with ``anthropic-version``), OpenAI otherwise."""
+    if path.startswith("/v1/messages"):
+        return "anthropic"
+    if headers_have_anthropic_version and path.startswith("/v1/models"):
+        return "anthropic"
+    return "openai"

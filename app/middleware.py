@@ -1,0 +1,113 @@
+"""One pure-ASGI middleware for every request: request id, client auth, body
+limit, and the access record (one log line and the request metrics).
+
+Pure ASGI rather than ``BaseHTTPMiddleware`` because it sits on every request
+of the hot path and must not buffer streamed responses.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from typing import Any, Callable
+
+import orjson
+import structlog
+from structlog.contextvars import bind_contextvars, clear_contextvars
+
+from auth.keys import KeyRing, extract_key_from_scope
+from pool.errors import AuthenticationFailed, GatewayError, PayloadTooLarge
+
+from .errors import error_body, error_status
+from .record import RequestRecord
+
+__all__ = ["GatewayMiddleware"]
+
+log = structlog.get_logger("poolgate.access")
+_SAFE_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
+_PROTECTED = ("/v1/", "/generate")
+
+
+class GatewayMiddleware:
+    def __init__(self, app: Any, *, keys: KeyRing, max_body_bytes: int,
+                 on_finish: Callable[[RequestRecord], None]) -> None:
+        self.app = app
+        self.keys = keys
+        self.max_body_bytes = max_body_bytes
+        self.on_finish = on_finish
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        headers = scope["headers"]
+        request_id = None
+        content_length = None
+        anthropic_version = False
+        for name, value in headers:
+            if name == b"x-request-id":
+                candidate = value.decode("latin-1")
+                if _SAFE_ID.match(candidate):
+                    request_id = candidate
+            elif name == b"content-length":
+                content_length = value
+            elif name == b"anthropic-version":
+                anthropic_version = True
+        if request_id is None:
+            request_id = uuid.uuid4().hex
+        path = scope["path"]
+        record = RequestRecord(request_id, scope["method"], path, started)
+        record.anthropic_version = anthropic_version
+        scope.setdefault("state", {})["record"] = record
+        clear_contextvars()
+        bind_contextvars(request_id=request_id)
+        rid_header = (b"x-request-id", request_id.encode("latin-1"))
+
+        async def send_with_id(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                record.status = message["status"]
+                message["headers"] = [*message.get("headers", ()), rid_header]
+            await send(message)
+
+        try:
+            error = self._admit(scope, path, record, content_length)
+            if error is not None:
+                await self._reject(error, record, send_with_id)
+            else:
+                await self.app(scope, receive, send_with_id)
+        finally:
+            record.duration = time.perf_counter() - started
+            self.on_finish(record)
+
+    def _admit(self, scope: dict[str, Any], path: str, record: RequestRecord,
+               content_length: bytes | None) -> GatewayError | None:
+        if not path.startswith(_PROTECTED):
+            return None
+        if self.keys.enabled:
+            name = self.keys.identify(extract_key_from_scope(scope))
+            if name is None:
+                return AuthenticationFailed(
+                    "Invalid or missing API key. Send it as 'Authorization: Bearer <key>' "
+                    "or 'x-api-key: <key>'.")
+            record.key = name
+            bind_contextvars(key=name)
+        if content_length is not None:
+            try:
+                too_big = int(content_length) > self.max_body_bytes
+            except ValueError:
+                too_big = False
+            if too_big:
+                return PayloadTooLarge(
+                    f"The request body is larger than the limit of {self.max_body_bytes} bytes.")
+        return None
+
+    async def _reject(self, error: GatewayError, record: RequestRecord, send: Any) -> None:
+        dialect = record.error_dialect()
+        body = orjson.dumps(error_body(error, dialect))
+        record.error = error.kind
+        await send({"type": "http.response.start", "status": error_status(error, dialect),
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,353 @@
+"""The one settings object, and the only module that reads the environment.
+
+Built once by ``load_settings`` (file < ``POOLGATE_*`` env < CLI overrides <
+defaults underneath) and passed down explicitly. ``Settings(...)`` built
+directly (tests) reads nothing but its arguments. Secrets are resolved from
+the environment at load time into ``SecretStr`` fields so they never show up
+in a repr, a log line or an error message.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import tomllib
+from collections.abc import Mapping
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings.exceptions import SettingsError
+from pydantic_settings.sources.utils import parse_env_vars
+
+__all__ = [
+    "CONFIG_ENV", "API_KEYS_ENV", "ConfigError", "ServerSettings", "WorkerSettings", "Settings",
+    "load_settings", "check_config", "is_loopback_host",
+]
+
+CONFIG_ENV = "POOLGATE_CONFIG"
+API_KEYS_ENV = "POOLGATE_API_KEYS"
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_SECTIONS = ("server",)  # table-valued sections merged field by field across layers
+
+LogLevel = Literal["critical", "error", "warning", "info", "debug"]
+
+
+class ConfigError(Exception):
+    """The configuration cannot be loaded; ``problems`` lists every reason, one line each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (``127.0.0.0/8``, ``::1``)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class ServerSettings(BaseModel):
+    """The ``[server]`` table."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = Field("127.0.0.1", min_length=1)
+    port: int = Field(8000, ge=0, le=65535)  # 0: let the OS pick (tests)
+    api_keys: dict[str, SecretStr] = Field(default_factory=dict)
+    admin_token_env: str | None = "POOLGATE_ADMIN_TOKEN"
+    admin_token: SecretStr | None = None  # resolved from admin_token_env
+    metrics_token_env: str | None = "POOLGATE_METRICS_TOKEN"
+    metrics_token: SecretStr | None = None  # resolved from metrics_token_env
+    metrics_public: bool = False
+    max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
+    allow_insecure: bool = False
+    log_level: LogLevel = "info"
+    log_format: Literal["json", "console"] = "json"
+    shutdown_timeout: float = Field(30.0, gt=0)
+
+    @field_validator("log_level", "log_format", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("api_keys")
+    @classmethod
+    def _check_keys(cls, keys: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        seen: dict[str, str] = {}
+        for name, secret in keys.items():
+            if not _NAME.match(name):
+                raise ValueError(f"api key name {name!r} must be letters, digits, '.', '_' or '-'")
+            value = secret.get_secret_value()
+            if not value:
+                raise ValueError(f"api key {name!r} is empty")
+            if value in seen:
+                raise ValueError(f"api keys {seen[value]!r} and {name!r} have the same secret")
+            seen[value] = name
+        return keys
+
+    def plain_api_keys(self) -> dict[str, str]:
+        """name -> secret, for ``auth.keys.KeyRing``."""
+        return {name: secret.get_secret_value() for name, secret in self.api_keys.items()}
+
+    @property
+    def needs_insecure_opt_in(self) -> bool:
+        """Listening beyond loopback with no API keys: refused unless explicitly allowed."""
+        return not self.api_keys and not is_loopback_host(self.host)
+
+
+class WorkerSettings(BaseModel):
+    """One ``[[workers]]`` entry."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    kind: Literal["remote"] = "remote"
+    dialect: Literal["openai", "anthropic"]
+    url: str
+    api_key_env: str | None = None
+    api_key: SecretStr | None = None  # resolved from api_key_env
+    models: tuple[str, ...]
+    aliases: dict[str, str] = Field(default_factory=dict)
+    connect_timeout: float = Field(10.0, gt=0)
+    first_byte_timeout: float = Field(300.0, gt=0)
+    idle_timeout: float = Field(300.0, gt=0)
+    max_connections: int = Field(0, ge=0)  # 0: unlimited
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str) -> str:
+        if not _NAME.match(name):
+            raise ValueError(f"worker name {name!r} must be letters, digits, '.', '_' or '-'")
+        return name
+
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _check_kind(cls, kind: Any) -> Any:
+        if kind in ("local", "cli"):
+            raise ValueError(f"worker kind {kind!r} is not yet supported (only 'remote' for now)")
+        return kind
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"url {url!r} must be an http:// or https:// URL with a host")
+        return url.rstrip("/")
+
+    @field_validator("models")
+    @classmethod
+    def _check_models(cls, models: tuple[str, ...]) -> tuple[str, ...]:
+        if not models:
+            raise ValueError("a worker needs at least one model")
+        if any(not m for m in models):
+            raise ValueError("model names must not be empty")
+        if len(set(models)) != len(models):
+            raise ValueError("model names must be unique within a worker")
+        return models
+
+    @model_validator(mode="after")
+    def _check_aliases(self) -> WorkerSettings:
+        for alias, target in self.aliases.items():
+            if not alias:
+                raise ValueError("alias names must not be empty")
+            if target not in self.models:
+                raise ValueError(f"alias {alias!r} points at {target!r}, which this worker does not serve")
+            if alias in self.models and alias != target:
+                raise ValueError(f"alias {alias!r} shadows a model of the same name")
+        return self
+
+    def resolve(self, name: str) -> str | None:
+        """The model this worker runs for ``name`` (a model or one of its aliases), else None."""
+        if name in self.models:
+            return name
+        return self.aliases.get(name)
+
+
+class Settings(BaseSettings):
+    """Everything the gateway is configured with."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="POOLGATE_", env_nested_delimiter="__", extra="forbid", frozen=True,
+    )
+
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    workers: tuple[WorkerSettings, ...] = ()
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Only explicit arguments: the environment is read by load_settings, from the mapping it is given.
+        return (init_settings,)
+
+    @field_validator("workers")
+    @classmethod
+    def _check_pool(cls, workers: tuple[WorkerSettings, ...]) -> tuple[WorkerSettings, ...]:
+        names: dict[str, int] = {}
+        meaning: dict[str, tuple[str, int]] = {}  # served name -> (model it means, first worker index)
+        for i, worker in enumerate(workers):
+            if worker.name in names:
+                raise ValueError(f"workers[{i}].name {worker.name!r} is already used by workers[{names[worker.name]}]")
+            names[worker.name] = i
+            served = [(m, m) for m in worker.models] + list(worker.aliases.items())
+            for name, target in served:
+                first = meaning.setdefault(name, (target, i))
+                if first[0] != target:
+                    raise ValueError(
+                        f"workers[{i}] serves {name!r} as {target!r} but workers[{first[1]}] serves it as {first[0]!r}"
+                    )
+        return workers
+
+    def model_names(self) -> frozenset[str]:
+        """Every model and alias some worker serves (the label set for metrics)."""
+        return frozenset(n for w in self.workers for n in (*w.models, *w.aliases))
+
+
+class _MappingEnvSource(EnvSettingsSource):
+    """pydantic-settings' env source reading a given mapping instead of ``os.environ``."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        self._environ = environ
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return parse_env_vars(self._environ, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str)
+
+
+def load_settings(config_path: str | None, environ: Mapping[str, str], overrides: dict | None = None) -> Settings:
+    """Build the settings: defaults < file < ``POOLGATE_*`` env < ``overrides``; raises ``ConfigError``."""
+    problems: list[str] = []
+    path = config_path or environ.get(CONFIG_ENV) or None
+    data = _read_toml(path, problems) if path else {}
+    data = _merge(data, _env_layer(environ, problems))
+    data = _merge(data, overrides or {})
+    problems.extend(_missing_worker_secrets(data, environ))
+    try:
+        settings = Settings.model_validate(data)
+    except ValidationError as exc:
+        problems.extend(_format_error(err) for err in exc.errors())
+        raise ConfigError(problems) from None
+    if problems:
+        raise ConfigError(problems)
+    return _resolve_secrets(settings, environ)
+
+
+def check_config(path: str, environ: Mapping[str, str]) -> list[str]:
+    """Every problem with the configuration at ``path`` (as ``serve`` would load it), or []."""
+    try:
+        load_settings(path, environ)
+    except ConfigError as exc:
+        return exc.problems
+    return []
+
+
+def _read_toml(path: str, problems: list[str]) -> dict:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        problems.append(f"{path}: config file not found")
+    except OSError as exc:
+        problems.append(f"{path}: cannot read config file ({exc.strerror})")
+    except tomllib.TOMLDecodeError as exc:
+        problems.append(f"{path}: TOML syntax error: {exc}")
+    return {}
+
+
+def _env_layer(environ: Mapping[str, str], problems: list[str]) -> dict:
+    try:
+        data = dict(_MappingEnvSource(Settings, environ)())
+    except SettingsError as exc:
+        # pydantic-settings names our private source class; keep only the field.
+        problems.append(f"environment: {str(exc).split(' from source')[0]} (expected JSON)")
+        data = {}
+    raw_keys = environ.get(API_KEYS_ENV)
+    if raw_keys:
+        keys = _parse_api_keys(raw_keys, problems)
+        if keys is not None:
+            data["server"] = {**data.get("server", {}), "api_keys": keys}
+    return data
+
+
+def _parse_api_keys(raw: str, problems: list[str]) -> dict[str, str] | None:
+    """``POOLGATE_API_KEYS``: a JSON object, or ``name=key,name2=key2``."""
+    if raw.lstrip().startswith("{"):
+        try:
+            keys = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            problems.append(f"{API_KEYS_ENV}: not valid JSON")
+            return None
+        if not all(isinstance(v, str) for v in keys.values()):
+            problems.append(f"{API_KEYS_ENV}: every key must be a string")
+            return None
+        return keys
+    keys = {}
+    for index, entry in enumerate(e.strip() for e in raw.split(",")):
+        name, eq, secret = entry.partition("=")
+        if not eq or not name.strip() or not secret.strip():
+            # The entry itself may be a secret: name its position, never its text.
+            problems.append(f"{API_KEYS_ENV}: entry {index + 1} is not of the form name=key")
+            return None
+        keys[name.strip()] = secret.strip()
+    return keys
+
+
+def _merge(base: dict, layer: dict) -> dict:
+    """Layer over base: sections merge field by field, everything else is replaced."""
+    merged = dict(base)
+    for key, value in layer.items():
+        if key in _SECTIONS and isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return merged
+
+
+def _missing_worker_secrets(data: dict, environ: Mapping[str, str]) -> list[str]:
+    workers = data.get("workers")
+    if not isinstance(workers, list | tuple):
+        return []
+    problems = []
+    for i, worker in enumerate(workers):
+        env = worker.get("api_key_env") if isinstance(worker, dict) else None
+        if isinstance(env, str) and not environ.get(env):
+            problems.append(f"workers[{i}].api_key_env: environment variable {env} is not set")
+    return problems
+
+
+def _resolve_secrets(settings: Settings, environ: Mapping[str, str]) -> Settings:
+    server = settings.server
+    update: dict[str, SecretStr] = {}
+    for field, env in (("admin_token", server.admin_token_env), ("metrics_token", server.metrics_token_env)):
+        value = environ.get(env) if env else None
+        if value:
+            update[field] = SecretStr(value)
+    workers = tuple(
+        w.model_copy(update={"api_key": SecretStr(environ[w.api_key_env])}) if w.api_key_env else w
+        for w in settings.workers
+    )
+    return settings.model_copy(update={"server": server.model_copy(update=update), "workers": workers})
+
+
+def _format_error(err: Mapping[str, Any]) -> str:
+    loc = ""
+    for part in err["loc"]:
+        loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc else str(part))
+    if err["type"] == "extra_forbidden":
+        message = "unknown key"
+    elif err["type"] == "value_error":
+        message = str(err["ctx"]["error"])
+    else:
+        message = err["msg"]
+    return f"{loc}: {message}" if loc else message

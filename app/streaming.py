@@ -1,0 +1,183 @@
+"""Drive a worker's event stream onto the wire.
+
+Two ASGI-level pieces the routes share:
+
+* :class:`EventStreamResponse` sends SSE frames from a dialect encoder: one
+  task pumps events, one watches for the client going away (which cancels the
+  pump, and so the worker's upstream request), one sends keep-alive pings
+  while the worker is silent. Every exit path ends the stream with the
+  dialect's terminal frames, and calls ``on_done`` exactly once.
+* :func:`until_disconnect` runs a non-streaming request's work and cancels it
+  if the client disconnects first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, TypeVar
+
+import structlog
+
+from pool.errors import GatewayError, InternalError, UpstreamUnavailable
+from pool.model import Event, Finish, Usage
+
+__all__ = ["EventStreamResponse", "until_disconnect", "Encoder", "StreamOutcome"]
+
+log = structlog.get_logger("poolgate.stream")
+T = TypeVar("T")
+
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+class Encoder(Protocol):
+    def feed(self, event: Event) -> bytes: ...
+    def ping(self) -> bytes: ...
+    def close(self) -> bytes: ...
+    def fail(self, exc: GatewayError) -> bytes: ...
+
+
+class StreamOutcome:
+    """What became of a stream, for the access log and metrics."""
+
+    __slots__ = ("usage_in", "usage_out", "finish", "error", "disconnected", "first_token_at")
+
+    def __init__(self) -> None:
+        self.usage_in: int | None = None
+        self.usage_out: int | None = None
+        self.finish: str | None = None
+        self.error: GatewayError | None = None
+        self.disconnected = False
+        self.first_token_at: float | None = None
+
+
+class EventStreamResponse:
+    """An ASGI response streaming ``first`` then the rest of ``events``."""
+
+    def __init__(self, first: Event, events: AsyncIterator[Event], encoder: Encoder, *,
+                 headers: list[tuple[bytes, bytes]], ping_interval: float,
+                 on_done: Callable[[StreamOutcome], None]) -> None:
+        self.first = first
+        self.events = events
+        self.encoder = encoder
+        self.headers = SSE_HEADERS + headers
+        self.ping_interval = ping_interval
+        self.on_done = on_done
+        self.outcome = StreamOutcome()
+        self._last_send = 0.0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        loop = asyncio.get_running_loop()
+        await send({"type": "http.response.start", "status": 200, "headers": self.headers})
+        self._last_send = loop.time()
+        pump = asyncio.ensure_future(self._pump(send, loop))
+        watch = asyncio.ensure_future(self._watch_disconnect(receive, pump))
+        pinger = asyncio.ensure_future(self._ping(send, loop)) if self.ping_interval > 0 else None
+        try:
+            await pump
+        except asyncio.CancelledError:
+            if not self.outcome.disconnected:
+                raise
+        finally:
+            watch.cancel()
+            if pinger is not None:
+                pinger.cancel()
+            await _aclose_quietly(self.events)
+            self.on_done(self.outcome)
+
+    async def _pump(self, send: Any, loop: asyncio.AbstractEventLoop) -> None:
+        enc = self.encoder
+        outcome = self.outcome
+        try:
+            frame = enc.feed(self.first)
+            if frame:
+                await send({"type": "http.response.body", "body": frame, "more_body": True})
+            async for event in self.events:
+                t = type(event)
+                if t is Usage:
+                    if event.input_tokens is not None:
+                        outcome.usage_in = event.input_tokens
+                    if event.output_tokens is not None:
+                        outcome.usage_out = event.output_tokens
+                elif t is Finish:
+                    outcome.finish = event.reason
+                elif outcome.first_token_at is None:
+                    outcome.first_token_at = time.perf_counter()
+                frame = enc.feed(event)
+                if frame:
+                    self._last_send = loop.time()
+                    await send({"type": "http.response.body", "body": frame, "more_body": True})
+            tail = enc.close()
+        except GatewayError as exc:
+            outcome.error = exc
+            tail = enc.fail(exc)
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception as exc:  # a worker bug must still end the stream properly
+            log.exception("stream.worker_crashed")
+            err = InternalError("The worker failed while answering.")
+            outcome.error = err
+            tail = enc.fail(err)
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    async def _watch_disconnect(self, receive: Any, pump: asyncio.Future[None]) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                if not pump.done():
+                    self.outcome.disconnected = True
+                    pump.cancel()
+                return
+
+    async def _ping(self, send: Any, loop: asyncio.AbstractEventLoop) -> None:
+        # Frames are whole SSE events and uvicorn writes each send() before it
+        # awaits flow control, so a ping can never land inside another frame.
+        interval = self.ping_interval
+        while True:
+            await asyncio.sleep(interval - (loop.time() - self._last_send))
+            if loop.time() - self._last_send >= interval:
+                self._last_send = loop.time()
+                await send({"type": "http.response.body", "body": self.encoder.ping(),
+                            "more_body": True})
+
+
+async def _aclose_quietly(events: AsyncIterator[Event]) -> None:
+    aclose = getattr(events, "aclose", None)
+    if aclose is not None:
+        try:
+            await aclose()
+        except Exception:  # noqa: BLE001 - the stream is over either way
+            log.debug("stream.aclose_failed", exc_info=True)
+
+
+async def until_disconnect(receive: Callable[[], Awaitable[dict[str, Any]]],
+                           work: Awaitable[T]) -> T:
+    """Run ``work``; if the client disconnects first, cancel it and raise
+    :class:`UpstreamUnavailable` marked as a disconnect (nobody will read it)."""
+    task = asyncio.ensure_future(work)
+
+    async def watch() -> None:
+        while True:
+            if (await receive())["type"] == "http.disconnect":
+                task.cancel()
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if watcher.done():
+            raise ClientGone("The client disconnected.") from None
+        raise
+    finally:
+        watcher.cancel()
+
+
+class ClientGone(UpstreamUnavailable):
+    """The client disconnected before its answer was ready."""
+
+    status = 499

@@ -1,0 +1,119 @@
+"""The pool: which workers serve which models, and which one takes a request.
+
+This is the minimal pool of the gateway core: model and alias resolution,
+capability checks, least-in-flight choice among ready workers, and in-flight
+accounting released on every path. Supervision, admission limits and affinity
+routing build on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, replace
+from typing import Iterable, Sequence
+
+from .errors import BadRequest, NotFound, Overloaded
+from .model import ChatRequest, ImagePart, ToolResultPart
+from .worker import Capabilities, Worker, WorkerState
+
+__all__ = ["Pool", "ModelEntry", "check_capabilities"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelEntry:
+    id: str
+    owned_by: str
+    alias_of: str | None = None
+
+
+class Pool:
+    def __init__(self, workers: Sequence[Worker]) -> None:
+        self.workers: tuple[Worker, ...] = tuple(workers)
+        self._serving: dict[str, list[Worker]] = {}
+        self._aliases: dict[str, str] = {}
+        for worker in self.workers:
+            for model in worker.models:
+                self._serving.setdefault(model, []).append(worker)
+            for alias, model in worker.aliases.items():
+                self._aliases.setdefault(alias, model)
+        self.in_flight: dict[str, int] = {w.name: 0 for w in self.workers}
+
+    # --- models -------------------------------------------------------------
+
+    def models(self) -> list[ModelEntry]:
+        """Every model and alias, in configuration order, each once."""
+        entries: dict[str, ModelEntry] = {}
+        for worker in self.workers:
+            for model in worker.models:
+                entries.setdefault(model, ModelEntry(model, worker.name))
+            for alias, model in worker.aliases.items():
+                entries.setdefault(alias, ModelEntry(alias, worker.name, alias_of=model))
+        return list(entries.values())
+
+    def resolve(self, name: str) -> str:
+        """The served model id for a client-facing name (a model or an alias)."""
+        if name in self._serving:
+            return name
+        target = self._aliases.get(name)
+        if target is not None and target in self._serving:
+            return target
+        raise NotFound(f"The model '{name}' does not exist or is not served here.",
+                       param="model", code="model_not_found")
+
+    def knows(self, name: str) -> bool:
+        return name in self._serving or self._aliases.get(name) in self._serving
+
+    # --- choosing a worker --------------------------------------------------------
+
+    def pick(self, request: ChatRequest) -> tuple[Worker, ChatRequest]:
+        """Choose a ready worker for ``request`` and return the request as that
+        worker must see it (alias resolved to the served model id)."""
+        model = self.resolve(request.model)
+        ready = [w for w in self._serving[model] if w.state is WorkerState.READY]
+        if not ready:
+            raise Overloaded(f"No worker serving '{request.model}' is ready; try again shortly.",
+                             retry_after=1)
+        worker = min(ready, key=lambda w: self.in_flight[w.name]) if len(ready) > 1 else ready[0]
+        check_capabilities(request, worker.capabilities)
+        if model != request.model:
+            request = replace(request, model=model)
+        return worker, request
+
+    def acquire(self, worker: Worker) -> None:
+        self.in_flight[worker.name] += 1
+
+    def release(self, worker: Worker) -> None:
+        self.in_flight[worker.name] -= 1
+
+    def ready_models(self) -> dict[str, bool]:
+        return {m: any(w.state is WorkerState.READY for w in ws) for m, ws in self._serving.items()}
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await asyncio.gather(*(w.start() for w in self.workers))
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(w.aclose() for w in self.workers), return_exceptions=True)
+
+
+def check_capabilities(request: ChatRequest, caps: Capabilities) -> None:
+    """Refuse, naming the parameter, what the worker cannot honour."""
+    if request.sampling.n > caps.max_n:
+        raise BadRequest(f"n={request.sampling.n} is not supported by this model's worker "
+                         f"(at most {caps.max_n}).", param="n")
+    if request.logprobs and not caps.logprobs:
+        raise BadRequest("logprobs are not available from this model's worker.", param="logprobs")
+    if request.tools and not caps.tools:
+        raise BadRequest("This model's worker does not support tools.", param="tools")
+    if not caps.images and _has_images(request):
+        raise BadRequest("This model's worker does not accept images.", param="messages")
+
+
+def _has_images(request: ChatRequest) -> bool:
+    return any(isinstance(p, ImagePart) or (isinstance(p, ToolResultPart) and _any_image(p.content))
+               for m in request.messages for p in m.parts)
+
+
+def _any_image(parts: Iterable[object]) -> bool:
+    return any(isinstance(p, ImagePart) for p in parts)

@@ -1,0 +1,363 @@
+"""Canonical ⇄ Anthropic Messages, for a ``remote`` worker (sans-IO).
+
+:func:`build_body` makes the upstream request body; :class:`StreamParser`
+turns the upstream's SSE ``data`` payloads into canonical events;
+:func:`body_events` does the same for a non-streaming JSON answer.
+
+Choices made here (see the module tests):
+
+* Every ``system``/``developer`` message, wherever it stands, becomes a block
+  of the top-level ``system`` (the Messages API has no system role).
+* Consecutive messages of one role are merged into one message.
+* Unsigned reasoning is dropped: the API rejects thinking without a signature.
+* ``response_format``: JSON is asked for with a system instruction, which
+  every Anthropic-compatible server honours; when the client asked for a
+  *strict* schema the schema also goes to ``output_config.format`` so the
+  Anthropic API enforces it (its schema subset is narrower than OpenAI's, so
+  a non-strict schema is not sent there: it could be refused).
+* ``thinking_budget`` must stay below ``max_tokens`` and at least 1024: the
+  budget is clamped to ``max_tokens - 1`` rather than raising the client's
+  output cap; when ``max_tokens`` is 1024 or less thinking is left off.
+* Tool call arguments that are not a JSON object (custom tools' free text)
+  go as ``{"input": <text>}``, matching the schema given to custom tools.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from pool.errors import UpstreamUnavailable
+from pool.model import (
+    ChatRequest, Event, Finish, ImagePart, Message, ReasoningDelta, ReasoningEnd, ReasoningPart,
+    Start, TextDelta, TextPart, Tool, ToolCallDelta, ToolCallEnd, ToolCallPart, ToolCallStart,
+    ToolResultPart, Usage,
+)
+
+from .errors import error_from_object
+
+__all__ = ["build_body", "StreamParser", "body_events", "STOP_REASONS", "DEFAULT_MAX_TOKENS",
+           "JSON_INSTRUCTION", "JSON_SCHEMA_INSTRUCTION"]
+
+DEFAULT_MAX_TOKENS = 4096
+STOP_REASONS = {
+    "end_turn": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_calls",
+    "stop_sequence": "stop_sequence",
+    "refusal": "content_filter",
+    "pause_turn": "stop",
+    "model_context_window_exceeded": "length",
+}
+JSON_INSTRUCTION = "Respond only with a valid JSON object, and no other text."
+JSON_SCHEMA_INSTRUCTION = ("Respond only with a JSON value that matches this JSON schema, "
+                           "and no other text:\n")
+_CUSTOM_SCHEMA = {"type": "object", "properties": {"input": {"type": "string"}},
+                  "required": ["input"]}
+_EMPTY_SCHEMA = {"type": "object", "properties": {}}
+_NONE: tuple[Event, ...] = ()
+
+
+# --- request -------------------------------------------------------------------
+
+def build_body(request: ChatRequest) -> dict[str, Any]:
+    """The upstream body: the client's own body when it spoke this dialect."""
+    if request.dialect == "anthropic" and request.raw:
+        body = dict(request.raw)  # shallow: raw itself is never touched
+        body["model"] = request.model
+        if request.stream or "stream" in body:
+            body["stream"] = request.stream
+        return body
+    return _translate(request)
+
+
+def _translate(req: ChatRequest) -> dict[str, Any]:
+    system: list[dict[str, Any]] = []
+    messages: list[dict[str, Any]] = []
+    for m in req.messages:
+        if m.role == "system" or m.role == "developer":
+            system.extend({"type": "text", "text": p.text}
+                          for p in m.parts if type(p) is TextPart and p.text)
+            continue
+        blocks = _user_blocks(m) if m.role == "user" else _assistant_blocks(m)
+        if not blocks:
+            continue
+        if messages and messages[-1]["role"] == m.role:
+            messages[-1]["content"].extend(blocks)
+        else:
+            messages.append({"role": m.role, "content": blocks})
+
+    s = req.sampling
+    max_tokens = s.max_tokens if s.max_tokens is not None else DEFAULT_MAX_TOKENS
+    body: dict[str, Any] = {"model": req.model, "messages": messages, "max_tokens": max_tokens}
+    rf = req.response_format
+    if rf is not None and rf.type != "text":
+        if rf.type == "json_schema" and rf.schema is not None:
+            schema_text = orjson.dumps(rf.schema, default=dict).decode()
+            system.append({"type": "text", "text": JSON_SCHEMA_INSTRUCTION + schema_text})
+            if rf.strict:
+                body["output_config"] = {"format": {"type": "json_schema", "schema": rf.schema}}
+        else:
+            system.append({"type": "text", "text": JSON_INSTRUCTION})
+    if system:
+        body["system"] = system
+    if s.stop:
+        body["stop_sequences"] = list(s.stop)
+    if s.temperature is not None:
+        body["temperature"] = s.temperature
+    if s.top_p is not None:
+        body["top_p"] = s.top_p
+    if s.top_k is not None:
+        body["top_k"] = s.top_k
+    if req.tools:
+        body["tools"] = [_tool(t) for t in req.tools]
+        tc = req.tool_choice
+        if tc is not None:
+            choice: dict[str, Any] = {"type": {"required": "any", "named": "tool"}.get(tc.mode,
+                                                                                        tc.mode)}
+            if tc.mode == "named":
+                choice["name"] = tc.name
+            if tc.parallel is False and tc.mode != "none":
+                choice["disable_parallel_tool_use"] = True
+            body["tool_choice"] = choice
+    if req.thinking_budget and max_tokens > 1024:
+        budget = min(max(1024, req.thinking_budget), max_tokens - 1)
+        body["thinking"] = {"type": "enabled", "budget_tokens": budget}
+    if req.user is not None:
+        body["metadata"] = {"user_id": req.user}
+    if req.stream:
+        body["stream"] = True
+    return body
+
+
+def _image(p: ImagePart) -> dict[str, Any]:
+    if p.data is not None:
+        source = {"type": "base64", "media_type": p.media_type or "image/png", "data": p.data}
+    else:
+        source = {"type": "url", "url": p.url}
+    return {"type": "image", "source": source}
+
+
+def _user_blocks(m: Message) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    rest: list[dict[str, Any]] = []
+    for p in m.parts:
+        t = type(p)
+        if t is TextPart:
+            if p.text:
+                rest.append({"type": "text", "text": p.text})
+        elif t is ImagePart:
+            rest.append(_image(p))
+        elif t is ToolResultPart:
+            results.append(_tool_result(p))
+    # the API wants tool results first in their user message
+    return results + rest if results else rest
+
+
+def _tool_result(p: ToolResultPart) -> dict[str, Any]:
+    content = [{"type": "text", "text": c.text} if type(c) is TextPart else _image(c)
+               for c in p.content if type(c) is not TextPart or c.text]
+    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": p.call_id}
+    if content:
+        block["content"] = content
+    if p.is_error:
+        block["is_error"] = True
+    return block
+
+
+def _assistant_blocks(m: Message) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    for p in m.parts:
+        t = type(p)
+        if t is TextPart:
+            if p.text:
+                blocks.append({"type": "text", "text": p.text})
+        elif t is ToolCallPart:
+            blocks.append({"type": "tool_use", "id": p.id, "name": p.name,
+                           "input": _tool_input(p.arguments)})
+        elif t is ReasoningPart:
+            if p.redacted_data is not None:
+                blocks.append({"type": "redacted_thinking", "data": p.redacted_data})
+            elif p.signature is not None:
+                blocks.append({"type": "thinking", "thinking": p.text, "signature": p.signature})
+    return blocks
+
+
+def _tool_input(arguments: str) -> Any:
+    if not arguments.strip():
+        return {}
+    try:
+        value = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return {"input": arguments}
+    return value if isinstance(value, dict) else {"input": arguments}
+
+
+def _tool(t: Tool) -> dict[str, Any]:
+    tool: dict[str, Any] = {"name": t.name}
+    if t.description is not None:
+        tool["description"] = t.description
+    if t.kind == "custom":
+        tool["input_schema"] = _CUSTOM_SCHEMA
+    else:
+        tool["input_schema"] = t.parameters if t.parameters is not None else _EMPTY_SCHEMA
+    return tool
+
+
+# --- answer --------------------------------------------------------------------
+
+def _usage(u: dict[str, Any]) -> Usage:
+    """Anthropic counts cache reads and writes apart from ``input_tokens``;
+    the canonical ``input_tokens`` is the whole prompt."""
+    given = u.get("input_tokens")
+    read = u.get("cache_read_input_tokens")
+    created = u.get("cache_creation_input_tokens")
+    total = None if given is None else given + (read or 0) + (created or 0)
+    return Usage(input_tokens=total, output_tokens=u.get("output_tokens"), cached_tokens=read,
+                 cache_creation_tokens=created)
+
+
+def _finish(delta: dict[str, Any]) -> Finish | None:
+    reason = delta.get("stop_reason")
+    if not reason:
+        return None
+    mapped = STOP_REASONS.get(reason, "stop")
+    return Finish(mapped, delta.get("stop_sequence") if mapped == "stop_sequence" else None)
+
+
+def _loads(data: str | bytes) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise UpstreamUnavailable("upstream sent invalid JSON") from None
+
+
+class StreamParser:
+    """Feed each SSE ``data`` payload; ``done`` turns true at ``message_stop``."""
+
+    __slots__ = ("done", "_kinds", "_signatures", "_with_args")
+
+    def __init__(self) -> None:
+        self.done = False
+        self._kinds: dict[int, str] = {}        # block index -> block type
+        self._signatures: dict[int, str] = {}   # thinking block index -> signature so far
+        self._with_args: set[int] = set()       # tool_use blocks that got some input
+
+    def feed(self, data: str) -> tuple[Event, ...] | list[Event]:
+        if not data:
+            return _NONE
+        obj = _loads(data)
+        kind = obj.get("type") if isinstance(obj, dict) else None
+        if kind == "content_block_delta":  # the hot path first
+            index = obj.get("index", 0)
+            delta = obj.get("delta") or {}
+            dtype = delta.get("type")
+            if dtype == "text_delta":
+                text = delta.get("text")
+                return (TextDelta(text),) if text else _NONE
+            if dtype == "thinking_delta":
+                text = delta.get("thinking")
+                return (ReasoningDelta(text),) if text else _NONE
+            if dtype == "input_json_delta":
+                partial = delta.get("partial_json")
+                if not partial:
+                    return _NONE
+                self._with_args.add(index)
+                return (ToolCallDelta(index, partial),)
+            if dtype == "signature_delta":
+                self._signatures[index] = self._signatures.get(index, "") + delta.get(
+                    "signature", "")
+            return _NONE
+        if kind == "content_block_start":
+            return self._block_start(obj.get("index", 0), obj.get("content_block") or {})
+        if kind == "content_block_stop":
+            return self._block_stop(obj.get("index", 0))
+        if kind == "message_start":
+            msg = obj.get("message") or {}
+            usage = msg.get("usage")
+            start = Start(msg.get("id"), msg.get("model"))
+            return (start, _usage(usage)) if usage else (start,)
+        if kind == "message_delta":
+            out: list[Event] = []
+            finish = _finish(obj.get("delta") or {})
+            if finish is not None:
+                out.append(finish)
+            usage = obj.get("usage")
+            if usage:
+                out.append(_usage(usage))
+            return out
+        if kind == "message_stop":
+            self.done = True
+            return _NONE
+        if kind == "error":
+            raise error_from_object(obj)
+        if kind is None:
+            raise UpstreamUnavailable("upstream sent an unexpected stream event")
+        return _NONE  # ping and event types this gateway does not model
+
+    def _block_start(self, index: int, block: dict[str, Any]) -> tuple[Event, ...]:
+        btype = block.get("type")
+        self._kinds[index] = btype
+        if btype == "text":
+            text = block.get("text")
+            return (TextDelta(text),) if text else _NONE
+        if btype == "thinking":
+            signature = block.get("signature")
+            if signature:
+                self._signatures[index] = signature
+            text = block.get("thinking")
+            return (ReasoningDelta(text),) if text else _NONE
+        if btype == "redacted_thinking":
+            return (ReasoningEnd(redacted_data=block.get("data", "")),)
+        if btype == "tool_use":
+            start = ToolCallStart(index, block.get("id", ""), block.get("name", ""))
+            given = block.get("input")
+            if given:
+                self._with_args.add(index)
+                return (start, ToolCallDelta(index, orjson.dumps(given).decode()))
+            return (start,)
+        return _NONE
+
+    def _block_stop(self, index: int) -> tuple[Event, ...]:
+        btype = self._kinds.pop(index, None)
+        if btype == "thinking":
+            return (ReasoningEnd(signature=self._signatures.pop(index, None) or None),)
+        if btype == "tool_use":
+            if index in self._with_args:
+                self._with_args.discard(index)
+                return (ToolCallEnd(index),)
+            # a call without arguments still needs valid JSON for OpenAI clients
+            return (ToolCallDelta(index, "{}"), ToolCallEnd(index))
+        return _NONE
+
+
+def body_events(body: Any) -> list[Event]:
+    """A whole non-streaming answer as the events a stream would have carried."""
+    if not isinstance(body, dict):
+        raise UpstreamUnavailable("upstream sent an unexpected response body")
+    if body.get("type") == "error" or (body.get("error") is not None and "content" not in body):
+        raise error_from_object(body)
+    out: list[Event] = [Start(body.get("id"), body.get("model"))]
+    usage = body.get("usage") or {}
+    for index, block in enumerate(body.get("content") or ()):
+        btype = block.get("type")
+        if btype == "text":
+            if block.get("text"):
+                out.append(TextDelta(block["text"]))
+        elif btype == "thinking":
+            if block.get("thinking"):
+                out.append(ReasoningDelta(block["thinking"]))
+            out.append(ReasoningEnd(signature=block.get("signature") or None))
+        elif btype == "redacted_thinking":
+            out.append(ReasoningEnd(redacted_data=block.get("data", "")))
+        elif btype == "tool_use":
+            out.append(ToolCallStart(index, block.get("id", ""), block.get("name", "")))
+            out.append(ToolCallDelta(index, orjson.dumps(block.get("input") or {}).decode()))
+            out.append(ToolCallEnd(index))
+    if usage:
+        out.append(_usage(usage))
+    finish = _finish(body)
+    if finish is not None:
+        out.append(finish)
+    return out

@@ -1,0 +1,250 @@
+"""Shared HTTP plumbing of the ``remote`` workers: one aiohttp session per
+worker, timeouts, error mapping and the streaming loop.
+
+A dialect subclass supplies only the endpoint, the body and headers for a
+request, and its sans-IO parser (:mod:`.openai_chat`, :mod:`.anthropic_messages`).
+
+Timeouts: ``connect_timeout`` bounds the TCP connect; ``first_byte_timeout``
+runs from the call until the response headers (so it also covers waiting
+for a free connection when ``max_connections`` is reached);
+``idle_timeout`` bounds each silence between body chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, ClassVar, Literal, Mapping, Protocol
+
+import aiohttp
+import orjson
+import structlog
+
+from pool.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable
+from pool.model import ChatRequest, Event
+from pool.sse import SSEDecoder
+from pool.worker import Capabilities, WorkerState
+
+from .errors import error_from_body
+
+__all__ = ["RemoteSpec", "RemoteWorker", "StreamParser"]
+
+log = structlog.get_logger("pool.remote")
+
+_HEALTH_TIMEOUT = 5.0
+_DRAIN_TIMEOUT = 0.5         # wait for the end of a finished body, to reuse the connection
+_MAX_ERROR_BODY = 64 * 1024  # read at most this much of a refusal
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteSpec:
+    """One upstream, as configured. ``url``: OpenAI base URL including ``/v1``
+    (as the openai SDK takes it); Anthropic root without ``/v1``."""
+
+    name: str
+    dialect: Literal["openai", "anthropic"]
+    url: str
+    api_key: str | None = field(default=None, repr=False)
+    models: tuple[str, ...] = ()
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    connect_timeout: float = 10.0
+    first_byte_timeout: float = 300.0
+    idle_timeout: float = 300.0
+    max_connections: int = 0
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+class StreamParser(Protocol):
+    done: bool
+
+    def feed(self, data: str) -> tuple[Event, ...] | list[Event]: ...
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    raise TypeError
+
+
+class RemoteWorker:
+    """A worker that forwards to an HTTP upstream (see :class:`pool.worker.Worker`)."""
+
+    kind = "remote"
+    parser_factory: ClassVar[Callable[[], StreamParser]]
+    body_events: ClassVar[Callable[[Any], list[Event]]]
+
+    def __init__(self, spec: RemoteSpec, *, capabilities: Capabilities, chat_url: str,
+                 health_url: str, auth_headers: Mapping[str, str]) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.models = tuple(spec.models)
+        self.aliases = dict(spec.aliases)
+        self.capabilities = capabilities
+        self.state = WorkerState.STARTING
+        self._chat_url = chat_url
+        self._health_url = health_url
+        self._default_headers = {"accept-encoding": "identity", "user-agent": "poolgate",
+                                 **spec.headers, **auth_headers}
+        self._session: aiohttp.ClientSession | None = None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"  # no URL: it may carry credentials
+
+    # --- subclass hooks -------------------------------------------------------
+
+    def prepare(self, request: ChatRequest) -> tuple[dict[str, Any], Mapping[str, str]]:
+        """The upstream body (a dict) and the per-request headers."""
+        raise NotImplementedError
+
+    # --- lifecycle ------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._session is None:
+            self._session = self._new_session()
+        self.state = WorkerState.READY
+
+    def _new_session(self) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(limit=self.spec.max_connections, limit_per_host=0)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.spec.connect_timeout)
+        return aiohttp.ClientSession(connector=connector, timeout=timeout,
+                                     headers=self._default_headers, auto_decompress=False,
+                                     raise_for_status=False)
+
+    async def aclose(self) -> None:
+        self.state = WorkerState.STOPPED
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    async def health(self) -> bool:
+        """Reachable: the upstream answered the model listing with any status < 500."""
+        session = self._session or await self._ensure_session()
+        try:
+            async with asyncio.timeout(min(_HEALTH_TIMEOUT, self.spec.first_byte_timeout)):
+                async with session.get(self._health_url, allow_redirects=False) as resp:
+                    ok = resp.status < 500
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            ok = False
+        if ok and self.state is WorkerState.UNHEALTHY:
+            self.state = WorkerState.READY
+        elif not ok and self.state is WorkerState.READY:
+            self.state = WorkerState.UNHEALTHY
+            log.warning("remote.unhealthy", worker=self.name)
+        return ok
+
+    async def _ensure_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = self._new_session()
+        return self._session
+
+    # --- the request ------------------------------------------------------------
+
+    async def stream(self, request: ChatRequest) -> AsyncIterator[Event]:
+        body, headers = self.prepare(request)
+        resp = await self._post(orjson.dumps(body, default=_json_default), headers)
+        reusable = False
+        try:
+            if request.stream and "event-stream" in resp.headers.get("content-type", ""):
+                parser = type(self).parser_factory()
+                decoder = SSEDecoder()
+                while not parser.done:
+                    chunk = await self._read_chunk(resp)
+                    for frame in decoder.feed(chunk) if chunk else decoder.close():
+                        for event in parser.feed(frame.data):
+                            yield event
+                        if parser.done:
+                            break
+                    if not chunk and not parser.done:
+                        log.warning("remote.stream_truncated", worker=self.name)
+                        raise UpstreamUnavailable("upstream closed the stream early")
+            else:  # asked not to stream, or the upstream ignored ``stream``
+                for event in type(self).body_events(_loads_body(await self._read_all(resp))):
+                    yield event
+            reusable = await self._drained(resp)
+        finally:
+            if reusable:
+                resp.release()
+            else:
+                # the client went away or the answer broke: drop the connection
+                # now so the upstream sees the disconnect and stops generating
+                resp.close()
+
+    async def _post(self, body: bytes, headers: Mapping[str, str]) -> aiohttp.ClientResponse:
+        session = self._session or await self._ensure_session()
+        spec = self.spec
+        try:
+            async with asyncio.timeout(spec.first_byte_timeout):
+                resp = await session.post(self._chat_url, data=body, headers=headers,
+                                          allow_redirects=False)
+        except aiohttp.ConnectionTimeoutError:
+            log.warning("remote.connect_timeout", worker=self.name)
+            raise UpstreamTimeout(f"could not connect to upstream {self.name} within "
+                                  f"{spec.connect_timeout:g}s") from None
+        except TimeoutError:
+            log.warning("remote.first_byte_timeout", worker=self.name)
+            raise UpstreamTimeout(f"upstream {self.name} did not answer within "
+                                  f"{spec.first_byte_timeout:g}s") from None
+        except aiohttp.ClientConnectorError:
+            log.warning("remote.connect_failed", worker=self.name)
+            raise UpstreamUnavailable(f"cannot connect to upstream {self.name}") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            log.warning("remote.request_failed", worker=self.name, error=type(exc).__name__)
+            raise UpstreamUnavailable(f"upstream {self.name} failed before answering") from None
+        if 200 <= resp.status < 300:
+            return resp
+        try:
+            raise await self._refusal(resp)
+        finally:
+            resp.close()
+
+    async def _refusal(self, resp: aiohttp.ClientResponse) -> GatewayError:
+        raw = b""
+        try:
+            async with asyncio.timeout(min(self.spec.idle_timeout, 10.0)):
+                raw = await resp.content.read(_MAX_ERROR_BODY)
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            pass
+        log.warning("remote.upstream_status", worker=self.name, status=resp.status)
+        return error_from_body(resp.status, raw, resp.headers, upstream=f"upstream {self.name}",
+                               secret=self.spec.api_key)
+
+    async def _read_chunk(self, resp: aiohttp.ClientResponse) -> bytes:
+        """The next body bytes (``b""`` at the end), within the idle timeout."""
+        try:
+            async with asyncio.timeout(self.spec.idle_timeout):
+                return await resp.content.readany()
+        except TimeoutError:
+            log.warning("remote.idle_timeout", worker=self.name)
+            raise UpstreamTimeout(f"upstream {self.name} stalled for more than "
+                                  f"{self.spec.idle_timeout:g}s") from None
+        except (aiohttp.ClientError, OSError):
+            log.warning("remote.stream_broken", worker=self.name)
+            raise UpstreamUnavailable("upstream closed the stream early") from None
+
+    async def _read_all(self, resp: aiohttp.ClientResponse) -> bytes:
+        parts: list[bytes] = []
+        while chunk := await self._read_chunk(resp):
+            parts.append(chunk)
+        return b"".join(parts)
+
+    @staticmethod
+    async def _drained(resp: aiohttp.ClientResponse) -> bool:
+        """Read what is left after the terminal event (the end of the chunked
+        body) so the connection can be reused; ``False`` if that does not come."""
+        content = resp.content
+        if content.is_eof():
+            return True
+        try:
+            async with asyncio.timeout(_DRAIN_TIMEOUT):
+                while await content.readany():
+                    pass
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return False
+        return True
+
+
+def _loads_body(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise UpstreamUnavailable("upstream sent an invalid JSON body") from None

@@ -1,0 +1,328 @@
+"""Drive the real Claude Code and Qwen Code CLIs, offline, against a local server.
+
+The CLIs come from npm and are installed once into ``<repo>/.cache/npm``
+(gitignored). Every run gets a fresh environment built from scratch (no
+variable of the calling process leaks in), an isolated HOME, every switch
+that keeps the CLI off the network except for the base URL it is given, and
+a hard timeout after which its whole process group is killed.
+
+Versions are pinned to the ones the fixtures in ``fixtures/clients`` were
+recorded with; a run of either CLI against a fake upstream takes 1-3 s.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import anyio.to_thread
+
+__all__ = [
+    "CLAUDE_CODE",
+    "QWEN_CODE",
+    "CLIError",
+    "CLITimeout",
+    "arun_claude",
+    "arun_qwen",
+    "claude_env",
+    "ensure_cli",
+    "qwen_env",
+    "result_event",
+    "run_claude",
+    "run_qwen",
+    "tool_results",
+]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NPM_PREFIX = REPO_ROOT / ".cache" / "npm"
+
+# package -> version the fixtures were recorded with (both verified offline).
+PINNED_VERSIONS: Mapping[str, str] = {
+    "@anthropic-ai/claude-code": "2.1.197",
+    "@qwen-code/qwen-code": "0.15.10",
+}
+CLAUDE_CODE = ("@anthropic-ai/claude-code", "claude")
+QWEN_CODE = ("@qwen-code/qwen-code", "qwen")
+
+_NPM_INSTALL_TIMEOUT = 600.0
+# Variables a CLI may read from a minimal environment; everything else is unset.
+_BASE_ENV_KEYS = ("PATH", "LANG", "LC_ALL", "TZ")
+
+
+class CLIError(RuntimeError):
+    """The CLI exited non-zero; carries what it printed."""
+
+    def __init__(self, argv0: str, returncode: int, stderr: str, events: list[dict]) -> None:
+        super().__init__(f"{argv0} exited {returncode}: {stderr.strip()[-2000:]}")
+        self.returncode = returncode
+        self.stderr = stderr
+        self.events = events
+
+
+class CLITimeout(CLIError):
+    """The CLI did not finish in time and was killed."""
+
+
+def _split_spec(package: str) -> tuple[str, str]:
+    """``name`` or ``name@version`` (scoped names start with ``@``)."""
+    at = package.rfind("@")
+    if at > 0:
+        return package[:at], package[at + 1 :]
+    return package, PINNED_VERSIONS.get(package, "latest")
+
+
+def _installed_version(name: str) -> str | None:
+    manifest = NPM_PREFIX / "node_modules" / name / "package.json"
+    try:
+        return json.loads(manifest.read_text())["version"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def ensure_cli(package: str, bin_name: str) -> str | None:
+    """Install ``package`` (pinned, or ``name@version``) under ``.cache/npm``
+    unless already there, and return the path of its ``bin_name`` executable.
+
+    Returns None when npm is not on PATH; raises CLIError if the install fails.
+    """
+    npm = shutil.which("npm")
+    if npm is None:
+        return None
+    name, version = _split_spec(package)
+    binary = NPM_PREFIX / "node_modules" / ".bin" / bin_name
+    NPM_PREFIX.mkdir(parents=True, exist_ok=True)
+    # One installer at a time (pytest-xdist workers share the cache).
+    with open(NPM_PREFIX / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        current = _installed_version(name)
+        if binary.exists() and current is not None and version in ("latest", current):
+            return str(binary)
+        argv = [npm, "install", "--prefix", str(NPM_PREFIX), "--no-audit", "--no-fund",
+                "--loglevel=error", f"{name}@{version}"]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=_NPM_INSTALL_TIMEOUT,
+                              stdin=subprocess.DEVNULL, check=False)
+        if proc.returncode != 0 or not binary.exists():
+            raise CLIError("npm install", proc.returncode, proc.stderr, [])
+    return str(binary)
+
+
+def _base_env(home: Path) -> dict[str, str]:
+    env = {k: os.environ[k] for k in _BASE_ENV_KEYS if k in os.environ}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    tmp = home / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    env.update(
+        HOME=str(home),
+        USER="poolgate-test",
+        TMPDIR=str(tmp),
+        XDG_CONFIG_HOME=str(home / ".config"),
+        XDG_CACHE_HOME=str(home / ".cache"),
+        XDG_DATA_HOME=str(home / ".local" / "share"),
+        XDG_STATE_HOME=str(home / ".local" / "state"),
+        TERM="dumb",
+        NO_COLOR="1",
+        CI="1",
+        NO_BROWSER="1",
+        # Belt and braces: nothing but loopback is reachable anyway.
+        NO_PROXY="127.0.0.1,localhost,::1",
+        no_proxy="127.0.0.1,localhost,::1",
+    )
+    return env
+
+
+def claude_env(base_url: str, api_key: str, *, home: Path, bearer: bool = False) -> dict[str, str]:
+    """Environment for an offline, non-interactive ``claude -p``.
+
+    ``bearer`` sends the key as ``Authorization: Bearer`` (ANTHROPIC_AUTH_TOKEN)
+    instead of ``x-api-key`` (ANTHROPIC_API_KEY).
+    """
+    env = _base_env(home)
+    env.update(
+        ANTHROPIC_BASE_URL=base_url,
+        CLAUDE_CONFIG_DIR=str(home / ".claude"),
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+        DISABLE_AUTOUPDATER="1",
+        DISABLE_UPDATES="1",
+        DISABLE_TELEMETRY="1",
+        DISABLE_ERROR_REPORTING="1",
+        DISABLE_GROWTHBOOK="1",
+        DISABLE_INSTALLATION_CHECKS="1",
+        DISABLE_COST_WARNINGS="1",
+        CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL="1",
+        CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY="1",
+        CLAUDE_CODE_DISABLE_TERMINAL_TITLE="1",
+        CLAUDE_CODE_DISABLE_AUTO_MEMORY="1",
+    )
+    env["ANTHROPIC_AUTH_TOKEN" if bearer else "ANTHROPIC_API_KEY"] = api_key
+    return env
+
+
+# Written to <home>/.qwen/settings.json before the first run in that home.
+_QWEN_SETTINGS = {
+    "$version": 4,
+    "privacy": {"usageStatisticsEnabled": False},
+    "telemetry": {"enabled": False},
+    "general": {"enableAutoUpdate": False},
+    # The managed auto-memory pass sends a second, background chat request
+    # after every turn; off, each turn is exactly the requests it needs.
+    "memory": {"enableManagedAutoMemory": False},
+    "security": {"auth": {"selectedType": "openai"}},
+}
+
+
+def qwen_env(base_url: str, api_key: str, *, model: str, home: Path) -> dict[str, str]:
+    """Environment for an offline, non-interactive Qwen Code in OpenAI mode."""
+    settings = home / ".qwen" / "settings.json"
+    if not settings.exists():
+        settings.parent.mkdir(parents=True, exist_ok=True)
+        settings.write_text(json.dumps(_QWEN_SETTINGS, indent=2))
+    env = _base_env(home)
+    env.update(
+        OPENAI_BASE_URL=base_url,
+        OPENAI_API_KEY=api_key,
+        OPENAI_MODEL=model,
+        QWEN_HOME=str(home / ".qwen"),
+        # Otherwise it re-execs itself as a child node with a bigger heap.
+        QWEN_CODE_NO_RELAUNCH="true",
+        QWEN_DISABLE_AUTO_TITLE="1",
+        QWEN_CODE_DISABLE_PRECONNECT="1",
+    )
+    return env
+
+
+def _parse_json_lines(text: str) -> list[dict]:
+    events = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue
+    return events
+
+
+def _run(argv: list[str], env: dict[str, str], cwd: Path, timeout: float, check: bool) -> list[dict]:
+    # A session of its own makes the CLI's pid its process-group id, so on
+    # timeout the CLI and every child it spawned (shells, ripgrep) go at once.
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, err = proc.communicate()
+        raise CLITimeout(argv[0], -9, f"timed out after {timeout}s\n{err}", _parse_json_lines(out))
+    finally:
+        # Also reaps children the CLI left behind in its group (a background
+        # shell): while any member lives the group id cannot be reused.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    events = _parse_json_lines(out)
+    if check and proc.returncode != 0:
+        raise CLIError(argv[0], proc.returncode, err, events)
+    return events
+
+
+def run_claude(
+    base_url: str,
+    api_key: str,
+    prompt: str,
+    *,
+    model: str,
+    cwd: str | Path,
+    home: str | Path,
+    timeout: float = 120,
+    extra_args: Sequence[str] = (),
+    bearer: bool = False,
+    check: bool = True,
+) -> list[dict]:
+    """Run ``claude -p PROMPT --output-format stream-json --verbose`` once and
+    return its events (``system``/``init``, ``assistant``, ``user`` with
+    tool results, and a final ``result``).
+
+    ``base_url`` is the server root (no ``/v1``). Read-only tools on files
+    under ``cwd`` (Read, Glob, Grep) run without asking; others need e.g.
+    ``extra_args=("--allowedTools", "Bash")``.
+    """
+    binary = ensure_cli(*CLAUDE_CODE)
+    if binary is None:
+        raise CLIError("claude", -1, "npm is not installed", [])
+    argv = [binary, "-p", prompt, "--output-format", "stream-json", "--verbose",
+            "--model", model, *extra_args]
+    env = claude_env(base_url, api_key, home=Path(home), bearer=bearer)
+    return _run(argv, env, Path(cwd), timeout, check)
+
+
+def run_qwen(
+    base_url: str,
+    api_key: str,
+    prompt: str,
+    *,
+    model: str,
+    cwd: str | Path,
+    home: str | Path,
+    timeout: float = 120,
+    approval_mode: str = "default",
+    extra_args: Sequence[str] = (),
+    check: bool = True,
+) -> list[dict]:
+    """Run ``qwen PROMPT --output-format stream-json --auth-type openai`` once
+    and return its events (same shapes as Claude Code's stream-json).
+
+    ``base_url`` is the OpenAI base URL (with ``/v1``). In ``default`` approval
+    mode only read-only tools are offered (read_file, list_directory, glob,
+    grep_search, ...) and they run unasked; ``yolo`` adds run_shell_command,
+    edit and write_file.
+    """
+    binary = ensure_cli(*QWEN_CODE)
+    if binary is None:
+        raise CLIError("qwen", -1, "npm is not installed", [])
+    # The positional prompt is the supported one-shot form (-p is deprecated).
+    argv = [binary, prompt, "--output-format", "stream-json", "--auth-type", "openai",
+            "--model", model, "--approval-mode", approval_mode, *extra_args]
+    env = qwen_env(base_url, api_key, model=model, home=Path(home))
+    return _run(argv, env, Path(cwd), timeout, check)
+
+
+async def arun_claude(*args: object, **kwargs: object) -> list[dict]:
+    """run_claude in a worker thread, for tests whose server shares the event loop."""
+    return await anyio.to_thread.run_sync(lambda: run_claude(*args, **kwargs))
+
+
+async def arun_qwen(*args: object, **kwargs: object) -> list[dict]:
+    """run_qwen in a worker thread, for tests whose server shares the event loop."""
+    return await anyio.to_thread.run_sync(lambda: run_qwen(*args, **kwargs))
+
+
+def result_event(events: Sequence[dict]) -> dict:
+    """The final ``{"type": "result", ...}`` event; raises if the run had none."""
+    for event in reversed(events):
+        if event.get("type") == "result":
+            return event
+    raise AssertionError(f"no result event among {[e.get('type') for e in events]}")
+
+
+def tool_results(events: Sequence[dict]) -> list[dict]:
+    """The ``tool_result`` blocks the CLI produced by running tools locally."""
+    blocks = []
+    for event in events:
+        if event.get("type") != "user":
+            continue
+        content = event.get("message", {}).get("content")
+        if isinstance(content, list):
+            blocks.extend(b for b in content if isinstance(b, dict) and b.get("type") == "tool_result")
+    return blocks

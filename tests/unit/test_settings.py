@@ -1,0 +1,275 @@
+"""Settings: TOML file, POOLGATE_* env, CLI overrides, secret resolution, validation."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import orjson
+import pytest
+from pydantic import SecretStr, ValidationError
+
+from app.settings import (
+    ConfigError, ServerSettings, Settings, WorkerSettings, check_config, is_loopback_host, load_settings,
+)
+
+FULL = """
+[server]
+host = "127.0.0.1"
+port = 8100
+api_keys = { team-a = "sk-a", team-b = "sk-b" }
+admin_token_env = "MY_ADMIN"
+metrics_token_env = "MY_METRICS"
+metrics_public = false
+max_body_bytes = 1024
+allow_insecure = false
+log_level = "DEBUG"
+log_format = "console"
+
+[[workers]]
+name = "gpt-upstream"
+kind = "remote"
+dialect = "openai"
+url = "http://127.0.0.1:9000/v1/"
+api_key_env = "UPSTREAM_KEY"
+models = ["gpt-4o-mini"]
+aliases = { "fast" = "gpt-4o-mini" }
+connect_timeout = 5
+first_byte_timeout = 60
+idle_timeout = 30
+max_connections = 8
+
+[[workers]]
+name = "claude"
+dialect = "anthropic"
+url = "https://api.example.com"
+models = ["claude-x", "gpt-4o-mini"]
+"""
+
+WORKER = {"name": "w", "dialect": "openai", "url": "http://127.0.0.1:9000/v1", "models": ["m"]}
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "poolgate.toml"
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_full_file_loads(tmp_path: Path) -> None:
+    environ = {"UPSTREAM_KEY": "up-secret", "MY_ADMIN": "adm", "MY_METRICS": "met"}
+    s = load_settings(write(tmp_path, FULL), environ)
+    assert (s.server.host, s.server.port, s.server.max_body_bytes) == ("127.0.0.1", 8100, 1024)
+    assert s.server.plain_api_keys() == {"team-a": "sk-a", "team-b": "sk-b"}
+    assert (s.server.log_level, s.server.log_format) == ("debug", "console")
+    assert s.server.admin_token.get_secret_value() == "adm"
+    assert s.server.metrics_token.get_secret_value() == "met"
+    gpt, claude = s.workers
+    assert gpt.url == "http://127.0.0.1:9000/v1"  # trailing slash dropped
+    assert gpt.api_key.get_secret_value() == "up-secret"
+    assert (gpt.connect_timeout, gpt.first_byte_timeout, gpt.idle_timeout, gpt.max_connections) == (5, 60, 30, 8)
+    assert gpt.resolve("fast") == "gpt-4o-mini" and gpt.resolve("claude-x") is None
+    assert claude.api_key is None and claude.kind == "remote"
+    assert s.model_names() == {"gpt-4o-mini", "fast", "claude-x"}
+
+
+def test_defaults_without_file_or_env() -> None:
+    s = load_settings(None, {})
+    assert s.server == ServerSettings()
+    assert (s.server.host, s.server.port, s.server.max_body_bytes) == ("127.0.0.1", 8000, 33554432)
+    assert s.server.admin_token is None and s.server.metrics_token is None
+    assert s.workers == ()
+
+
+def test_secrets_never_in_repr(tmp_path: Path) -> None:
+    environ = {"UPSTREAM_KEY": "up-secret", "MY_ADMIN": "adm-secret", "MY_METRICS": "met-secret"}
+    s = load_settings(write(tmp_path, FULL), environ)
+    for text in (repr(s), str(s), repr(s.workers[0]), s.model_dump_json()):
+        for secret in ("sk-a", "sk-b", "up-secret", "adm-secret", "met-secret"):
+            assert secret not in text
+
+
+def test_direct_construction_ignores_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POOLGATE_SERVER__PORT", "9999")
+    monkeypatch.setenv("POOLGATE_ADMIN_TOKEN", "from-env")
+    s = Settings()
+    assert s.server.port == 8000 and s.server.admin_token is None
+
+
+def test_env_overrides_file(tmp_path: Path) -> None:
+    environ = {
+        "UPSTREAM_KEY": "x",
+        "POOLGATE_SERVER__PORT": "9001",
+        "POOLGATE_SERVER__METRICS_PUBLIC": "true",
+        "POOLGATE_API_KEYS": "ci=sk-ci, ops=sk-ops",
+    }
+    s = load_settings(write(tmp_path, FULL), environ)
+    assert s.server.port == 9001 and s.server.metrics_public is True
+    assert s.server.host == "127.0.0.1" and s.server.max_body_bytes == 1024  # other file fields kept
+    assert s.server.plain_api_keys() == {"ci": "sk-ci", "ops": "sk-ops"}  # replaced, not merged
+
+
+def test_config_path_from_env_and_workers_as_json(tmp_path: Path) -> None:
+    path = write(tmp_path, '[server]\nport = 8200\n')
+    environ = {"POOLGATE_CONFIG": path, "POOLGATE_WORKERS": orjson.dumps([WORKER]).decode(),
+               "POOLGATE_API_KEYS": '{"a": "sk-1"}'}
+    s = load_settings(None, environ)
+    assert s.server.port == 8200
+    assert [w.name for w in s.workers] == ["w"]
+    assert s.server.plain_api_keys() == {"a": "sk-1"}
+
+
+def test_precedence_cli_over_env_over_file(tmp_path: Path) -> None:
+    path = write(tmp_path, '[server]\nport = 1111\nhost = "127.0.0.2"\nlog_level = "warning"\n')
+    environ = {"POOLGATE_SERVER__PORT": "2222", "POOLGATE_SERVER__HOST": "127.0.0.3"}
+    s = load_settings(path, environ, {"server": {"port": 3333}})
+    assert (s.server.port, s.server.host, s.server.log_level) == (3333, "127.0.0.3", "warning")
+
+
+def test_token_env_unset_or_empty_leaves_gate_closed(tmp_path: Path) -> None:
+    s = load_settings(None, {"POOLGATE_ADMIN_TOKEN": "", "POOLGATE_METRICS_TOKEN": "m"})
+    assert s.server.admin_token is None
+    assert s.server.metrics_token.get_secret_value() == "m"
+
+
+def test_missing_worker_secret_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, FULL), {})
+    assert info.value.problems == ["workers[0].api_key_env: environment variable UPSTREAM_KEY is not set"]
+
+
+def worker(**changes: object) -> dict:
+    return {**WORKER, **changes}
+
+
+INVALID = [
+    ("port too high", {"server": {"port": 70000}}, "server.port: Input should be less than or equal to 65535"),
+    ("negative port", {"server": {"port": -1}}, "server.port: Input should be greater than or equal to 0"),
+    ("unknown server key", {"server": {"hots": "x"}}, "server.hots: unknown key"),
+    ("unknown section", {"pool": {}}, "pool: unknown key"),
+    ("unknown worker key", {"workers": [worker(modles=["m"])]}, "workers[0].modles: unknown key"),
+    ("bad log level", {"server": {"log_level": "loud"}}, "server.log_level: Input should be"),
+    ("bad body limit", {"server": {"max_body_bytes": 0}}, "server.max_body_bytes: Input should be greater than 0"),
+    ("empty api key", {"server": {"api_keys": {"a": ""}}}, "server.api_keys: api key 'a' is empty"),
+    ("shared api key", {"server": {"api_keys": {"a": "s", "b": "s"}}},
+     "server.api_keys: api keys 'a' and 'b' have the same secret"),
+    ("bad key name", {"server": {"api_keys": {"a b": "s"}}}, "server.api_keys: api key name 'a b' must be"),
+    ("local kind", {"workers": [worker(kind="local")]},
+     "workers[0].kind: worker kind 'local' is not yet supported"),
+    ("cli kind", {"workers": [worker(kind="cli")]}, "workers[0].kind: worker kind 'cli' is not yet supported"),
+    ("unknown kind", {"workers": [worker(kind="magic")]}, "workers[0].kind: Input should be 'remote'"),
+    ("bad dialect", {"workers": [worker(dialect="gemini")]},
+     "workers[0].dialect: Input should be 'openai' or 'anthropic'"),
+    ("ftp url", {"workers": [worker(url="ftp://host/")]}, "workers[0].url: url 'ftp://host/' must be an http"),
+    ("url without host", {"workers": [worker(url="http://")]}, "workers[0].url: url 'http://' must be an http"),
+    ("no models", {"workers": [worker(models=[])]}, "workers[0].models: a worker needs at least one model"),
+    ("models missing", {"workers": [{k: v for k, v in WORKER.items() if k != "models"}]},
+     "workers[0].models: Field required"),
+    ("duplicate model", {"workers": [worker(models=["m", "m"])]}, "workers[0].models: model names must be unique"),
+    ("dangling alias", {"workers": [worker(aliases={"fast": "other"})]},
+     "workers[0]: alias 'fast' points at 'other', which this worker does not serve"),
+    ("alias shadows model", {"workers": [worker(models=["m", "n"], aliases={"m": "n"})]},
+     "workers[0]: alias 'm' shadows a model"),
+    ("zero timeout", {"workers": [worker(idle_timeout=0)]}, "workers[0].idle_timeout: Input should be greater than 0"),
+    ("negative connections", {"workers": [worker(max_connections=-1)]},
+     "workers[0].max_connections: Input should be greater than or equal to 0"),
+    ("bad worker name", {"workers": [worker(name="a/b")]}, "workers[0].name: worker name 'a/b' must be"),
+    ("duplicate worker name", {"workers": [worker(), worker(models=["x"])]},
+     "workers: workers[1].name 'w' is already used by workers[0]"),
+    ("alias means another model elsewhere", {"workers": [
+        worker(name="a", models=["m", "n"], aliases={"fast": "m"}),
+        worker(name="b", models=["n"], aliases={"fast": "n"})]},
+     "workers: workers[1] serves 'fast' as 'n' but workers[0] serves it as 'm'"),
+    ("alias is a model elsewhere", {"workers": [
+        worker(name="a", models=["m"]), worker(name="b", models=["n"], aliases={"m": "n"})]},
+     "workers: workers[1] serves 'm' as 'n' but workers[0] serves it as 'm'"),
+]
+
+
+@pytest.mark.parametrize(("case", "overrides", "expected"), INVALID, ids=[c[0] for c in INVALID])
+def test_each_validation_error(case: str, overrides: dict, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(None, {}, overrides)
+    assert len(info.value.problems) == 1, info.value.problems
+    assert info.value.problems[0].startswith(expected), info.value.problems[0]
+
+
+def test_same_model_on_several_workers_is_a_pool() -> None:
+    s = load_settings(None, {}, {"workers": [
+        worker(name="a", models=["m"], aliases={"fast": "m"}),
+        worker(name="b", dialect="anthropic", models=["m"], aliases={"fast": "m"})]})
+    assert [w.name for w in s.workers] == ["a", "b"]
+
+
+def test_direct_construction_validates_too() -> None:
+    with pytest.raises(ValidationError):
+        Settings(workers=[WorkerSettings(**WORKER), WorkerSettings(**WORKER)])
+    s = Settings(server=ServerSettings(api_keys={"a": SecretStr("k")}), workers=[WORKER])
+    assert s.server.plain_api_keys() == {"a": "k"} and s.workers[0].name == "w"
+
+
+BAD_ENV = [
+    ("bad workers json", {"POOLGATE_WORKERS": "[{"}, 'environment: error parsing value for field "workers"'),
+    ("bad api keys json", {"POOLGATE_API_KEYS": "{nope"}, "POOLGATE_API_KEYS: not valid JSON"),
+    ("api keys not strings", {"POOLGATE_API_KEYS": '{"a": 1}'}, "POOLGATE_API_KEYS: every key must be a string"),
+    ("api keys entry without =", {"POOLGATE_API_KEYS": "a=1,sk-leaked"},
+     "POOLGATE_API_KEYS: entry 2 is not of the form name=key"),
+    ("bad port", {"POOLGATE_SERVER__PORT": "eighty"}, "server.port: Input should be a valid integer"),
+]
+
+
+@pytest.mark.parametrize(("case", "environ", "expected"), BAD_ENV, ids=[c[0] for c in BAD_ENV])
+def test_bad_environment(case: str, environ: dict, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(None, environ)
+    assert info.value.problems[0].startswith(expected), info.value.problems
+    assert "sk-leaked" not in str(info.value)
+
+
+def test_check_config_lists_every_problem(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+        [server]
+        port = 99999
+        colour = "blue"
+
+        [[workers]]
+        name = "a"
+        dialect = "openai"
+        url = "http://127.0.0.1:1"
+        api_key_env = "NOT_SET_ANYWHERE"
+        models = ["m"]
+
+        [[workers]]
+        name = "b"
+        kind = "cli"
+        dialect = "openai"
+        url = "file:///tmp"
+        models = ["m"]
+    """)
+    assert check_config(path, {}) == [
+        "workers[0].api_key_env: environment variable NOT_SET_ANYWHERE is not set",
+        "server.port: Input should be less than or equal to 65535",
+        "server.colour: unknown key",
+        "workers[1].kind: worker kind 'cli' is not yet supported (only 'remote' for now)",
+        "workers[1].url: url 'file:///tmp' must be an http:// or https:// URL with a host",
+    ]
+
+
+def test_check_config_syntax_error_names_the_line(tmp_path: Path) -> None:
+    path = write(tmp_path, '[server]\nhost = "127.0.0.1"\nport = \n')
+    [problem] = check_config(path, {})
+    assert problem.startswith(f"{path}: TOML syntax error") and "line 3" in problem
+
+
+def test_check_config_missing_file_and_fine_file(tmp_path: Path) -> None:
+    assert check_config(str(tmp_path / "absent.toml"), {}) == [f"{tmp_path / 'absent.toml'}: config file not found"]
+    assert check_config(write(tmp_path, FULL), {"UPSTREAM_KEY": "k"}) == []
+
+
+@pytest.mark.parametrize(("host", "loopback"), [
+    ("127.0.0.1", True), ("127.1.2.3", True), ("::1", True), ("[::1]", True), ("localhost", True),
+    ("0.0.0.0", False), ("::", False), ("10.0.0.1", False), ("example.com", False),
+])
+def test_is_loopback_host(host: str, loopback: bool) -> None:
+    assert is_loopback_host(host) is loopback
+    assert ServerSettings(host=host).needs_insecure_opt_in is (not loopback)
+    assert ServerSettings(host=host, api_keys={"a": SecretStr("k")}).needs_insecure_opt_in is False
