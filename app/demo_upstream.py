@@ -27,7 +27,7 @@ import asyncio
 import os
 import signal
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httptools
@@ -180,12 +180,16 @@ class _Connection(asyncio.Protocol):
             self.send(reply.data, keep)
 
     def send(self, data: bytes, keep: bool = True) -> None:
+        """A complete response (rendered for keep-alive); closes after it unless ``keep``."""
         if self.closed:
             return
-        if keep:
-            self._transport.write(data)
-        else:
-            self._transport.write(data.replace(b"connection: keep-alive", b"connection: close", 1))
+        if not keep:  # the first occurrence is the header: bodies come after it
+            data = data.replace(b"connection: keep-alive", b"connection: close", 1)
+        self._transport.write(data)
+        self.end(keep)
+
+    def end(self, keep: bool) -> None:
+        if not keep and not self.closed:
             self._transport.close()
             self.closed = True
 
@@ -258,7 +262,8 @@ class _StreamWriter:
                 self._due += stream.delay
                 self._schedule()
                 return
-        conn.send(self._frame(stream.tail) + (b"0\r\n\r\n" if self._chunked else b""), self._keep)
+        conn.write(self._frame(stream.tail) + (b"0\r\n\r\n" if self._chunked else b""))
+        conn.end(self._keep)
         conn.done()
 
 
@@ -269,8 +274,8 @@ class DemoUpstream:
 
     host: str
     port: int
-    _server: asyncio.Server
-    _app: _App
+    _server: asyncio.Server = field(repr=False)
+    _app: _App = field(repr=False)
 
     @property
     def openai_url(self) -> str:

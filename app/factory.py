@@ -71,14 +71,15 @@ def create_app(settings: Any) -> Starlette:
             yield
 
     routes = [
+        # hot routes first: Starlette matches in order
+        Route("/v1/chat/completions", chat.chat_completions, methods=["POST"]),
+        Route("/v1/messages", chat.messages, methods=["POST"]),
+        Route("/v1/models", models.list_models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", models.get_model, methods=["GET"]),
         Route("/", ops.root, methods=["GET", "HEAD"]),
         Route("/healthz", ops.healthz, methods=["GET"]),
         Route("/readyz", ops.readyz, methods=["GET"]),
         Route("/metrics", ops.metrics, methods=["GET"]),
-        Route("/v1/models", models.list_models, methods=["GET"]),
-        Route("/v1/models/{model_id:path}", models.get_model, methods=["GET"]),
-        Route("/v1/chat/completions", chat.chat_completions, methods=["POST"]),
-        Route("/v1/messages", chat.messages, methods=["POST"]),
         Route("/internal/workers", ops.internal_workers, methods=["GET"]),
     ]
     app = Starlette(

@@ -29,6 +29,14 @@ class Gateway:
     pool: Pool = field(default_factory=lambda: Pool(()))
     configured_models: tuple[str, ...] = ()
 
+    def acquire(self, worker: Any) -> None:
+        self.pool.acquire(worker)
+        self.metrics.in_flight_started(worker.name)
+
+    def release(self, worker: Any) -> None:
+        self.pool.release(worker)
+        self.metrics.in_flight_finished(worker.name)
+
     def metrics_upstream_error(self, worker: str, kind: str) -> None:
         self.metrics.observe_upstream_error(worker=worker, kind=kind)
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 from typing import Any
 
 import orjson
@@ -55,7 +55,7 @@ async def read_json(request: Request, limit: int) -> Any:
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}{uuid.uuid4().hex[:24]}"
+    return prefix + os.urandom(12).hex()
 
 
 def now() -> int:

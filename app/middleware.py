@@ -8,8 +8,8 @@ of the hot path and must not buffer streamed responses.
 from __future__ import annotations
 
 import re
+import os
 import time
-import uuid
 from typing import Any, Callable
 
 import orjson
@@ -56,7 +56,7 @@ class GatewayMiddleware:
             elif name == b"anthropic-version":
                 anthropic_version = True
         if request_id is None:
-            request_id = uuid.uuid4().hex
+            request_id = os.urandom(16).hex()
         path = scope["path"]
         record = RequestRecord(request_id, scope["method"], path, started)
         record.anthropic_version = anthropic_version

@@ -11,13 +11,15 @@ from __future__ import annotations
 import functools
 import logging
 import sys
-from collections.abc import Iterable, Mapping
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal, TextIO
 
 import orjson
 import prometheus_client
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 __all__ = ["REDACTED", "redact_secrets", "configure_logging", "Metrics", "LATENCY_BUCKETS", "UNKNOWN"]
 
@@ -141,43 +143,87 @@ def _isatty(stream: TextIO) -> bool:
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
+class _Histogram:
+    """One histogram series: per-bucket counts (made cumulative at scrape time) and a sum."""
+
+    __slots__ = ("counts", "total")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENCY_BUCKETS) + 1)  # the last one is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(LATENCY_BUCKETS, value)] += 1  # first bound >= value: Prometheus' "le"
+        self.total += value
+
+
+class _Collector:
+    """Plain dicts turned into Prometheus families at scrape time.
+
+    prometheus_client's own metric types take a lock per update (~1-3 us each);
+    updates here are one dict operation. Not thread-safe by design: the
+    gateway updates and renders its metrics on the event loop thread.
+    """
+
+    def __init__(self) -> None:
+        self.requests: dict[tuple, float] = {}
+        self.duration: dict[tuple, _Histogram] = {}
+        self.ttft: dict[tuple, _Histogram] = {}
+        self.tokens: dict[tuple, float] = {}
+        self.in_flight: dict[tuple, float] = {}
+        self.upstream_errors: dict[tuple, float] = {}
+
+    def collect(self) -> Iterator[Any]:
+        yield _counter("poolgate_requests", "Requests answered.",
+                       ("dialect", "model", "worker", "key", "status"), self.requests)
+        yield _histogram("poolgate_request_duration_seconds", "Time from request to the last byte of the answer.",
+                         ("dialect", "model"), self.duration)
+        yield _histogram("poolgate_time_to_first_token_seconds", "Time from request to the first generated token.",
+                         ("dialect", "model"), self.ttft)
+        yield _counter("poolgate_tokens", "Tokens processed.", ("model", "key", "direction"), self.tokens)
+        gauge = GaugeMetricFamily("poolgate_in_flight", "Requests being served, per worker.", labels=("worker",))
+        for labels, value in list(self.in_flight.items()):
+            gauge.add_metric(labels, value)
+        yield gauge
+        yield _counter("poolgate_upstream_errors", "Failures talking to a worker.", ("worker", "kind"),
+                       self.upstream_errors)
+
+
+def _counter(name: str, doc: str, labels: tuple[str, ...], series: dict[tuple, float]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for values, count in list(series.items()):
+        family.add_metric([str(v) for v in values], count)
+    return family
+
+
+_LE = [*(str(b) for b in LATENCY_BUCKETS), "+Inf"]
+
+
+def _histogram(name: str, doc: str, labels: tuple[str, ...], series: dict[tuple, _Histogram]) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc, labels=labels)
+    for values, hist in list(series.items()):
+        buckets, running = [], 0
+        for le, count in zip(_LE, hist.counts):
+            running += count
+            buckets.append((le, running))
+        family.add_metric([str(v) for v in values], buckets, hist.total)
+    return family
+
+
 class Metrics:
-    """Gateway metrics on a private registry.
+    """Gateway metrics on a private registry (several apps can share a process).
 
     Labels must come from configuration, never from raw client input: pass
     ``models`` (the configured names) and any other model becomes ``unknown``;
     ``key`` is a key *name* from the key ring; ``worker`` is a configured worker
-    name (or ``none`` when no worker was picked). Label children are cached, so
-    an observation is a couple of dict lookups.
+    name (or ``none`` when no worker was picked). Call from the event loop thread.
     """
 
     def __init__(self, models: Iterable[str] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._models = frozenset(models) if models is not None else None
-        r = self.registry
-        self._requests = Counter(
-            "poolgate_requests", "Requests answered.", ("dialect", "model", "worker", "key", "status"), registry=r)
-        self._duration = Histogram(
-            "poolgate_request_duration_seconds", "Time from request to the last byte of the answer.",
-            ("dialect", "model"), buckets=LATENCY_BUCKETS, registry=r)
-        self._ttft = Histogram(
-            "poolgate_time_to_first_token_seconds", "Time from request to the first generated token.",
-            ("dialect", "model"), buckets=LATENCY_BUCKETS, registry=r)
-        self._tokens = Counter(
-            "poolgate_tokens", "Tokens processed.", ("model", "key", "direction"), registry=r)
-        self._in_flight = Gauge(
-            "poolgate_in_flight", "Requests being served, per worker.", ("worker",), registry=r)
-        self._upstream_errors = Counter(
-            "poolgate_upstream_errors", "Failures talking to a worker.", ("worker", "kind"), registry=r)
-        self._children: dict[tuple, Any] = {}
-        self._request_groups: dict[tuple, tuple] = {}  # observe_request's label set -> its five children
-
-    def _child(self, metric: Any, labels: tuple) -> Any:
-        key = (id(metric), *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*(str(v) for v in labels))
-        return child
+        self._data = _Collector()
+        self.registry.register(self._data)
 
     def _model(self, model: str) -> str:
         if self._models is not None and model not in self._models:
@@ -189,50 +235,51 @@ class Metrics:
         ttft: float | None = None, tokens_in: int | None = None, tokens_out: int | None = None,
     ) -> None:
         """One finished request: status, duration, time to first token and tokens, when known."""
-        group = (dialect, model, worker, key, status)
-        children = self._request_groups.get(group)
-        if children is None:
-            children = self._request_groups[group] = self._request_children(group)
-        requests, duration_hist, ttft_hist, tokens_in_counter, tokens_out_counter = children
-        requests.inc()
-        duration_hist.observe(duration)
-        if ttft is not None:
-            ttft_hist.observe(ttft)
-        if tokens_in:
-            tokens_in_counter.inc(tokens_in)
-        if tokens_out:
-            tokens_out_counter.inc(tokens_out)
-
-    def _request_children(self, group: tuple) -> tuple:
-        dialect, model, worker, key, status = group
+        data = self._data
         model = self._model(model)
-        return (
-            self._child(self._requests, (dialect, model, worker, key, status)),
-            self._child(self._duration, (dialect, model)),
-            self._child(self._ttft, (dialect, model)),
-            self._child(self._tokens, (model, key, "input")),
-            self._child(self._tokens, (model, key, "output")),
-        )
+        labels = (dialect, model, worker, key, status)
+        data.requests[labels] = data.requests.get(labels, 0) + 1
+        pair = (dialect, model)
+        hist = data.duration.get(pair)
+        if hist is None:
+            hist = data.duration[pair] = _Histogram()
+        hist.observe(duration)
+        if ttft is not None:
+            self._observe_ttft(pair, ttft)
+        if tokens_in or tokens_out:
+            self._add_tokens(model, key, tokens_in, tokens_out)
 
     def observe_first_token(self, *, dialect: str, model: str, seconds: float) -> None:
-        self._child(self._ttft, (dialect, self._model(model))).observe(seconds)
+        self._observe_ttft((dialect, self._model(model)), seconds)
 
     def add_tokens(self, *, model: str, key: str, tokens_in: int | None = 0, tokens_out: int | None = 0) -> None:
-        model = self._model(model)
-        if tokens_in:
-            self._child(self._tokens, (model, key, "input")).inc(tokens_in)
-        if tokens_out:
-            self._child(self._tokens, (model, key, "output")).inc(tokens_out)
+        self._add_tokens(self._model(model), key, tokens_in, tokens_out)
 
     def in_flight_started(self, worker: str) -> None:
-        self._child(self._in_flight, (worker,)).inc()
+        gauge = self._data.in_flight
+        gauge[(worker,)] = gauge.get((worker,), 0) + 1
 
     def in_flight_finished(self, worker: str) -> None:
-        self._child(self._in_flight, (worker,)).dec()
+        gauge = self._data.in_flight
+        gauge[(worker,)] = gauge.get((worker,), 0) - 1
 
     def observe_upstream_error(self, *, worker: str, kind: str) -> None:
-        self._child(self._upstream_errors, (worker, kind)).inc()
+        errors = self._data.upstream_errors
+        errors[(worker, kind)] = errors.get((worker, kind), 0) + 1
 
     def render(self) -> tuple[bytes, str]:
         """The exposition body and its content type, for ``GET /metrics``."""
         return prometheus_client.generate_latest(self.registry), prometheus_client.CONTENT_TYPE_LATEST
+
+    def _observe_ttft(self, pair: tuple[str, str], seconds: float) -> None:
+        hist = self._data.ttft.get(pair)
+        if hist is None:
+            hist = self._data.ttft[pair] = _Histogram()
+        hist.observe(seconds)
+
+    def _add_tokens(self, model: str, key: str, tokens_in: int | None, tokens_out: int | None) -> None:
+        tokens = self._data.tokens
+        if tokens_in:
+            tokens[(model, key, "input")] = tokens.get((model, key, "input"), 0) + tokens_in
+        if tokens_out:
+            tokens[(model, key, "output")] = tokens.get((model, key, "output"), 0) + tokens_out

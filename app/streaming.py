@@ -156,21 +156,29 @@ async def _aclose_quietly(events: AsyncIterator[Event]) -> None:
 
 async def until_disconnect(receive: Callable[[], Awaitable[dict[str, Any]]],
                            work: Awaitable[T]) -> T:
-    """Run ``work``; if the client disconnects first, cancel it and raise
-    :class:`UpstreamUnavailable` marked as a disconnect (nobody will read it)."""
-    task = asyncio.ensure_future(work)
+    """Await ``work`` in the current task; if the client disconnects first,
+    cancel it (and so the worker's upstream request) and raise :class:`ClientGone`.
+
+    Only one helper task watches ``receive``; the work itself stays in the
+    request's task, which keeps this cheap on the hot path.
+    """
+    task = asyncio.current_task()
+    assert task is not None
+    gone = False
 
     async def watch() -> None:
+        nonlocal gone
         while True:
             if (await receive())["type"] == "http.disconnect":
+                gone = True
                 task.cancel()
                 return
 
     watcher = asyncio.ensure_future(watch())
     try:
-        return await task
+        return await work
     except asyncio.CancelledError:
-        if watcher.done():
+        if gone and task.uncancel() == 0:
             raise ClientGone("The client disconnected.") from None
         raise
     finally:

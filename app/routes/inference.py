@@ -44,7 +44,7 @@ async def serve(gw: Gateway, request: Request, chat: ChatRequest, dialect: Modul
         return error_response(exc, error_dialect)
     record.worker = worker.name
     worker_header = {"x-poolgate-worker": worker.name}
-    gw.pool.acquire(worker)
+    gw.acquire(worker)
     handed_over = False
     try:
         events = worker.stream(routed)
@@ -55,7 +55,7 @@ async def serve(gw: Gateway, request: Request, chat: ChatRequest, dialect: Modul
                                             created=now(), model=chat.model)
 
             def on_done(outcome: StreamOutcome) -> None:
-                gw.pool.release(worker)
+                gw.release(worker)
                 _record_stream(record, outcome, gw)
 
             handed_over = True
@@ -77,7 +77,7 @@ async def serve(gw: Gateway, request: Request, chat: ChatRequest, dialect: Modul
         return error_response(exc, error_dialect, worker_header)
     finally:
         if not handed_over:
-            gw.pool.release(worker)
+            gw.release(worker)
 
 
 async def _first_event(iterator: Any) -> Event:

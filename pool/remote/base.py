@@ -21,7 +21,7 @@ import orjson
 import structlog
 
 from pool.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable
-from pool.model import ChatRequest, Event
+from pool.model import ChatRequest, Event, Start
 from pool.sse import SSEDecoder
 from pool.worker import Capabilities, WorkerState
 
@@ -74,7 +74,8 @@ class RemoteWorker:
     body_events: ClassVar[Callable[[Any], list[Event]]]
 
     def __init__(self, spec: RemoteSpec, *, capabilities: Capabilities, chat_url: str,
-                 health_url: str, auth_headers: Mapping[str, str]) -> None:
+                 health_url: str, auth_headers: Mapping[str, str],
+                 default_headers: Mapping[str, str] | None = None) -> None:
         self.spec = spec
         self.name = spec.name
         self.models = tuple(spec.models)
@@ -83,8 +84,10 @@ class RemoteWorker:
         self.state = WorkerState.STARTING
         self._chat_url = chat_url
         self._health_url = health_url
-        self._default_headers = {"accept-encoding": "identity", "user-agent": "poolgate",
-                                 **spec.headers, **auth_headers}
+        # configured headers override our defaults; the credentials override both.
+        # identity: the body is parsed as it comes, never decompressed
+        self._default_headers = {"user-agent": "poolgate", **(default_headers or {}),
+                                 **spec.headers, **auth_headers, "accept-encoding": "identity"}
         self._session: aiohttp.ClientSession | None = None
 
     def __repr__(self) -> str:
@@ -118,12 +121,12 @@ class RemoteWorker:
 
     async def health(self) -> bool:
         """Reachable: the upstream answered the model listing with any status < 500."""
-        session = self._session or await self._ensure_session()
         try:
+            session = self._session or await self._ensure_session()
             async with asyncio.timeout(min(_HEALTH_TIMEOUT, self.spec.first_byte_timeout)):
                 async with session.get(self._health_url, allow_redirects=False) as resp:
                     ok = resp.status < 500
-        except (aiohttp.ClientError, OSError, TimeoutError):
+        except (aiohttp.ClientError, OSError, TimeoutError, UpstreamUnavailable):
             ok = False
         if ok and self.state is WorkerState.UNHEALTHY:
             self.state = WorkerState.READY
@@ -133,6 +136,9 @@ class RemoteWorker:
         return ok
 
     async def _ensure_session(self) -> aiohttp.ClientSession:
+        """The session, opened on first use when ``start()`` was skipped."""
+        if self.state is WorkerState.STOPPED:
+            raise UpstreamUnavailable(f"worker {self.name} is stopped")
         if self._session is None:
             self._session = self._new_session()
         return self._session
@@ -144,20 +150,26 @@ class RemoteWorker:
         resp = await self._post(orjson.dumps(body, default=_json_default), headers)
         reusable = False
         try:
-            if request.stream and "event-stream" in resp.headers.get("content-type", ""):
+            # by what came, not what was asked: some servers stream regardless
+            if "event-stream" in resp.headers.get("content-type", ""):
                 parser = type(self).parser_factory()
                 decoder = SSEDecoder()
+                started = False
                 while not parser.done:
                     chunk = await self._read_chunk(resp)
                     for frame in decoder.feed(chunk) if chunk else decoder.close():
                         for event in parser.feed(frame.data):
+                            if not started:
+                                started = True
+                                if type(event) is not Start:  # a server that skipped it
+                                    yield Start()
                             yield event
                         if parser.done:
                             break
                     if not chunk and not parser.done:
                         log.warning("remote.stream_truncated", worker=self.name)
                         raise UpstreamUnavailable("upstream closed the stream early")
-            else:  # asked not to stream, or the upstream ignored ``stream``
+            else:
                 for event in type(self).body_events(_loads_body(await self._read_all(resp))):
                     yield event
             reusable = await self._drained(resp)
@@ -198,12 +210,16 @@ class RemoteWorker:
             resp.close()
 
     async def _refusal(self, resp: aiohttp.ClientResponse) -> GatewayError:
-        raw = b""
+        parts: list[bytes] = []
+        size = 0
         try:
             async with asyncio.timeout(min(self.spec.idle_timeout, 10.0)):
-                raw = await resp.content.read(_MAX_ERROR_BODY)
+                while size < _MAX_ERROR_BODY and (chunk := await resp.content.readany()):
+                    parts.append(chunk)
+                    size += len(chunk)
         except (aiohttp.ClientError, OSError, TimeoutError):
-            pass
+            pass  # what arrived is enough to name the error, if anything
+        raw = b"".join(parts)[:_MAX_ERROR_BODY]
         log.warning("remote.upstream_status", worker=self.name, status=resp.status)
         return error_from_body(resp.status, raw, resp.headers, upstream=f"upstream {self.name}",
                                secret=self.spec.api_key)

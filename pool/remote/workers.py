@@ -52,7 +52,8 @@ class AnthropicMessagesWorker(RemoteWorker):
         super().__init__(spec, capabilities=Capabilities(images=True, logprobs=False, max_n=1,
                                                           tools=True),
                          chat_url=root + "/v1/messages", health_url=root + "/v1/models",
-                         auth_headers={"anthropic-version": ANTHROPIC_VERSION, **auth})
+                         auth_headers=auth,
+                         default_headers={"anthropic-version": ANTHROPIC_VERSION})
 
     def prepare(self, request: ChatRequest) -> tuple[dict[str, Any], Mapping[str, str]]:
         body = anthropic_messages.build_body(request)

@@ -58,8 +58,10 @@ _BASE_ENV_KEYS = ("PATH", "LANG", "LC_ALL", "TZ")
 class CLIError(RuntimeError):
     """The CLI exited non-zero; carries what it printed."""
 
-    def __init__(self, argv0: str, returncode: int, stderr: str, events: list[dict]) -> None:
+    def __init__(self, argv0: str, returncode: int, stderr: str, events: list[dict],
+                 pid: int | None = None) -> None:
         super().__init__(f"{argv0} exited {returncode}: {stderr.strip()[-2000:]}")
+        self.pid = pid
         self.returncode = returncode
         self.stderr = stderr
         self.events = events
@@ -103,8 +105,8 @@ def ensure_cli(package: str, bin_name: str) -> str | None:
         current = _installed_version(name)
         if binary.exists() and current is not None and version in ("latest", current):
             return str(binary)
-        argv = [npm, "install", "--prefix", str(NPM_PREFIX), "--no-audit", "--no-fund",
-                "--loglevel=error", f"{name}@{version}"]
+        argv = [npm, "install", "--prefix", str(NPM_PREFIX), "--save-exact",
+                "--no-audit", "--no-fund", "--loglevel=error", f"{name}@{version}"]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=_NPM_INSTALL_TIMEOUT,
                               stdin=subprocess.DEVNULL, check=False)
         if proc.returncode != 0 or not binary.exists():
@@ -136,15 +138,23 @@ def _base_env(home: Path) -> dict[str, str]:
     return env
 
 
-def claude_env(base_url: str, api_key: str, *, home: Path, bearer: bool = False) -> dict[str, str]:
+def claude_env(base_url: str, api_key: str, *, model: str, home: Path,
+               bearer: bool = False) -> dict[str, str]:
     """Environment for an offline, non-interactive ``claude -p``.
 
-    ``bearer`` sends the key as ``Authorization: Bearer`` (ANTHROPIC_AUTH_TOKEN)
-    instead of ``x-api-key`` (ANTHROPIC_API_KEY).
+    Every model alias (the small/fast one used by subagents and background
+    work included) resolves to ``model``, so all traffic is for a model the
+    server knows. ``bearer`` sends the key as ``Authorization: Bearer``
+    (ANTHROPIC_AUTH_TOKEN) instead of ``x-api-key`` (ANTHROPIC_API_KEY).
     """
     env = _base_env(home)
     env.update(
         ANTHROPIC_BASE_URL=base_url,
+        ANTHROPIC_MODEL=model,
+        ANTHROPIC_SMALL_FAST_MODEL=model,
+        ANTHROPIC_DEFAULT_HAIKU_MODEL=model,
+        ANTHROPIC_DEFAULT_SONNET_MODEL=model,
+        ANTHROPIC_DEFAULT_OPUS_MODEL=model,
         CLAUDE_CONFIG_DIR=str(home / ".claude"),
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
         DISABLE_AUTOUPDATER="1",
@@ -221,8 +231,12 @@ def _run(argv: list[str], env: dict[str, str], cwd: Path, timeout: float, check:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        out, err = proc.communicate()
-        raise CLITimeout(argv[0], -9, f"timed out after {timeout}s\n{err}", _parse_json_lines(out))
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:  # a daemonised grandchild holds the pipes
+            out, err = "", ""
+        raise CLITimeout(argv[0], -9, f"timed out after {timeout}s\n{err}",
+                         _parse_json_lines(out), proc.pid) from None
     finally:
         # Also reaps children the CLI left behind in its group (a background
         # shell): while any member lives the group id cannot be reused.
@@ -233,7 +247,7 @@ def _run(argv: list[str], env: dict[str, str], cwd: Path, timeout: float, check:
         proc.wait()
     events = _parse_json_lines(out)
     if check and proc.returncode != 0:
-        raise CLIError(argv[0], proc.returncode, err, events)
+        raise CLIError(argv[0], proc.returncode, err, events, proc.pid)
     return events
 
 
@@ -263,7 +277,7 @@ def run_claude(
         raise CLIError("claude", -1, "npm is not installed", [])
     argv = [binary, "-p", prompt, "--output-format", "stream-json", "--verbose",
             "--model", model, *extra_args]
-    env = claude_env(base_url, api_key, home=Path(home), bearer=bearer)
+    env = claude_env(base_url, api_key, model=model, home=Path(home), bearer=bearer)
     return _run(argv, env, Path(cwd), timeout, check)
 
 

@@ -334,6 +334,19 @@ async def test_errors_use_the_dialect_envelope(upstream: DemoUpstream, request_b
         assert error["error"]["type"] and error["error"]["message"]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_connection_close_is_honoured(upstream: DemoUpstream, stream: bool) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", upstream.port)
+    writer.write(post("/v1/messages", {"model": "c", "max_tokens": 3, "stream": stream,
+                                       "messages": []}, "connection: close\r\n"))
+    data = await asyncio.wait_for(reader.read(), 5)                 # until the server closes
+    writer.close()
+    await writer.wait_closed()
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert b"connection: close" in head and b"keep-alive" not in head
+    assert body.endswith(b"0\r\n\r\n" if stream else b"}")
+
+
 async def test_http_1_0_stream_is_close_delimited(upstream: DemoUpstream) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", upstream.port)
     raw = post("/v1/chat/completions", {"model": "m", "stream": True, "messages": []})

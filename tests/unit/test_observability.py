@@ -175,3 +175,17 @@ def test_metrics_instances_do_not_share_a_registry() -> None:
     assert b'poolgate_upstream_errors_total{kind="connect",worker="w"} 1.0' in body_a
     assert b"poolgate_upstream_errors_total{" not in body_b
     assert content_type.startswith("text/plain")
+
+
+@pytest.mark.parametrize(("value", "first_bucket"), [(0.0005, "0.001"), (0.001, "0.001"), (0.0011, "0.0025"),
+                                                      (120.0, "120.0"), (500.0, "+Inf")])
+def test_histogram_buckets_are_less_or_equal(value: float, first_bucket: str) -> None:
+    m = Metrics()
+    m.observe_first_token(dialect="openai", model="m", seconds=value)
+    got = samples(m)
+    labels = frozenset({"dialect": "openai", "model": "m"}.items())
+    buckets = {dict(ls)["le"]: v for (name, ls), v in got.items()
+               if name == "poolgate_time_to_first_token_seconds_bucket" and labels <= ls}
+    counted = [le for le, count in buckets.items() if count == 1]
+    assert counted[0] == first_bucket and buckets["+Inf"] == 1
+    assert len(buckets) == 17 and got["poolgate_time_to_first_token_seconds_sum", labels] == value

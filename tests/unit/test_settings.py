@@ -108,6 +108,14 @@ def test_env_overrides_file(tmp_path: Path) -> None:
     assert s.server.plain_api_keys() == {"ci": "sk-ci", "ops": "sk-ops"}  # replaced, not merged
 
 
+def test_nested_env_json_and_case_insensitive_names() -> None:
+    s = load_settings(None, {"POOLGATE_SERVER__API_KEYS": '{"x": "sk-x"}', "poolgate_server__log_level": "DEBUG"})
+    assert s.server.plain_api_keys() == {"x": "sk-x"} and s.server.log_level == "debug"
+    # POOLGATE_API_KEYS wins over the nested form.
+    s = load_settings(None, {"POOLGATE_SERVER__API_KEYS": '{"x": "sk-x"}', "POOLGATE_API_KEYS": "y=sk-y"})
+    assert s.server.plain_api_keys() == {"y": "sk-y"}
+
+
 def test_config_path_from_env_and_workers_as_json(tmp_path: Path) -> None:
     path = write(tmp_path, '[server]\nport = 8200\n')
     environ = {"POOLGATE_CONFIG": path, "POOLGATE_WORKERS": orjson.dumps([WORKER]).decode(),

@@ -1,0 +1,355 @@
+#!/usr/bin/env python3
+"""Benchmark poolgate against a bare upstream: how much does the gateway add?
+
+Starts the demo upstream (``python -m app.demo_upstream``) and ``poolgate serve``
+with a generated config whose remote workers point at it, then runs each
+scenario with ``loadgen.py`` twice, straight at the upstream ("direct") and
+through poolgate, and prints a markdown table of ratios (poolgate / direct),
+added median latency and TTFT, and the gateway's CPU per request.
+
+CPU layout with two or more cores and ``taskset``: upstream and load generator
+on core 0, poolgate on core 1 (``--cpus UP,LOAD,GW`` to change, ``--no-pin`` to
+disable). Everything binds 127.0.0.1 on free ports; the processes started here
+are stopped by PID (their own process groups) at the end, also on errors and
+Ctrl-C. Results go to ``--out`` (default /tmp/poolgate-bench/<stamp>/).
+
+    .venv/bin/python bench/run.py                 # every scenario, 5 s each
+    .venv/bin/python bench/run.py --quick         # 2 s each
+    .venv/bin/python bench/run.py --scenarios ns_c16,st_c16_d5 -d 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+VENV = ROOT / ".venv" / "bin"
+API_KEY = "sk-bench"
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    api: str
+    mode: str
+    c: int
+    model: str
+    max_tokens: int
+    what: str
+
+
+SCENARIOS = {
+    "ns_c1": Scenario("openai", "nonstream", 1, "mock-gpt", 16, "chat, non-stream, 1 connection"),
+    "ns_c16": Scenario("openai", "nonstream", 16, "mock-gpt", 16, "chat, non-stream"),
+    "st_c16": Scenario("openai", "stream", 16, "mock-gpt", 64, "chat, SSE, 64 chunks unpaced"),
+    "st_c16_d5": Scenario("openai", "stream", 16, "mock-gpt-d5", 64, "chat, SSE, 64 chunks 5 ms apart"),
+    "msg_c16": Scenario("anthropic", "nonstream", 16, "mock-claude", 16, "messages, non-stream"),
+    "msgst_c16": Scenario("anthropic", "stream", 16, "mock-claude", 64, "messages, SSE, 64 chunks"),
+    "msg_xl_c16": Scenario("anthropic", "nonstream", 16, "mock-gpt", 16,
+                           "messages → OpenAI upstream, non-stream"),
+    "msgst_xl_c16": Scenario("anthropic", "stream", 16, "mock-gpt", 64,
+                             "messages → OpenAI upstream, SSE, 64 chunks"),
+}
+
+
+def log(*parts: object) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}]", *parts, file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(method: str, url: str, body: bytes | None = None, timeout: float = 5.0) -> tuple[int, bytes]:
+    headers = {"authorization": f"Bearer {API_KEY}", "content-type": "application/json"}
+    req = urllib.request.Request(url, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def config_toml(port: int, upstream_port: int, log_level: str) -> str:
+    up = f"http://127.0.0.1:{upstream_port}"
+    return f"""[server]
+host = "127.0.0.1"
+port = {port}
+api_keys = {{ bench = "{API_KEY}" }}
+log_level = "{log_level}"
+
+[[workers]]
+name = "mock-openai"
+kind = "remote"
+dialect = "openai"
+url = "{up}/v1"
+models = ["mock-gpt", "mock-gpt-d5"]
+
+[[workers]]
+name = "mock-anthropic"
+kind = "remote"
+dialect = "anthropic"
+url = "{up}"
+models = ["mock-claude"]
+"""
+
+
+# ------------------------------------------------------------------ processes
+class Proc:
+    """A child in its own session (pgid == pid), so stopping it stops only what it started."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path, cpu: str | None) -> None:
+        self.name = name
+        self.log_path = log_path
+        pin = ["taskset", "-c", cpu] if cpu is not None else []
+        self._log = open(log_path, "wb")
+        self.popen = subprocess.Popen(pin + argv, cwd=ROOT, stdout=self._log,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        self.pid = self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def cpu_s(self) -> float:
+        """CPU seconds of the process and its live descendants."""
+        total, todo = 0.0, [self.pid]
+        while todo:
+            pid = todo.pop()
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / CLK
+                for task in Path(f"/proc/{pid}/task").iterdir():
+                    todo += [int(p) for p in (task / "children").read_text().split()]
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                continue
+        return total
+
+    def stop(self) -> None:
+        if self.alive():
+            for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+                try:
+                    os.killpg(self.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.popen.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        self._log.close()
+
+
+def wait_ready(proc: Proc, check, timeout: float) -> float:
+    start = time.perf_counter()
+    while time.perf_counter() - start < timeout:
+        if not proc.alive():
+            raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}; see {proc.log_path}")
+        try:
+            if check():
+                return time.perf_counter() - start
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{proc.name} not ready after {timeout:.0f} s; see {proc.log_path}")
+
+
+# ------------------------------------------------------------------ measuring
+def run_loadgen(py: str, url: str, sc: Scenario, duration: float, cpu: str | None,
+                out: Path) -> dict:
+    argv = ([] if cpu is None else ["taskset", "-c", cpu]) + [
+        py, str(HERE / "loadgen.py"), "--url", url, "--api", sc.api, "--mode", sc.mode,
+        "-c", str(sc.c), "-d", str(duration), "--model", sc.model,
+        "--max-tokens", str(sc.max_tokens), "--api-key", API_KEY, "--timeout", "30",
+        "--out", str(out)]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=duration + 90)
+    if not out.exists():
+        return {"ok": False, "error": done.stderr.strip()[-800:]}
+    return json.loads(out.read_text())
+
+
+def upstream_requests(upstream_url: str) -> int:
+    return json.loads(http("GET", upstream_url + "/stats")[1])["requests"]
+
+
+def measure(name: str, sc: Scenario, target: str, url: str, args, ctx: dict) -> dict:
+    out_dir: Path = ctx["out"]
+    if args.warmup > 0:
+        run_loadgen(ctx["py"], url, sc, args.warmup, ctx["cpu_load"], out_dir / f"warm-{name}-{target}.json")
+    gw: Proc | None = ctx["gateway"] if target == "poolgate" else None
+    up: Proc = ctx["upstream"]
+    seen0 = upstream_requests(ctx["upstream_url"])
+    up0, gw0 = up.cpu_s(), gw.cpu_s() if gw else 0.0
+    res = run_loadgen(ctx["py"], url, sc, args.duration, ctx["cpu_load"], out_dir / f"{name}-{target}.json")
+    res["upstream_cpu_s"] = round(up.cpu_s() - up0, 3)
+    res["upstream_seen"] = upstream_requests(ctx["upstream_url"]) - seen0 - 1   # - this probe
+    res["load_avg_1m"] = round(os.getloadavg()[0], 2)
+    if gw:
+        res["gateway_cpu_s"] = round(gw.cpu_s() - gw0, 3)
+    ok = res.get("ok_requests", 0)
+    log(f"{name:13s} {target:8s} rps={res.get('rps')} p50={(res.get('latency_ms') or {}).get('p50')} "
+        f"chunks/s={res.get('chunks_per_s', '-')} errors={res.get('errors')} "
+        f"mismatch={res.get('chunk_mismatch')} upstream_seen={res['upstream_seen']} (ok {ok})")
+    return res
+
+
+# ------------------------------------------------------------------ report
+def fmt(v: float | None, nd: int = 1) -> str:
+    if v is None:
+        return "–"
+    return f"{v:,.{nd}f}".replace(",", " ")
+
+
+def row(name: str, sc: Scenario, d: dict, p: dict) -> str:
+    stream = sc.mode == "stream"
+    key = "chunks_per_s" if stream else "rps"
+    ratio = p.get(key, 0) / d[key] if d.get(key) else None
+    dl, pl = d.get("latency_ms") or {}, p.get("latency_ms") or {}
+    add = lambda k, a, b: (b[k] - a[k]) if a and b and k in a and k in b else None  # noqa: E731
+    ttft = add("p50", d.get("ttft_ms"), p.get("ttft_ms")) if stream else None
+    ok = p.get("ok_requests") or 0
+    cpu = p["gateway_cpu_s"] * 1000 / ok if ok and "gateway_cpu_s" in p else None
+    surplus = p.get("upstream_seen", 0) - ok
+    upstream = "ok" if 0 <= surplus <= sc.c else f"{surplus:+d}"
+    errors = (d.get("errors") or 0) + (p.get("errors") or 0) + (d.get("chunk_mismatch") or 0) \
+        + (p.get("chunk_mismatch") or 0)
+    return (f"| `{name}` | {sc.what} | {fmt(d.get(key), 0)} | {fmt(p.get(key), 0)} | "
+            f"**{fmt(ratio, 2)}** | {fmt(dl.get('p50'), 2)} | {fmt(pl.get('p50'), 2)} | "
+            f"{fmt(add('p50', dl, pl), 2)} | {fmt(ttft, 2)} | {fmt(cpu, 3)} | {upstream} | {errors} |")
+
+
+def report(results: dict, meta: dict) -> str:
+    lines = [
+        f"poolgate bench, {meta['when']}: {meta['duration_s']} s per run, pinning {meta['pinning']}, "
+        f"{meta['nproc']} CPUs, poolgate ready in {fmt(meta['startup_s'], 2)} s.",
+        "",
+        "Throughput is requests/s (non-stream) or content chunks/s (SSE); ×direct = poolgate ÷ "
+        "direct; +p50 / +TTFT = added median latency in ms; gw CPU = poolgate CPU ms per request; "
+        "upstream = `ok` when the upstream saw as many requests as completed (≤ c in flight at "
+        "the deadline); errors = failed requests + chunk-count mismatches.",
+        "",
+        "| scenario | what | direct | poolgate | ×direct | direct p50 | poolgate p50 | +p50 | "
+        "+TTFT | gw CPU ms/req | upstream | errors |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for name, r in results.items():
+        lines.append(row(name, SCENARIOS[name], r["direct"], r["poolgate"]))
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ main
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS),
+                    help=f"comma-separated, of: {', '.join(SCENARIOS)}")
+    ap.add_argument("-d", "--duration", type=float, default=5.0, help="seconds per run (≤ 120)")
+    ap.add_argument("--warmup", type=float, default=1.0, help="seconds before each run (0: none)")
+    ap.add_argument("--quick", action="store_true", help="-d 2 --warmup 0.5")
+    ap.add_argument("--poolgate", default=str(VENV / "poolgate"), help="the poolgate executable")
+    ap.add_argument("--python", default=str(VENV / "python") if (VENV / "python").exists()
+                    else sys.executable, help="python for the upstream and the load generator")
+    ap.add_argument("--log-level", default="warning", help="poolgate's server.log_level")
+    ap.add_argument("--cpus", default="0,0,1", help="cores for upstream,loadgen,poolgate")
+    ap.add_argument("--no-pin", action="store_true", help="do not use taskset")
+    ap.add_argument("--out", help="results directory (default /tmp/poolgate-bench/<stamp>)")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.duration, a.warmup = 2.0, 0.5
+    unknown = [s for s in a.scenarios.split(",") if s not in SCENARIOS]
+    if unknown:
+        ap.error(f"unknown scenarios: {', '.join(unknown)}")
+    if not 0 < a.duration <= 120:
+        ap.error("--duration must be in (0, 120]")
+    return a
+
+
+def cpu_plan(a: argparse.Namespace) -> tuple[dict[str, str | None], str]:
+    cpus = a.cpus.split(",")
+    if a.no_pin or not shutil.which("taskset") or (os.cpu_count() or 1) < 2 or len(cpus) != 3:
+        return dict.fromkeys(("upstream", "load", "gateway")), "off"
+    plan = dict(zip(("upstream", "load", "gateway"), cpus))
+    return plan, f"upstream+loadgen on {plan['upstream']}/{plan['load']}, poolgate on {plan['gateway']}"
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def poolgate_argv(a: argparse.Namespace) -> list[str]:
+    """The console script when installed, else the same entry point from the checkout."""
+    if Path(a.poolgate).exists() or shutil.which(a.poolgate):
+        return [a.poolgate]
+    log(f"no {a.poolgate}; running app.cli:main from {ROOT} (pip install -e . adds the script)")
+    return [a.python, "-c", "import sys; from app.cli import main; sys.exit(main())"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(a.out or f"/tmp/poolgate-bench/{stamp}")
+    out.mkdir(parents=True, exist_ok=True)
+    cpus, pinning = cpu_plan(a)
+    procs: list[Proc] = []
+    # Ctrl-C and SIGTERM both end in the finally below, which stops our children
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        up_port, gw_port = free_port(), free_port()
+        upstream_url = f"http://127.0.0.1:{up_port}"
+        gateway_url = f"http://127.0.0.1:{gw_port}"
+        upstream = Proc("demo upstream", [a.python, "-m", "app.demo_upstream", "--port", str(up_port)],
+                        out / "upstream.log", cpus["upstream"])
+        procs.append(upstream)
+        wait_ready(upstream, lambda: http("GET", upstream_url + "/health")[0] == 200, 30)
+        config = out / "poolgate.toml"
+        config.write_text(config_toml(gw_port, up_port, a.log_level))
+        gateway = Proc("poolgate", [*poolgate_argv(a), "serve", "--config", str(config), "--host", "127.0.0.1",
+                                    "--port", str(gw_port)], out / "poolgate.log", cpus["gateway"])
+        procs.append(gateway)
+        probe = json.dumps({"model": "mock-gpt", "max_tokens": 4,
+                            "messages": [{"role": "user", "content": "ready?"}]}).encode()
+        startup = wait_ready(gateway, lambda: http("POST", gateway_url + "/v1/chat/completions",
+                                                   probe)[0] == 200, 120)
+        log(f"poolgate ready in {startup:.2f} s on {gateway_url}; upstream {upstream_url}; {pinning}")
+        ctx = {"py": a.python, "out": out, "upstream": upstream, "gateway": gateway,
+               "upstream_url": upstream_url, "cpu_load": cpus["load"]}
+        results = {}
+        for name in a.scenarios.split(","):
+            sc = SCENARIOS[name]
+            results[name] = {"direct": measure(name, sc, "direct", upstream_url, a, ctx),
+                             "poolgate": measure(name, sc, "poolgate", gateway_url, a, ctx)}
+            if not gateway.alive():
+                raise RuntimeError(f"poolgate died during {name}; see {gateway.log_path}")
+        meta = {"when": time.strftime("%Y-%m-%d %H:%M"), "duration_s": a.duration,
+                "pinning": pinning, "nproc": os.cpu_count(), "startup_s": startup,
+                "scenarios": {n: asdict(SCENARIOS[n]) for n in results}}
+        text = report(results, meta)
+        (out / "results.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+        (out / "report.md").write_text(text)
+        print(text)
+        log(f"results in {out}")
+        return 0
+    except (RuntimeError, KeyboardInterrupt) as exc:
+        log(f"bench stopped: {exc or type(exc).__name__}")
+        return 1
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Start poolgate for ../shared/bench/run_bench.sh ("ours"): the runner exports
+# BENCH_PORT and BENCH_UPSTREAM_URL; this writes the matching config and serves.
+#   OURS_CMD="$PWD/bench/serve_for_shared_bench.sh" OURS_API_KEY=sk-bench \
+#     ../shared/bench/run_bench.sh --targets floor,ours
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cfg="$(mktemp /tmp/poolgate-bench-XXXXXX.toml)"
+cat >"$cfg" <<TOML
+[server]
+host = "127.0.0.1"
+port = ${BENCH_PORT}
+api_keys = { bench = "sk-bench" }
+log_level = "warning"
+
+[[workers]]
+name = "mock-openai"
+kind = "remote"
+dialect = "openai"
+url = "${BENCH_UPSTREAM_URL}/v1"
+models = ["mock-gpt", "mock-gpt-d5"]
+
+[[workers]]
+name = "mock-anthropic"
+kind = "remote"
+dialect = "anthropic"
+url = "${BENCH_UPSTREAM_URL}"
+models = ["mock-claude"]
+TOML
+exec "$here/.venv/bin/poolgate" serve --config "$cfg"

@@ -1,0 +1,276 @@
+"""Fake OpenAI- and Anthropic-compatible upstreams: other people's servers,
+on real HTTP, for tests.
+
+One Starlette app serves both dialects (``/v1/chat/completions``,
+``/v1/messages``, ``/v1/messages/count_tokens``, ``/v1/models``), run by
+uvicorn in a background thread on ``127.0.0.1`` with an ephemeral port::
+
+    with FakeUpstream() as fake:
+        fake.url            # http://127.0.0.1:PORT/v1   (OpenAI base URL)
+        fake.anthropic_url  # http://127.0.0.1:PORT      (Anthropic root)
+        fake.requests       # [Received(path, headers, body), ...]
+        fake.peers          # the client (host, port) of each request
+        fake.disconnects    # clients that went away while the fake held a stream
+
+What it answers is scripted by the text of the last user message:
+
+* plain text: ``echo: <text>`` (whitespace normalised), streamed word by
+  word; ``max_tokens`` is a word limit (finish ``length``) and ``stop``
+  sequences cut the answer (finish ``stop_sequence``; OpenAI ``stop`` with a
+  vLLM-style ``stop_reason``);
+* ``[[tool:NAME {json}]]`` (the JSON is optional): a call to NAME;
+  ``[[tools:A {..} B {..}]]`` or several markers: parallel calls;
+* a tool result as the last message: ``tool said: <result text>``;
+* ``[[think]]``: reasoning before the answer (Anthropic: a thinking block with
+  the signature :func:`signature_for` gives; OpenAI: ``reasoning_content``);
+* ``[[error:STATUS]]``: that status with the dialect's error envelope (429 and
+  529 carry ``retry-after: 3``; a 400 from the OpenAI side names ``param``);
+* ``[[sleep:SECONDS]]``: wait before answering;
+* ``[[die-after:N]]``: stream N frames, then drop the connection;
+* ``[[truncate-after:N]]``: stream N frames, then end the body cleanly but
+  without the terminal event;
+* ``[[hang-after:N]]``: stream N frames, then hang until the client leaves
+  (counted in ``disconnects``).
+
+Usage is realistic: input tokens are a rough count of the request (a quarter
+of its JSON length); Anthropic reports cache reads/writes when the body holds
+``cache_control``, OpenAI reports cached tokens when it holds
+``prompt_cache_key``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+import threading
+import time
+from typing import Any, NamedTuple
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .scripted import (
+    Script, anthropic_body, anthropic_frames, make_plan, openai_body, openai_frames,
+    reasoning_for, rough_tokens, script_anthropic, script_openai, signature_for,
+)
+
+__all__ = ["FakeUpstream", "Received", "signature_for", "reasoning_for", "rough_tokens"]
+
+RETRY_AFTER = "3"
+
+
+class Received(NamedTuple):
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+# --- errors ----------------------------------------------------------------------
+
+_OPENAI_ERROR = {400: "invalid_request_error", 401: "invalid_request_error",
+                 403: "permission_error", 404: "invalid_request_error",
+                 429: "rate_limit_error"}
+_ANTHROPIC_ERROR = {400: "invalid_request_error", 401: "authentication_error",
+                    403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                    429: "rate_limit_error", 500: "api_error", 529: "overloaded_error"}
+
+
+def error_response(status: int, dialect: str, message: str | None = None) -> JSONResponse:
+    message = message or f"fake upstream says {status}"
+    headers = {"retry-after": RETRY_AFTER} if status in (429, 503, 529) else {}
+    if dialect == "anthropic":
+        body: dict[str, Any] = {"type": "error", "error": {
+            "type": _ANTHROPIC_ERROR.get(status, "api_error"), "message": message}}
+    else:
+        body = {"error": {"message": message,
+                          "type": _OPENAI_ERROR.get(status, "server_error"),
+                          "param": "messages" if status == 400 else None,
+                          "code": "invalid_api_key" if status == 401 else None}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+# --- HTTP ------------------------------------------------------------------------
+
+class _Frames(Response):
+    """SSE frames sent one ASGI message each, with the scripted failures."""
+
+    def __init__(self, fake: FakeUpstream, frames: list[bytes], script: Script) -> None:
+        self.fake, self.frames, self.script = fake, frames, script
+        self.background = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        s = self.script
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
+                                (b"cache-control", b"no-cache")]})
+        for n, frame in enumerate(self.frames):
+            if s.hang_after is not None and n >= s.hang_after:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                self.fake.disconnects += 1
+                return
+            if s.die_after is not None and n >= s.die_after:
+                raise ConnectionAbortedError("fake upstream drops the connection")
+            if s.truncate_after is not None and n >= s.truncate_after:
+                break
+            await send({"type": "http.response.body", "body": frame, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class FakeUpstream:
+    """See the module docstring. ``api_key``: when set, requests must carry it
+    (OpenAI ``Authorization: Bearer``; Anthropic ``x-api-key`` or Bearer)."""
+
+    def __init__(self, *, api_key: str | None = None,
+                 models: tuple[str, ...] = ("fake-model",)) -> None:
+        self.api_key = api_key
+        self.models = models
+        self.requests: list[Received] = []
+        self.peers: list[tuple[str, int] | None] = []  # client address of each request
+        self.disconnects = 0
+        self.port = 0
+        self._ids = itertools.count(1)
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.app = Starlette(routes=[
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/messages", self._messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", self._count_tokens, methods=["POST"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+        ])
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def anthropic_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def last(self) -> Received:
+        return self.requests[-1]
+
+    # --- lifecycle ---
+
+    def start(self) -> FakeUpstream:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="off",
+                                ws="none", timeout_graceful_shutdown=1, log_level="critical")
+        self._server = server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
+                                        name=f"fake-upstream-{self.port}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("fake upstream did not start")
+            time.sleep(0.005)
+        self._socket = sock
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if getattr(self, "_socket", None) is not None:
+            self._socket.close()
+        self._server = self._thread = None
+
+    def __enter__(self) -> FakeUpstream:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def wait_disconnects(self, count: int, timeout: float = 5.0) -> bool:
+        """True once ``disconnects`` reached ``count`` (polled: the server runs
+        in another thread)."""
+        deadline = time.monotonic() + timeout
+        while self.disconnects < count:
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return True
+
+    # --- routes ---
+
+    async def _receive(self, request: Request) -> Any:
+        body = await request.json()
+        self.requests.append(Received(request.url.path, dict(request.headers), body))
+        self.peers.append(tuple(request.client) if request.client else None)
+        return body
+
+    def _authorised(self, request: Request, dialect: str) -> bool:
+        if self.api_key is None:
+            return True
+        if request.headers.get("authorization") == f"Bearer {self.api_key}":
+            return True
+        return dialect == "anthropic" and request.headers.get("x-api-key") == self.api_key
+
+    async def _chat(self, request: Request) -> Response:
+        body = await self._receive(request)
+        if not self._authorised(request, "openai"):
+            return error_response(401, "openai", "Incorrect API key provided")
+        if not isinstance(body.get("messages"), list) or not body["messages"]:
+            return error_response(400, "openai", "'messages' is a required property")
+        script = script_openai(body)
+        return await self._answer(script, body, "openai")
+
+    async def _messages(self, request: Request) -> Response:
+        body = await self._receive(request)
+        if not self._authorised(request, "anthropic"):
+            return error_response(401, "anthropic", "invalid x-api-key")
+        if not request.headers.get("anthropic-version"):
+            return error_response(400, "anthropic", "anthropic-version: header is required")
+        if not isinstance(body.get("max_tokens"), int):
+            return error_response(400, "anthropic", "max_tokens: Field required")
+        if not isinstance(body.get("messages"), list):
+            return error_response(400, "anthropic", "messages: Field required")
+        return await self._answer(script_anthropic(body), body, "anthropic")
+
+    async def _answer(self, script: Script, body: dict[str, Any], dialect: str) -> Response:
+        if script.sleep:
+            await asyncio.sleep(script.sleep)
+        if script.error is not None:
+            return error_response(script.error, dialect)
+        n = next(self._ids)
+        if dialect == "openai":
+            plan = make_plan(script, body, id_prefix="call_")
+            rid = f"chatcmpl-fake{n}"
+            if body.get("stream"):
+                return _Frames(self, openai_frames(plan, body, rid), script)
+            return JSONResponse(openai_body(plan, body, rid))
+        plan = make_plan(script, body, id_prefix="toolu_")
+        rid = f"msg_fake{n}"
+        if body.get("stream"):
+            return _Frames(self, anthropic_frames(plan, body, rid), script)
+        return JSONResponse(anthropic_body(plan, body, rid))
+
+    async def _count_tokens(self, request: Request) -> Response:
+        body = await self._receive(request)
+        if not self._authorised(request, "anthropic"):
+            return error_response(401, "anthropic", "invalid x-api-key")
+        size = {k: body.get(k) for k in ("system", "messages", "tools")}
+        return JSONResponse({"input_tokens": rough_tokens(size)})
+
+    async def _models(self, request: Request) -> Response:
+        self.requests.append(Received(request.url.path, dict(request.headers), None))
+        self.peers.append(tuple(request.client) if request.client else None)
+        if not self._authorised(request, "anthropic"):
+            return error_response(401, "openai", "Incorrect API key provided")
+        # one listing both SDKs accept: OpenAI's and Anthropic's fields together
+        data = [{"id": m, "object": "model", "created": 1700000000, "owned_by": "fake",
+                 "type": "model", "display_name": m, "created_at": "2025-01-01T00:00:00Z"}
+                for m in self.models]
+        return JSONResponse({"object": "list", "data": data, "has_more": False,
+                             "first_id": self.models[0] if self.models else None,
+                             "last_id": self.models[-1] if self.models else None})

@@ -1,0 +1,85 @@
+"""bench/: the load generator against the demo upstream, and the config the runner writes."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.demo_upstream import DemoUpstream, start_demo_upstream
+from app.settings import load_settings
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[DemoUpstream]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    server = asyncio.run_coroutine_threadsafe(start_demo_upstream(), loop).result(5)
+    yield server
+    asyncio.run_coroutine_threadsafe(server.close(), loop).result(5)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+    loop.close()
+
+
+def loadgen(*args: str) -> dict:
+    done = subprocess.run([sys.executable, str(BENCH / "loadgen.py"), *args],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize(("api", "mode", "model", "max_tokens"), [
+    ("openai", "nonstream", "mock-gpt", 16),
+    ("openai", "stream", "mock-gpt-d1", 64),
+    ("anthropic", "nonstream", "mock-claude", 16),
+    ("anthropic", "stream", "mock-claude", 64),
+])
+def test_loadgen_counts_requests_and_chunks(upstream: DemoUpstream, api: str, mode: str,
+                                            model: str, max_tokens: int) -> None:
+    before = upstream.stats["requests"]
+    r = loadgen("--url", upstream.anthropic_url, "--api", api, "--mode", mode, "--model", model,
+                "--max-tokens", str(max_tokens), "-c", "4", "-n", "40", "-d", "20")
+    assert r["ok_requests"] == r["requests"] == 40 and r["errors"] == 0
+    assert r["chunk_mismatch"] == 0 and r["chunks_total"] == 40 * max_tokens
+    assert upstream.stats["requests"] - before == 40
+    assert 0 < r["latency_ms"]["p50"] <= r["latency_ms"]["p99"]
+    if mode == "stream":
+        assert 0 < r["ttft_ms"]["p50"] <= r["latency_ms"]["p50"]
+
+
+def test_loadgen_reports_failures(upstream: DemoUpstream) -> None:
+    done = subprocess.run([sys.executable, str(BENCH / "loadgen.py"), "--url",
+                           upstream.anthropic_url + "/nowhere", "-c", "2", "-n", "6"],
+                          capture_output=True, text=True, timeout=60)
+    r = json.loads(done.stdout)
+    assert done.returncode == 1 and not r["ok"]
+    assert r["error_detail"] == {"status_404": 6}
+
+
+def test_runner_config_is_accepted_by_the_gateway_settings(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("bench_run", BENCH / "run.py")
+    run = importlib.util.module_from_spec(spec)
+    sys.modules["bench_run"] = run                 # dataclasses look their module up
+    try:
+        spec.loader.exec_module(run)
+    finally:
+        del sys.modules["bench_run"]
+    path = tmp_path / "poolgate.toml"
+    path.write_text(run.config_toml(18000, 18001, "warning"))
+    settings = load_settings(str(path), {})
+    assert settings.server.plain_api_keys() == {"bench": run.API_KEY}
+    assert {w.dialect: (w.url, w.models) for w in settings.workers} == {
+        "openai": ("http://127.0.0.1:18001/v1", ("mock-gpt", "mock-gpt-d5")),
+        "anthropic": ("http://127.0.0.1:18001", ("mock-claude",))}
+    assert set(run.SCENARIOS) >= {"ns_c16", "st_c16_d5", "msg_c16", "msgst_c16", "msg_xl_c16"}
