@@ -60,19 +60,22 @@ def cli_bins() -> dict[str, str]:
 
 
 @pytest.fixture
-def fake_upstream() -> Iterator[FakeUpstream]:
+def cli_upstream() -> Iterator[FakeUpstream]:
+    """A fresh fake per test (so request counts are exact); named apart from
+    conftest's session-wide ``fake_upstream``."""
     with FakeUpstream(api_key=API_KEY, models=(CLAUDE_MODEL, QWEN_MODEL)) as fake:
         yield fake
 
 
 @pytest.fixture
-def cli_gateway(cli_bins: dict[str, str], fake_upstream: FakeUpstream) -> Iterator[CLIGateway]:
-    # TODO(lead): route through poolgate: start the gateway with fake_upstream
-    # as its remote worker (fake_upstream.url / .anthropic_url, API_KEY) serving
+def cli_gateway(cli_bins: dict[str, str], cli_upstream: FakeUpstream) -> Iterator[CLIGateway]:
+    # TODO(lead): route through poolgate: start the gateway with cli_upstream
+    # as its remote worker (cli_upstream.url / .anthropic_url, API_KEY) serving
     # both models, and yield the gateway's URLs and an inbound key here instead.
+    # The assertions on cli_upstream.requests then check what poolgate sent on.
     yield CLIGateway(
-        anthropic_url=fake_upstream.anthropic_url,
-        openai_url=fake_upstream.url,
+        anthropic_url=cli_upstream.anthropic_url,
+        openai_url=cli_upstream.url,
         api_key=API_KEY,
         models={"claude": CLAUDE_MODEL, "qwen": QWEN_MODEL},
     )
@@ -128,7 +131,7 @@ CLIENTS = [
 
 
 @pytest.mark.parametrize(("client", "run", "path", "tool"), CLIENTS)
-def test_one_turn_answer(cli_gateway: CLIGateway, fake_upstream: FakeUpstream,
+def test_one_turn_answer(cli_gateway: CLIGateway, cli_upstream: FakeUpstream,
                          workspace: tuple[Path, Path, str],
                          client: str, run: Any, path: str, tool: str) -> None:
     cwd, home, _ = workspace
@@ -138,14 +141,14 @@ def test_one_turn_answer(cli_gateway: CLIGateway, fake_upstream: FakeUpstream,
     assert result["subtype"] == "success" and result["is_error"] is False
     assert result["result"] == "echo: Say hello to poolgate"
     assert result["num_turns"] == 1
-    chats = _chats(fake_upstream)
+    chats = _chats(cli_upstream)
     assert [r.path for r in chats] == [path]
     assert chats[0].body["model"] == cli_gateway.models[client]
     assert chats[0].body["stream"] is True
 
 
 @pytest.mark.parametrize(("client", "run", "path", "tool"), CLIENTS)
-def test_tool_round_trip(cli_gateway: CLIGateway, fake_upstream: FakeUpstream,
+def test_tool_round_trip(cli_gateway: CLIGateway, cli_upstream: FakeUpstream,
                          workspace: tuple[Path, Path, str],
                          client: str, run: Any, path: str, tool: str) -> None:
     cwd, home, secret = workspace
@@ -157,7 +160,7 @@ def test_tool_round_trip(cli_gateway: CLIGateway, fake_upstream: FakeUpstream,
     assert len(results) == 1 and results[0].get("is_error") in (None, False)
     assert secret in _text(results[0]["content"])
     # ...and sent the result back upstream in a second request.
-    chats = _chats(fake_upstream)
+    chats = _chats(cli_upstream)
     assert [r.path for r in chats] == [path, path]
     assert tool in {(t.get("function") or t)["name"] for t in chats[0].body["tools"]}
     assert secret not in str(chats[0].body)
@@ -169,13 +172,13 @@ def test_tool_round_trip(cli_gateway: CLIGateway, fake_upstream: FakeUpstream,
 
 
 def test_claude_sends_what_the_fixtures_recorded(cli_gateway: CLIGateway,
-                                                 fake_upstream: FakeUpstream,
+                                                 cli_upstream: FakeUpstream,
                                                  workspace: tuple[Path, Path, str]) -> None:
     """The quirks the gateway must accept are still what this version sends."""
     cwd, home, _ = workspace
     _claude(cli_gateway, "hi", cwd, home)
 
-    (req,) = _chats(fake_upstream)
+    (req,) = _chats(cli_upstream)
     assert req.headers["x-api-key"] == API_KEY
     assert req.headers["user-agent"].startswith("claude-cli/2.1.197")
     assert "claude-code-20250219" in req.headers["anthropic-beta"]
@@ -185,12 +188,12 @@ def test_claude_sends_what_the_fixtures_recorded(cli_gateway: CLIGateway,
 
 
 def test_qwen_sends_what_the_fixtures_recorded(cli_gateway: CLIGateway,
-                                               fake_upstream: FakeUpstream,
+                                               cli_upstream: FakeUpstream,
                                                workspace: tuple[Path, Path, str]) -> None:
     cwd, home, _ = workspace
     _qwen(cli_gateway, "hi", cwd, home)
 
-    (req,) = _chats(fake_upstream)
+    (req,) = _chats(cli_upstream)
     assert req.headers["authorization"] == f"Bearer {API_KEY}"
     assert req.headers["user-agent"].startswith("QwenCode/0.15.10")
     assert req.body["stream_options"] == {"include_usage": True}
@@ -202,7 +205,7 @@ def test_qwen_sends_what_the_fixtures_recorded(cli_gateway: CLIGateway,
     pytest.param("qwen", run_qwen, "/v1/chat/completions", id="qwen-code"),
 ])
 def test_hung_upstream_hits_the_hard_timeout(cli_gateway: CLIGateway,
-                                             fake_upstream: FakeUpstream,
+                                             cli_upstream: FakeUpstream,
                                              workspace: tuple[Path, Path, str],
                                              client: str, runner: Any, path: str) -> None:
     cwd, home, _ = workspace
@@ -214,7 +217,7 @@ def test_hung_upstream_hits_the_hard_timeout(cli_gateway: CLIGateway,
 
     assert time.monotonic() - started < 15
     assert caught.value.returncode == -9
-    assert any(r.path == path for r in fake_upstream.requests)  # it was waiting on us
+    assert any(r.path == path for r in cli_upstream.requests)  # it was waiting on us
     with pytest.raises(ProcessLookupError):  # killed and reaped
         os.kill(caught.value.pid, 0)
 
