@@ -223,7 +223,7 @@ class FakeUpstream:
         if not isinstance(body.get("messages"), list) or not body["messages"]:
             return error_response(400, "openai", "'messages' is a required property")
         script = script_openai(body)
-        return await self._answer(script, body, "openai")
+        return await self._answer(script, body, "openai", request)
 
     async def _messages(self, request: Request) -> Response:
         body = await self._receive(request)
@@ -235,11 +235,18 @@ class FakeUpstream:
             return error_response(400, "anthropic", "max_tokens: Field required")
         if not isinstance(body.get("messages"), list):
             return error_response(400, "anthropic", "messages: Field required")
-        return await self._answer(script_anthropic(body), body, "anthropic")
+        return await self._answer(script_anthropic(body), body, "anthropic", request)
 
-    async def _answer(self, script: Script, body: dict[str, Any], dialect: str) -> Response:
+    async def _answer(self, script: Script, body: dict[str, Any], dialect: str,
+                      request: Request) -> Response:
         if script.sleep:
-            await asyncio.sleep(script.sleep)
+            # sleep, but notice a client that leaves meanwhile (counted in disconnects)
+            deadline = time.monotonic() + script.sleep
+            while time.monotonic() < deadline:
+                if await request.is_disconnected():
+                    self.disconnects += 1
+                    return Response(status_code=499)
+                await asyncio.sleep(0.01)
         if script.error is not None:
             return error_response(script.error, dialect)
         n = next(self._ids)
