@@ -21,7 +21,10 @@ from typing import Any, NamedTuple
 
 import pytest
 
+from app.factory import create_app
+from app.settings import ServerSettings, Settings, WorkerSettings
 from tests.fakes.upstreams import FakeUpstream, Received
+from tests.support.server import ServerThread
 from tests.integration.clis import (
     CLAUDE_CODE,
     QWEN_CODE,
@@ -45,6 +48,7 @@ class CLIGateway(NamedTuple):
     openai_url: str     # ends in /v1, for OPENAI_BASE_URL
     api_key: str
     models: dict[str, str]  # client name -> model it asks for
+    paths: dict[str, str]   # client name -> the upstream path its requests reach
 
 
 @pytest.fixture(scope="session")
@@ -67,18 +71,37 @@ def cli_upstream() -> Iterator[FakeUpstream]:
         yield fake
 
 
+@pytest.fixture(params=["same-dialect", "cross-dialect"])
+def cli_gateway(request: pytest.FixtureRequest, cli_bins: dict[str, str],
+                cli_upstream: FakeUpstream) -> Iterator[CLIGateway]:
+    """A real poolgate in front of the fake. ``same-dialect``: Claude Code's
+    model behind an Anthropic upstream and Qwen's behind an OpenAI one;
+    ``cross-dialect``: the other way round, so every request is translated."""
+    cross = request.param == "cross-dialect"
+    anthropic_models = (QWEN_MODEL,) if cross else (CLAUDE_MODEL,)
+    openai_models = (CLAUDE_MODEL,) if cross else (QWEN_MODEL,)
+    settings = Settings(
+        server=ServerSettings(api_keys={"cli": API_KEY}),
+        workers=(WorkerSettings(name="anthropic-up", dialect="anthropic",
+                                url=cli_upstream.anthropic_url, api_key=API_KEY,
+                                models=anthropic_models),
+                 WorkerSettings(name="openai-up", dialect="openai", url=cli_upstream.url,
+                                api_key=API_KEY, models=openai_models)))
+    paths = {"claude": "/v1/messages", "qwen": "/v1/chat/completions"}
+    if cross:
+        paths = {"claude": "/v1/chat/completions", "qwen": "/v1/messages"}
+    with ServerThread(create_app(settings)) as server:
+        yield CLIGateway(anthropic_url=server.url, openai_url=server.url + "/v1",
+                         api_key=API_KEY, models={"claude": CLAUDE_MODEL, "qwen": QWEN_MODEL},
+                         paths=paths)
+
+
 @pytest.fixture
-def cli_gateway(cli_bins: dict[str, str], cli_upstream: FakeUpstream) -> Iterator[CLIGateway]:
-    # TODO(lead): route through poolgate: start the gateway with cli_upstream
-    # as its remote worker (cli_upstream.url / .anthropic_url, API_KEY) serving
-    # both models, and yield the gateway's URLs and an inbound key here instead.
-    # The assertions on cli_upstream.requests then check what poolgate sent on.
-    yield CLIGateway(
-        anthropic_url=cli_upstream.anthropic_url,
-        openai_url=cli_upstream.url,
-        api_key=API_KEY,
-        models={"claude": CLAUDE_MODEL, "qwen": QWEN_MODEL},
-    )
+def direct(cli_bins: dict[str, str], cli_upstream: FakeUpstream) -> CLIGateway:
+    """The fake itself, no gateway: to check what the CLI version sends."""
+    return CLIGateway(anthropic_url=cli_upstream.anthropic_url, openai_url=cli_upstream.url,
+                      api_key=API_KEY, models={"claude": CLAUDE_MODEL, "qwen": QWEN_MODEL},
+                      paths={"claude": "/v1/messages", "qwen": "/v1/chat/completions"})
 
 
 @pytest.fixture
@@ -125,15 +148,16 @@ def _text(content: Any) -> str:
 
 # client, run, chat path, tool it asks for
 CLIENTS = [
-    pytest.param("claude", _claude, "/v1/messages", "Read", id="claude-code"),
-    pytest.param("qwen", _qwen, "/v1/chat/completions", "read_file", id="qwen-code"),
+    pytest.param("claude", _claude, "Read", id="claude-code"),
+    pytest.param("qwen", _qwen, "read_file", id="qwen-code"),
 ]
 
 
-@pytest.mark.parametrize(("client", "run", "path", "tool"), CLIENTS)
+@pytest.mark.parametrize(("client", "run", "tool"), CLIENTS)
 def test_one_turn_answer(cli_gateway: CLIGateway, cli_upstream: FakeUpstream,
                          workspace: tuple[Path, Path, str],
-                         client: str, run: Any, path: str, tool: str) -> None:
+                         client: str, run: Any, tool: str) -> None:
+    path = cli_gateway.paths[client]
     cwd, home, _ = workspace
     events = run(cli_gateway, "Say hello to poolgate", cwd, home)
 
@@ -147,10 +171,11 @@ def test_one_turn_answer(cli_gateway: CLIGateway, cli_upstream: FakeUpstream,
     assert chats[0].body["stream"] is True
 
 
-@pytest.mark.parametrize(("client", "run", "path", "tool"), CLIENTS)
+@pytest.mark.parametrize(("client", "run", "tool"), CLIENTS)
 def test_tool_round_trip(cli_gateway: CLIGateway, cli_upstream: FakeUpstream,
                          workspace: tuple[Path, Path, str],
-                         client: str, run: Any, path: str, tool: str) -> None:
+                         client: str, run: Any, tool: str) -> None:
+    path = cli_gateway.paths[client]
     cwd, home, secret = workspace
     prompt = f'What is the secret word? [[tool:{tool} {{"file_path": "{cwd / "hello.txt"}"}}]]'
     events = run(cli_gateway, prompt, cwd, home)
@@ -171,12 +196,12 @@ def test_tool_round_trip(cli_gateway: CLIGateway, cli_upstream: FakeUpstream,
     assert result["result"].startswith("tool said: ") and secret in result["result"]
 
 
-def test_claude_sends_what_the_fixtures_recorded(cli_gateway: CLIGateway,
+def test_claude_sends_what_the_fixtures_recorded(direct: CLIGateway,
                                                  cli_upstream: FakeUpstream,
                                                  workspace: tuple[Path, Path, str]) -> None:
     """The quirks the gateway must accept are still what this version sends."""
     cwd, home, _ = workspace
-    _claude(cli_gateway, "hi", cwd, home)
+    _claude(direct, "hi", cwd, home)
 
     (req,) = _chats(cli_upstream)
     assert req.headers["x-api-key"] == API_KEY
@@ -187,11 +212,11 @@ def test_claude_sends_what_the_fixtures_recorded(cli_gateway: CLIGateway,
     assert isinstance(req.body["metadata"]["user_id"], str)
 
 
-def test_qwen_sends_what_the_fixtures_recorded(cli_gateway: CLIGateway,
+def test_qwen_sends_what_the_fixtures_recorded(direct: CLIGateway,
                                                cli_upstream: FakeUpstream,
                                                workspace: tuple[Path, Path, str]) -> None:
     cwd, home, _ = workspace
-    _qwen(cli_gateway, "hi", cwd, home)
+    _qwen(direct, "hi", cwd, home)
 
     (req,) = _chats(cli_upstream)
     assert req.headers["authorization"] == f"Bearer {API_KEY}"
@@ -200,14 +225,15 @@ def test_qwen_sends_what_the_fixtures_recorded(cli_gateway: CLIGateway,
     assert _last_message(req)["content"] == [{"type": "text", "text": "hi"}]
 
 
-@pytest.mark.parametrize(("client", "runner", "path"), [
-    pytest.param("claude", run_claude, "/v1/messages", id="claude-code"),
-    pytest.param("qwen", run_qwen, "/v1/chat/completions", id="qwen-code"),
+@pytest.mark.parametrize(("client", "runner"), [
+    pytest.param("claude", run_claude, id="claude-code"),
+    pytest.param("qwen", run_qwen, id="qwen-code"),
 ])
 def test_hung_upstream_hits_the_hard_timeout(cli_gateway: CLIGateway,
                                              cli_upstream: FakeUpstream,
                                              workspace: tuple[Path, Path, str],
-                                             client: str, runner: Any, path: str) -> None:
+                                             client: str, runner: Any) -> None:
+    path = cli_gateway.paths[client]
     cwd, home, _ = workspace
     url = cli_gateway.anthropic_url if client == "claude" else cli_gateway.openai_url
     started = time.monotonic()
