@@ -10,8 +10,9 @@ import httpx
 import pytest
 
 from .conftest import ANTHROPIC_MODEL, CLIENT_KEY, OPENAI_MODEL
+from tests.support.paths import FIXTURES as _FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "clients"
+FIXTURES = _FIXTURES
 CHAT = sorted(FIXTURES.glob("*POST-v1_chat_completions.json"))
 MESSAGES = sorted(FIXTURES.glob("*POST-v1_messages.json"))
 # hop-by-hop and transport headers the client sent to the recorder, not to us

@@ -23,8 +23,9 @@ from pool.model import (
     ToolCallStart, ToolChoice, ToolResultPart, Usage,
 )
 from pool.sse import SSEDecoder
+from tests.support.paths import FIXTURES as _FIXTURES
 
-FIXTURES = "/work/shared/fixtures/clients"
+FIXTURES = str(_FIXTURES)
 MESSAGE_FIXTURES = sorted(glob.glob(os.path.join(FIXTURES, "*-POST-v1_messages.json")))
 COUNT_FIXTURES = sorted(glob.glob(os.path.join(FIXTURES, "*-POST-v1_messages_count_tokens.json")))
 MINIMAL: dict[str, Any] = {"model": "m", "max_tokens": 10,

@@ -26,7 +26,7 @@ from pool.model import (
     ToolCallEnd, ToolCallPart, ToolCallStart, ToolChoice, ToolResultPart, Usage,
 )
 
-FIXTURES = Path("/work/shared/fixtures/clients")
+from tests.support.paths import FIXTURES  # noqa: E402
 USER = {"role": "user", "content": "hi"}
 
 
