@@ -14,7 +14,8 @@ class ServerThread:
     its own event loop, so sync and async clients in the test can both use it."""
 
     def __init__(self, app: Any, *, lifespan: str = "on") -> None:
-        self.config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan=lifespan,
+        # log_config=None: leave logging as the process has it (no dictConfig per server)
+        self.config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan=lifespan, log_config=None,
                                      log_level="warning", access_log=False,
                                      loop="asyncio", http="httptools",
                                      timeout_graceful_shutdown=5)
