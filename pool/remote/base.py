@@ -145,6 +145,11 @@ class RemoteWorker:
 
     # --- the request ------------------------------------------------------------
 
+    async def count_tokens(self, request: ChatRequest) -> int | None:
+        """The upstream's exact count of the request's input tokens, or ``None``
+        when this upstream cannot count (the gateway then estimates)."""
+        return None
+
     async def stream(self, request: ChatRequest) -> AsyncIterator[Event]:
         body, headers = self.prepare(request)
         resp = await self._post(orjson.dumps(body, default=_json_default), headers)
@@ -181,12 +186,15 @@ class RemoteWorker:
                 # now so the upstream sees the disconnect and stops generating
                 resp.close()
 
-    async def _post(self, body: bytes, headers: Mapping[str, str]) -> aiohttp.ClientResponse:
+    async def _post(self, body: bytes, headers: Mapping[str, str],
+                    url: str | None = None) -> aiohttp.ClientResponse:
+        """POST ``body`` to ``url`` (default: the chat endpoint); a non-2xx
+        answer is raised as the mapped :class:`GatewayError`."""
         session = self._session or await self._ensure_session()
         spec = self.spec
         try:
             async with asyncio.timeout(spec.first_byte_timeout):
-                resp = await session.post(self._chat_url, data=body, headers=headers,
+                resp = await session.post(url or self._chat_url, data=body, headers=headers,
                                           allow_redirects=False)
         except aiohttp.ConnectionTimeoutError:
             log.warning("remote.connect_timeout", worker=self.name)

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import orjson
+
+from pool.errors import UpstreamError, UpstreamUnavailable
 from pool.model import ChatRequest
 from pool.worker import Capabilities
 
@@ -16,6 +19,9 @@ __all__ = ["OpenAIChatWorker", "AnthropicMessagesWorker", "ANTHROPIC_VERSION"]
 
 ANTHROPIC_VERSION = "2023-06-01"
 _JSON = {"content-type": "application/json"}
+# messages fields the count_tokens endpoint refuses ("extra inputs are not permitted")
+_NOT_COUNTED = ("max_tokens", "stream", "temperature", "top_p", "top_k", "stop_sequences",
+                "metadata", "service_tier", "container")
 
 
 class OpenAIChatWorker(RemoteWorker):
@@ -37,7 +43,8 @@ class OpenAIChatWorker(RemoteWorker):
 
 
 class AnthropicMessagesWorker(RemoteWorker):
-    """``POST {url}/v1/messages``; health is ``GET {url}/v1/models``.
+    """``POST {url}/v1/messages``; health is ``GET {url}/v1/models``;
+    ``POST {url}/v1/messages/count_tokens`` counts input tokens.
 
     A request that came in as Anthropic carries the client's
     ``anthropic-version`` and ``anthropic-beta`` headers on to the upstream.
@@ -54,6 +61,7 @@ class AnthropicMessagesWorker(RemoteWorker):
                          chat_url=root + "/v1/messages", health_url=root + "/v1/models",
                          auth_headers=auth,
                          default_headers={"anthropic-version": ANTHROPIC_VERSION})
+        self._count_url = root + "/v1/messages/count_tokens"
 
     def prepare(self, request: ChatRequest) -> tuple[dict[str, Any], Mapping[str, str]]:
         body = anthropic_messages.build_body(request)
@@ -68,3 +76,31 @@ class AnthropicMessagesWorker(RemoteWorker):
         if beta:
             headers["anthropic-beta"] = beta
         return body, headers
+
+    async def count_tokens(self, request: ChatRequest) -> int | None:
+        """The upstream's ``input_tokens`` for ``request``, built like a
+        messages request without the generation fields; ``None`` when the
+        upstream has no count_tokens endpoint (404 or 405)."""
+        body, headers = self.prepare(request)
+        for key in _NOT_COUNTED:
+            body.pop(key, None)
+        try:
+            resp = await self._post(orjson.dumps(body, default=dict), headers,
+                                    url=self._count_url)
+        except UpstreamError as exc:
+            if exc.status in (404, 405):
+                return None
+            raise
+        try:
+            raw = await self._read_all(resp)
+        except BaseException:
+            resp.close()
+            raise
+        resp.release()
+        try:
+            count = orjson.loads(raw).get("input_tokens")
+        except (orjson.JSONDecodeError, AttributeError):
+            count = None
+        if type(count) is not int or count < 0:
+            raise UpstreamUnavailable(f"upstream {self.name} sent an invalid token count")
+        return count

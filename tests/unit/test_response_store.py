@@ -1,0 +1,204 @@
+"""The stored-Responses store: bounds, expiry, delete, concurrency, serialisation."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import pytest
+
+from sessions.responses import (
+    MemoryResponseStore, ResponseStore, StoredResponse, conversation, dumps, loads,
+)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def entry(rid: str, text: str = "hi", *, history: tuple[dict[str, Any], ...] = (),
+          worker: str | None = "w1") -> StoredResponse:
+    return StoredResponse(
+        id=rid,
+        response={"id": rid, "object": "response", "status": "completed",
+                  "output": [{"id": f"msg_{rid}", "type": "message", "role": "assistant",
+                              "content": [{"type": "output_text", "text": f"echo: {text}"}]}]},
+        input_items=({"id": f"in_{rid}", "type": "message", "role": "user",
+                      "content": [{"type": "input_text", "text": text}]},),
+        history=history, worker=worker, created_at=1.7e9)
+
+
+def size(item: StoredResponse) -> int:
+    return len(dumps(item))
+
+
+def test_memory_store_is_a_response_store() -> None:
+    store: ResponseStore = MemoryResponseStore()
+    assert store.stats()["items"] == 0
+
+
+async def test_put_get_roundtrip_and_unknown_id() -> None:
+    store = MemoryResponseStore()
+    item = entry("resp_1")
+    await store.put(item)
+    assert await store.get("resp_1") is item
+    assert await store.get("resp_unknown") is None
+    assert store.stats()["items"] == 1 and store.stats()["bytes"] == size(item)
+
+
+async def test_put_same_id_replaces_without_leaking_bytes() -> None:
+    store = MemoryResponseStore()
+    await store.put(entry("r", "short"))
+    newer = entry("r", "a much longer text than before")
+    await store.put(newer)
+    assert await store.get("r") is newer
+    assert store.stats()["items"] == 1 and store.stats()["bytes"] == size(newer)
+
+
+async def test_delete() -> None:
+    store = MemoryResponseStore()
+    await store.put(entry("r1"))
+    await store.put(entry("r2"))
+    assert await store.delete("r1") is True
+    assert await store.delete("r1") is False
+    assert await store.delete("never") is False
+    assert await store.get("r1") is None
+    assert (await store.get("r2")) is not None
+    assert store.stats()["items"] == 1 and store.stats()["bytes"] == size(entry("r2"))
+
+
+async def test_count_bound_evicts_oldest_first() -> None:
+    store = MemoryResponseStore(max_items=3)
+    for k in range(5):
+        await store.put(entry(f"r{k}"))
+    assert [await store.get(f"r{k}") is not None for k in range(5)] == [
+        False, False, True, True, True]
+    assert store.stats()["items"] == 3 and store.stats()["evicted"] == 2
+
+
+async def test_byte_bound_evicts_oldest_first() -> None:
+    one = size(entry("r0"))
+    store = MemoryResponseStore(max_bytes=one * 2 + one // 2)  # room for two
+    for k in range(4):
+        await store.put(entry(f"r{k}"))
+    assert await store.get("r0") is None and await store.get("r1") is None
+    assert await store.get("r2") is not None and await store.get("r3") is not None
+    assert store.stats()["bytes"] == 2 * one <= store.stats()["max_bytes"]
+
+
+async def test_entry_larger_than_the_byte_bound_is_not_stored() -> None:
+    store = MemoryResponseStore(max_bytes=size(entry("small")) + 10)
+    await store.put(entry("small"))
+    await store.put(entry("big", "x" * 1000))
+    assert await store.get("big") is None
+    assert await store.get("small") is not None  # not evicted for nothing
+    assert store.stats()["rejected"] == 1
+
+
+async def test_age_bound_with_a_fake_clock() -> None:
+    clock = FakeClock()
+    store = MemoryResponseStore(max_age=60, clock=clock)
+    await store.put(entry("old"))
+    clock.now += 30
+    await store.put(entry("young"))
+    clock.now += 29.9
+    assert await store.get("old") is not None
+    clock.now += 0.1  # "old" is now exactly 60 s old
+    assert await store.get("old") is None
+    assert await store.get("young") is not None
+    assert store.stats()["expired"] == 1 and store.stats()["items"] == 1
+
+
+async def test_expired_entries_are_dropped_on_put_without_being_read() -> None:
+    clock = FakeClock()
+    store = MemoryResponseStore(max_age=10, clock=clock)
+    for k in range(3):
+        await store.put(entry(f"r{k}"))
+    clock.now += 11
+    await store.put(entry("fresh"))
+    assert store.stats()["items"] == 1 and store.stats()["expired"] == 3
+    assert store.stats()["bytes"] == size(entry("fresh"))
+
+
+async def test_delete_of_an_expired_entry_reports_false() -> None:
+    clock = FakeClock()
+    store = MemoryResponseStore(max_age=10, clock=clock)
+    await store.put(entry("r"))
+    clock.now += 10
+    assert await store.delete("r") is False
+    assert store.stats()["items"] == 0 and store.stats()["bytes"] == 0
+
+
+@pytest.mark.parametrize("bad", [{"max_items": 0}, {"max_bytes": 0}, {"max_age": 0}])
+def test_bounds_must_be_positive(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        MemoryResponseStore(**bad)
+
+
+async def test_200_concurrent_tasks_lose_and_mix_nothing() -> None:
+    store = MemoryResponseStore(max_items=10_000)
+    rng = random.Random(7)
+
+    async def roundtrip(k: int) -> None:
+        item = entry(f"resp_{k}", f"text {k}", worker=f"w{k % 7}")
+        await asyncio.sleep(rng.random() / 1000)
+        await store.put(item)
+        await asyncio.sleep(rng.random() / 1000)
+        got = await store.get(f"resp_{k}")
+        assert got is item
+
+    await asyncio.gather(*(roundtrip(k) for k in range(200)))
+    for k in range(200):
+        got = await store.get(f"resp_{k}")
+        assert got is not None and got.id == f"resp_{k}" and got.worker == f"w{k % 7}"
+        assert got.input_items[0]["content"][0]["text"] == f"text {k}"
+    assert store.stats()["items"] == 200
+    assert store.stats()["bytes"] == sum(size(entry(f"resp_{k}", f"text {k}", worker=f"w{k % 7}"))
+                                         for k in range(200))
+
+
+async def test_bounds_hold_after_concurrent_puts() -> None:
+    one = size(entry("resp_100", "text 100"))
+    store = MemoryResponseStore(max_items=50, max_bytes=one * 40)
+
+    async def put(k: int) -> None:
+        await asyncio.sleep(0)
+        await store.put(entry(f"resp_{k}", f"text {k}"))
+
+    await asyncio.gather(*(put(k) for k in range(200)))
+    stats = store.stats()
+    assert 0 < stats["items"] <= 50 and stats["bytes"] <= one * 40
+    present = [k for k in range(200) if await store.get(f"resp_{k}") is not None]
+    assert len(present) == stats["items"]
+    # what survives is the newest, and each survivor is its own entry
+    assert present == list(range(200 - len(present), 200))
+    for k in present:
+        got = await store.get(f"resp_{k}")
+        assert got is not None and got.input_items[0]["content"][0]["text"] == f"text {k}"
+
+
+def test_conversation_is_history_then_input_then_output() -> None:
+    first = entry("r1", "one")
+    second = entry("r2", "two", history=tuple(conversation(first)))
+    items = conversation(second)
+    assert [i["id"] for i in items] == ["in_r1", "msg_r1", "in_r2", "msg_r2"]
+    items[0]["id"] = "changed"  # the caller's copy, not the stored entry
+    assert second.history[0]["id"] == "in_r1"
+
+
+def test_conversation_of_a_response_without_output() -> None:
+    item = StoredResponse("r", {"id": "r", "output": []}, ({"id": "i", "type": "message"},), (),
+                          None, 0.0)
+    assert conversation(item) == [{"id": "i", "type": "message"}]
+
+
+def test_dumps_loads_roundtrip() -> None:
+    item = entry("r2", "two", history=tuple(conversation(entry("r1"))))
+    back = loads(dumps(item))
+    assert back == item
+    assert loads(dumps(StoredResponse("x", {}, (), (), None, 2.5))).worker is None
