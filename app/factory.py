@@ -74,6 +74,8 @@ def create_app(settings: Any) -> Starlette:
         # hot routes first: Starlette matches in order
         Route("/v1/chat/completions", chat.chat_completions, methods=["POST"]),
         Route("/v1/messages", chat.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", chat.count_tokens, methods=["POST"]),
+        Route("/v1/completions", chat.completions, methods=["POST"]),
         Route("/v1/models", models.list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", models.get_model, methods=["GET"]),
         Route("/", ops.root, methods=["GET", "HEAD"]),

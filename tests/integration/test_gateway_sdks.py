@@ -272,3 +272,37 @@ def test_models_anthropic_shape(gateway):
     assert ant(gateway).models.retrieve(ANTHROPIC_MODEL).display_name == ANTHROPIC_MODEL
     with pytest.raises(anthropic.NotFoundError):
         ant(gateway).models.retrieve("nope")
+
+
+# --- legacy completions and token counting ---------------------------------------------
+
+def test_legacy_completions(gateway, upstream_model):
+    client = oai(gateway)
+    out = client.completions.create(model=upstream_model, prompt="complete me", max_tokens=16)
+    assert out.choices[0].text == "echo: complete me"
+    assert out.object == "text_completion"
+    chunks = list(client.completions.create(model=upstream_model, prompt="stream me",
+                                            max_tokens=16, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "echo: stream me"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=upstream_model, prompt="x", echo=True)
+    assert err.value.body["param"] == "echo"
+
+
+def test_count_tokens_exact_from_anthropic_upstream_and_estimated_otherwise(gateway):
+    client = ant(gateway)
+    messages = [{"role": "user", "content": "count these words please"}]
+    exact = client.messages.with_raw_response.count_tokens(
+        model=ANTHROPIC_MODEL, messages=messages, system="sys")
+    assert exact.headers["x-poolgate-token-count"] == "exact"
+    assert gateway.fake.last.path == "/v1/messages/count_tokens"
+    assert exact.parse().input_tokens > 0
+    estimate = client.messages.with_raw_response.count_tokens(
+        model=OPENAI_MODEL, messages=messages, tools=[WEATHER_TOOL_ANTHROPIC])
+    assert estimate.headers["x-poolgate-token-count"] == "estimate"
+    bigger = client.messages.count_tokens(
+        model=OPENAI_MODEL, messages=[{"role": "user", "content": "count these words please " * 50}],
+        tools=[WEATHER_TOOL_ANTHROPIC])
+    assert bigger.input_tokens > estimate.parse().input_tokens > 0
+    # a model nobody serves still gets an estimate, never a 404
+    assert client.messages.count_tokens(model="claude-unknown", messages=messages).input_tokens > 0
