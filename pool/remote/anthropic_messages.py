@@ -19,7 +19,11 @@ Choices made here (see the module tests):
   budget is clamped to ``max_tokens - 1`` rather than raising the client's
   output cap; when ``max_tokens`` is 1024 or less thinking is left off.
 * Tool call arguments that are not a JSON object (custom tools' free text)
-  go as ``{"input": <text>}``, matching the schema given to custom tools.
+  go as ``{"input": <text>}``, matching the schema given to custom tools;
+  a ``tool_use`` of a custom tool of the request comes back as a
+  ``kind="custom"`` call with that ``input`` string unwrapped (the parsers
+  take the request's custom tool names for this, and buffer such a call's
+  input until its block ends).
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ from pool.model import (
 from .errors import error_from_object
 
 __all__ = ["build_body", "StreamParser", "body_events", "STOP_REASONS", "DEFAULT_MAX_TOKENS",
-           "JSON_INSTRUCTION", "JSON_SCHEMA_INSTRUCTION"]
+           "JSON_INSTRUCTION", "JSON_SCHEMA_INSTRUCTION", "CUSTOM_TOOL_SCHEMA",
+           "unwrap_custom_input"]
 
 DEFAULT_MAX_TOKENS = 4096
 STOP_REASONS = {
@@ -53,8 +58,10 @@ STOP_REASONS = {
 JSON_INSTRUCTION = "Respond only with a valid JSON object, and no other text."
 JSON_SCHEMA_INSTRUCTION = ("Respond only with a JSON value that matches this JSON schema, "
                            "and no other text:\n")
-_CUSTOM_SCHEMA = {"type": "object", "properties": {"input": {"type": "string"}},
-                  "required": ["input"]}
+# the one-string-argument schema a custom (free-text) tool is offered with
+CUSTOM_TOOL_SCHEMA = {"type": "object", "properties": {"input": {"type": "string"}},
+                      "required": ["input"]}
+_NO_NAMES: frozenset[str] = frozenset()
 _EMPTY_SCHEMA = {"type": "object", "properties": {}}
 _NONE: tuple[Event, ...] = ()
 
@@ -199,13 +206,31 @@ def _tool(t: Tool) -> dict[str, Any]:
     if t.description is not None:
         tool["description"] = t.description
     if t.kind == "custom":
-        tool["input_schema"] = _CUSTOM_SCHEMA
+        tool["input_schema"] = CUSTOM_TOOL_SCHEMA
     else:
         tool["input_schema"] = t.parameters if t.parameters is not None else _EMPTY_SCHEMA
     return tool
 
 
 # --- answer --------------------------------------------------------------------
+
+def unwrap_custom_input(arguments: str) -> str:
+    """A custom tool's raw input from the ``{"input": <text>}`` it was called with;
+    text that is not such an object is already raw and comes back unchanged."""
+    try:
+        value = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return arguments
+    if isinstance(value, dict):
+        inner = value.get("input")
+        if isinstance(inner, str):
+            return inner
+        if len(value) == 1:  # a model that renamed the one argument
+            (only,) = value.values()
+            if isinstance(only, str):
+                return only
+    return arguments
+
 
 def _usage(u: dict[str, Any]) -> Usage:
     """Anthropic counts cache reads and writes apart from ``input_tokens``;
@@ -236,13 +261,15 @@ def _loads(data: str | bytes) -> Any:
 class StreamParser:
     """Feed each SSE ``data`` payload; ``done`` turns true at ``message_stop``."""
 
-    __slots__ = ("done", "_kinds", "_signatures", "_with_args")
+    __slots__ = ("done", "_kinds", "_signatures", "_with_args", "_custom_tools", "_custom")
 
-    def __init__(self) -> None:
+    def __init__(self, custom_tools: frozenset[str] = _NO_NAMES) -> None:
         self.done = False
         self._kinds: dict[int, str] = {}        # block index -> block type
         self._signatures: dict[int, str] = {}   # thinking block index -> signature so far
         self._with_args: set[int] = set()       # tool_use blocks that got some input
+        self._custom_tools = custom_tools       # names whose calls are custom tool calls
+        self._custom: dict[int, list[str]] = {}  # custom tool_use block -> its input so far
 
     def feed(self, data: str) -> tuple[Event, ...] | list[Event]:
         if not data:
@@ -262,6 +289,9 @@ class StreamParser:
             if dtype == "input_json_delta":
                 partial = delta.get("partial_json")
                 if not partial:
+                    return _NONE
+                if self._custom and index in self._custom:
+                    self._custom[index].append(partial)
                     return _NONE
                 self._with_args.add(index)
                 return (ToolCallDelta(index, partial),)
@@ -311,8 +341,12 @@ class StreamParser:
         if btype == "redacted_thinking":
             return (ReasoningEnd(redacted_data=block.get("data", "")),)
         if btype == "tool_use":
-            start = ToolCallStart(index, block.get("id", ""), block.get("name", ""))
+            name = block.get("name", "")
             given = block.get("input")
+            if name in self._custom_tools:
+                self._custom[index] = [orjson.dumps(given).decode()] if given else []
+                return (ToolCallStart(index, block.get("id", ""), name, "custom"),)
+            start = ToolCallStart(index, block.get("id", ""), name)
             if given:
                 self._with_args.add(index)
                 return (start, ToolCallDelta(index, orjson.dumps(given).decode()))
@@ -324,6 +358,10 @@ class StreamParser:
         if btype == "thinking":
             return (ReasoningEnd(signature=self._signatures.pop(index, None) or None),)
         if btype == "tool_use":
+            chunks = self._custom.pop(index, None)
+            if chunks is not None:
+                return (ToolCallDelta(index, unwrap_custom_input("".join(chunks))),
+                        ToolCallEnd(index))
             if index in self._with_args:
                 self._with_args.discard(index)
                 return (ToolCallEnd(index),)
@@ -332,8 +370,9 @@ class StreamParser:
         return _NONE
 
 
-def body_events(body: Any) -> list[Event]:
-    """A whole non-streaming answer as the events a stream would have carried."""
+def body_events(body: Any, custom_tools: frozenset[str] = _NO_NAMES) -> list[Event]:
+    """A whole non-streaming answer as the events a stream would have carried;
+    ``custom_tools``: the request's custom tool names."""
     if not isinstance(body, dict):
         raise UpstreamUnavailable("upstream sent an unexpected response body")
     if body.get("type") == "error" or (body.get("error") is not None and "content" not in body):
@@ -352,8 +391,14 @@ def body_events(body: Any) -> list[Event]:
         elif btype == "redacted_thinking":
             out.append(ReasoningEnd(redacted_data=block.get("data", "")))
         elif btype == "tool_use":
-            out.append(ToolCallStart(index, block.get("id", ""), block.get("name", "")))
-            out.append(ToolCallDelta(index, orjson.dumps(block.get("input") or {}).decode()))
+            name = block.get("name", "")
+            arguments = orjson.dumps(block.get("input") or {}).decode()
+            if name in custom_tools:
+                out.append(ToolCallStart(index, block.get("id", ""), name, "custom"))
+                arguments = unwrap_custom_input(arguments)
+            else:
+                out.append(ToolCallStart(index, block.get("id", ""), name))
+            out.append(ToolCallDelta(index, arguments))
             out.append(ToolCallEnd(index))
     if usage:
         out.append(_usage(usage))

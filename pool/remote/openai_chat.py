@@ -16,6 +16,14 @@ Choices made here (see the module tests):
 * ``max_completion_tokens`` is used when a reasoning effort is set (reasoning
   models refuse ``max_tokens``), ``max_tokens`` otherwise (older compatible
   servers only know that one).
+* A custom (free-text) tool is offered as a plain ``function`` tool with one
+  string argument ``input`` (its description carries any grammar): vLLM,
+  SGLang and Ollama do not know the ``custom`` tool type. Earlier custom calls
+  go out as function calls with ``{"input": <text>}``; a function call to a
+  custom tool of the request comes back as a ``kind="custom"`` call whose
+  arguments are unwrapped to the raw text (the parsers take the request's
+  custom tool names, and buffer such a call's arguments until it ends). A
+  ``type: custom`` call from a server that does know the type is kept as is.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from pool.model import (
     ToolResultPart, Usage,
 )
 
+from .anthropic_messages import CUSTOM_TOOL_SCHEMA, unwrap_custom_input
 from .errors import error_from_object
 
 __all__ = ["build_body", "StreamParser", "body_events", "FINISH_REASONS"]
@@ -44,6 +53,7 @@ FINISH_REASONS = {
     "content_filter": "content_filter",
 }
 _NONE: tuple[Event, ...] = ()
+_NO_NAMES: frozenset[str] = frozenset()
 
 
 # --- request -------------------------------------------------------------------
@@ -177,8 +187,9 @@ def _assistant(m: Message) -> dict[str, Any]:
             texts.append(p.text)
         elif t is ToolCallPart:
             if p.kind == "custom":
-                calls.append({"id": p.id, "type": "custom",
-                              "custom": {"name": p.name, "input": p.arguments}})
+                wrapped = orjson.dumps({"input": p.arguments}).decode()
+                calls.append({"id": p.id, "type": "function",
+                              "function": {"name": p.name, "arguments": wrapped}})
             else:
                 calls.append({"id": p.id, "type": "function",
                               "function": {"name": p.name, "arguments": p.arguments}})
@@ -195,7 +206,8 @@ def _tool(t: Tool) -> dict[str, Any]:
     if t.description is not None:
         fn["description"] = t.description
     if t.kind == "custom":
-        return {"type": "custom", "custom": fn}
+        fn["parameters"] = CUSTOM_TOOL_SCHEMA
+        return {"type": "function", "function": fn}
     if t.parameters is not None:
         fn["parameters"] = t.parameters
     if t.strict is not None:
@@ -243,15 +255,18 @@ def _loads(data: str | bytes) -> Any:
 
 
 class StreamParser:
-    """Feed each SSE ``data`` payload; ``done`` turns true at ``[DONE]``."""
+    """Feed each SSE ``data`` payload; ``done`` turns true at ``[DONE]``.
+    ``custom_tools``: the request's custom tool names (see the module notes)."""
 
-    __slots__ = ("done", "_started", "_open", "_pending")
+    __slots__ = ("done", "_started", "_open", "_pending", "_custom_tools", "_custom")
 
-    def __init__(self) -> None:
+    def __init__(self, custom_tools: frozenset[str] = _NO_NAMES) -> None:
         self.done = False
         self._started = False
         self._open: dict[int, bool] = {}       # tool call index -> started
         self._pending: dict[int, str] = {}     # arguments seen before the call's name
+        self._custom_tools = custom_tools
+        self._custom: dict[int, list[str]] = {}  # wrapped custom call index -> arguments
 
     def feed(self, data: str) -> tuple[Event, ...] | list[Event]:
         if data == "[DONE]":
@@ -309,15 +324,28 @@ class StreamParser:
                     continue
                 self._open[index] = True
                 kind = "custom" if call.get("type") == "custom" else "function"
+                if kind == "function" and name in self._custom_tools:
+                    kind = "custom"
+                    self._custom[index] = []
                 out.append(ToolCallStart(index, call.get("id") or _call_id(), name, kind))
                 early = self._pending.pop(index, None)
                 if early:
-                    out.append(ToolCallDelta(index, early))
+                    self._arguments(index, early, out)
             if args:
-                out.append(ToolCallDelta(index, args))
+                self._arguments(index, args, out)
+
+    def _arguments(self, index: int, args: str, out: list[Event]) -> None:
+        buffered = self._custom.get(index) if self._custom else None
+        if buffered is not None:
+            buffered.append(args)
+        else:
+            out.append(ToolCallDelta(index, args))
 
     def _close_calls(self, out: list[Event]) -> list[Event]:
         for index in sorted(self._open):
+            buffered = self._custom.pop(index, None) if self._custom else None
+            if buffered is not None:
+                out.append(ToolCallDelta(index, unwrap_custom_input("".join(buffered))))
             out.append(ToolCallEnd(index))
         self._open.clear()
         return out
@@ -327,8 +355,9 @@ def _call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
-def body_events(body: Any) -> list[Event]:
-    """A whole non-streaming answer as the events a stream would have carried."""
+def body_events(body: Any, custom_tools: frozenset[str] = _NO_NAMES) -> list[Event]:
+    """A whole non-streaming answer as the events a stream would have carried;
+    ``custom_tools``: the request's custom tool names."""
     if not isinstance(body, dict):
         raise UpstreamUnavailable("upstream sent an unexpected response body")
     if body.get("error") is not None:
@@ -350,9 +379,13 @@ def body_events(body: Any) -> list[Event]:
     for index, call in enumerate(msg.get("tool_calls") or ()):
         custom = call.get("type") == "custom"
         fn = call.get("custom" if custom else "function") or {}
-        out.append(ToolCallStart(index, call.get("id") or _call_id(), fn.get("name", ""),
-                                 "custom" if custom else "function"))
+        name = fn.get("name", "")
         args = fn.get("input" if custom else "arguments")
+        if not custom and name in custom_tools:
+            custom = True
+            args = unwrap_custom_input(args) if isinstance(args, str) else args
+        out.append(ToolCallStart(index, call.get("id") or _call_id(), name,
+                                 "custom" if custom else "function"))
         if args:
             out.append(ToolCallDelta(index, args))
         out.append(ToolCallEnd(index))

@@ -103,7 +103,11 @@ OPENAI_BODIES = [
      {"model": "up-model", "messages": [{"role": "user", "content": "x"}],
       "tools": [{"type": "function", "function": {"name": "grep", "parameters": {"type": "object"},
                                                    "strict": True}},
-                {"type": "custom", "custom": {"name": "patch", "description": "apply a patch"}}],
+                # chat servers rarely know ``type: custom``: a function with one string argument
+                {"type": "function", "function": {
+                    "name": "patch", "description": "apply a patch",
+                    "parameters": {"type": "object", "properties": {"input": {"type": "string"}},
+                                   "required": ["input"]}}}],
       "tool_choice": "required"}),
     ("tool choice is not sent without tools",
      req(user("x"), tool_choice=ToolChoice("none")),
