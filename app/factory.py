@@ -16,13 +16,14 @@ from starlette.routing import Route
 from auth.keys import KeyRing, TokenGate
 from pool.errors import GatewayError, InternalError, NotFound
 from pool.pool import Pool
+from sessions.responses import MemoryResponseStore
 from pool.remote import RemoteSpec, make_remote_worker
 
 from .gateway import Gateway
 from .http import error_response
 from .middleware import GatewayMiddleware
 from .observability import Metrics
-from .routes import chat, models, ops
+from .routes import chat, models, ops, responses
 
 __all__ = ["create_app", "worker_specs"]
 
@@ -51,11 +52,14 @@ def worker_specs(settings: Any) -> list[RemoteSpec]:
 
 def create_app(settings: Any) -> Starlette:
     server = settings.server
+    store = settings.responses
     keys = KeyRing({name: _secret(key) or "" for name, key in server.api_keys.items()})
     gw = Gateway(settings=settings, metrics=Metrics(),
                  admin=TokenGate(_secret(server.admin_token)),
                  metrics_gate=TokenGate(_secret(server.metrics_token)),
-                 metrics_public=server.metrics_public, max_body_bytes=server.max_body_bytes)
+                 metrics_public=server.metrics_public, max_body_bytes=server.max_body_bytes,
+                 responses=MemoryResponseStore(max_items=store.max_items, max_bytes=store.max_bytes,
+                                               max_age=store.max_age_seconds))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -76,6 +80,11 @@ def create_app(settings: Any) -> Starlette:
         Route("/v1/messages", chat.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", chat.count_tokens, methods=["POST"]),
         Route("/v1/completions", chat.completions, methods=["POST"]),
+        Route("/v1/responses", responses.create_response, methods=["POST"]),
+        Route("/v1/responses/{response_id}", responses.get_response, methods=["GET"]),
+        Route("/v1/responses/{response_id}", responses.delete_response, methods=["DELETE"]),
+        Route("/v1/responses/{response_id}/input_items", responses.list_input_items,
+              methods=["GET"]),
         Route("/v1/models", models.list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", models.get_model, methods=["GET"]),
         Route("/", ops.root, methods=["GET", "HEAD"]),

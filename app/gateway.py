@@ -9,6 +9,7 @@ import structlog
 
 from auth.keys import TokenGate
 from pool.pool import Pool
+from sessions.responses import MemoryResponseStore, ResponseStore
 
 from .record import RequestRecord
 
@@ -28,6 +29,7 @@ class Gateway:
     ping_interval: float = 10.0
     pool: Pool = field(default_factory=lambda: Pool(()))
     configured_models: tuple[str, ...] = ()
+    responses: ResponseStore = field(default_factory=MemoryResponseStore)
 
     def acquire(self, worker: Any) -> None:
         self.pool.acquire(worker)

@@ -172,6 +172,16 @@ class WorkerSettings(BaseModel):
         return self.aliases.get(name)
 
 
+class ResponsesSettings(BaseModel):
+    """The ``[responses]`` table: bounds of the stored Responses (``store: true``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_items: int = Field(10_000, gt=0)
+    max_bytes: int = Field(256 * 2**20, gt=0)
+    max_age_seconds: float = Field(30 * 24 * 3600, gt=0)
+
+
 class Settings(BaseSettings):
     """Everything the gateway is configured with."""
 
@@ -180,6 +190,7 @@ class Settings(BaseSettings):
     )
 
     server: ServerSettings = Field(default_factory=ServerSettings)
+    responses: ResponsesSettings = Field(default_factory=ResponsesSettings)
     workers: tuple[WorkerSettings, ...] = ()
 
     @classmethod

@@ -65,15 +65,22 @@ class Pool:
 
     # --- choosing a worker --------------------------------------------------------
 
-    def pick(self, request: ChatRequest) -> tuple[Worker, ChatRequest]:
-        """Choose a ready worker for ``request`` and return the request as that
-        worker must see it (alias resolved to the served model id)."""
+    def pick(self, request: ChatRequest, prefer: str | None = None) -> tuple[Worker, ChatRequest]:
+        """Choose a ready worker for ``request`` — ``prefer`` (a worker name,
+        e.g. the one that served the previous turn) when it is eligible, else
+        the least busy — and return the request as that worker must see it
+        (alias resolved to the served model id)."""
         model = self.resolve(request.model)
         ready = [w for w in self._serving[model] if w.state is WorkerState.READY]
         if not ready:
             raise Overloaded(f"No worker serving '{request.model}' is ready; try again shortly.",
                              retry_after=1)
-        worker = min(ready, key=lambda w: self.in_flight[w.name]) if len(ready) > 1 else ready[0]
+        worker = None
+        if prefer is not None:
+            worker = next((w for w in ready if w.name == prefer), None)
+        if worker is None:
+            worker = (min(ready, key=lambda w: self.in_flight[w.name]) if len(ready) > 1
+                      else ready[0])
         check_capabilities(request, worker.capabilities)
         if model != request.model:
             request = replace(request, model=model)

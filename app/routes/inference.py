@@ -8,7 +8,7 @@ SSE frames of the client's dialect or fold the events into one body.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -31,14 +31,21 @@ ID_PREFIX = {"openai_chat": "chatcmpl-", "anthropic": "msg_", "openai_responses"
              "openai_completions": "cmpl-"}
 
 
+Finalize = Callable[[dict[str, Any], str], Awaitable[None]]
+
+
 async def serve(gw: Gateway, request: Request, chat: ChatRequest, dialect: ModuleType,
-                record: RequestRecord) -> Response | EventStreamResponse:
-    """Serve a decoded request with the worker the pool picks."""
+                record: RequestRecord, *, prefer: str | None = None,
+                finalize: Finalize | None = None) -> Response | EventStreamResponse:
+    """Serve a decoded request with the worker the pool picks (``prefer``
+    names a worker to use when it is eligible). ``finalize`` is awaited with
+    the finished response object and the worker's name (stored responses);
+    for a stream, once it has ended without the client leaving."""
     error_dialect = ERROR_DIALECT[chat.dialect]
     record.model = chat.model
     record.stream = chat.stream
     try:
-        worker, routed = gw.pool.pick(chat)
+        worker, routed = gw.pool.pick(chat, prefer)
     except GatewayError as exc:
         record.error = exc.kind
         return error_response(exc, error_dialect)
@@ -58,11 +65,16 @@ async def serve(gw: Gateway, request: Request, chat: ChatRequest, dialect: Modul
                 gw.release(worker)
                 _record_stream(record, outcome, gw)
 
+            after = None
+            if finalize is not None:
+                async def after() -> None:
+                    await finalize(encoder.response(), worker.name)
+
             handed_over = True
             return EventStreamResponse(
                 first, iterator, encoder,
                 headers=[(b"x-poolgate-worker", worker.name.encode())],
-                ping_interval=gw.ping_interval, on_done=on_done)
+                ping_interval=gw.ping_interval, on_done=on_done, after=after)
         completion = await until_disconnect(request.receive, _fold(events))
         usage = completion.usage
         record.tokens_in = usage.input_tokens
@@ -70,6 +82,8 @@ async def serve(gw: Gateway, request: Request, chat: ChatRequest, dialect: Modul
         body = dialect.encode_completion(completion, chat,
                                          response_id=new_id(ID_PREFIX[chat.dialect]),
                                          created=now(), model=chat.model)
+        if finalize is not None:
+            await finalize(body, worker.name)
         return json_response(body, headers=worker_header)
     except GatewayError as exc:
         record.error = exc.kind

@@ -1,0 +1,124 @@
+"""The OpenAI Responses API: ``POST /v1/responses`` and the stored responses
+(``GET``/``DELETE /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from pool.errors import BadRequest, GatewayError, NotFound
+from sessions.responses import StoredResponse, conversation
+
+from ..dialects import openai_responses
+from ..gateway import Gateway
+from ..http import error_response, json_response, read_json
+from .inference import serve
+
+__all__ = ["create_response", "get_response", "delete_response", "list_input_items"]
+
+
+def _not_found(response_id: str, param: str | None = None) -> NotFound:
+    return NotFound(f"No response with id '{response_id}' is stored here (it may have expired, "
+                    "been deleted, or been created with store=false).", param=param,
+                    code="response_not_found")
+
+
+async def create_response(request: Request) -> Any:
+    gw: Gateway = request.app.state.gateway
+    record = request.scope["state"]["record"]
+    record.dialect = "openai_responses"
+    try:
+        body = await read_json(request, gw.max_body_bytes)
+        history: list[dict[str, Any]] = []
+        prefer = None
+        previous = body.get("previous_response_id") if isinstance(body, dict) else None
+        if previous is not None:
+            if not isinstance(previous, str):
+                raise BadRequest("previous_response_id must be a string.",
+                                 param="previous_response_id")
+            stored = await gw.responses.get(previous)
+            if stored is None:
+                raise _not_found(previous, "previous_response_id")
+            history = conversation(stored)
+            prefer = stored.worker  # the worker that served the previous turn
+        chat = openai_responses.decode(body, request.headers, history=history)
+        store = body.get("store", True) is not False
+        items = tuple(openai_responses.input_items(body)) if store else ()
+    except GatewayError as exc:
+        record.error = exc.kind
+        return error_response(exc, "openai")
+
+    finalize = None
+    if store:
+        async def finalize(response: dict[str, Any], worker: str) -> None:
+            await gw.responses.put(StoredResponse(
+                id=response["id"], response=response, input_items=items,
+                history=tuple(history), worker=worker, created_at=time.time()))
+
+    return await serve(gw, request, chat, openai_responses, record, prefer=prefer,
+                       finalize=finalize)
+
+
+async def get_response(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    response_id = request.path_params["response_id"]
+    stored = await gw.responses.get(response_id)
+    if stored is None:
+        return error_response(_not_found(response_id), "openai")
+    return json_response(stored.response)
+
+
+async def delete_response(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    response_id = request.path_params["response_id"]
+    if not await gw.responses.delete(response_id):
+        return error_response(_not_found(response_id), "openai")
+    return json_response({"id": response_id, "object": "response.deleted", "deleted": True})
+
+
+async def list_input_items(request: Request) -> Response:
+    """The items the response was generated from — earlier turns of a
+    ``previous_response_id`` chain included — newest first unless
+    ``order=asc``; cursor pagination with ``after`` and ``limit`` (1-100)."""
+    gw: Gateway = request.app.state.gateway
+    response_id = request.path_params["response_id"]
+    try:
+        limit, order, after = _page_params(request)
+    except BadRequest as exc:
+        return error_response(exc, "openai")
+    stored = await gw.responses.get(response_id)
+    if stored is None:
+        return error_response(_not_found(response_id), "openai")
+    items = [*stored.history, *stored.input_items]
+    if order == "desc":
+        items.reverse()
+    start = 0
+    if after is not None:
+        ids = [item.get("id") for item in items]
+        if after not in ids:
+            return error_response(BadRequest(f"No input item with id '{after}' in this response.",
+                                             param="after"), "openai")
+        start = ids.index(after) + 1
+    page = items[start:start + limit]
+    return json_response({"object": "list", "data": page,
+                          "first_id": page[0].get("id") if page else None,
+                          "last_id": page[-1].get("id") if page else None,
+                          "has_more": start + limit < len(items)})
+
+
+def _page_params(request: Request) -> tuple[int, str, str | None]:
+    query = request.query_params
+    raw_limit = query.get("limit", "20")
+    try:
+        limit = int(raw_limit)
+    except ValueError:
+        raise BadRequest(f"limit must be an integer, not '{raw_limit}'.", param="limit") from None
+    if not 1 <= limit <= 100:
+        raise BadRequest("limit must be between 1 and 100.", param="limit")
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise BadRequest("order must be 'asc' or 'desc'.", param="order")
+    return limit, order, query.get("after")
