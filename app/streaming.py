@@ -60,13 +60,15 @@ class EventStreamResponse:
 
     def __init__(self, first: Event, events: AsyncIterator[Event], encoder: Encoder, *,
                  headers: list[tuple[bytes, bytes]], ping_interval: float,
-                 on_done: Callable[[StreamOutcome], None]) -> None:
+                 on_done: Callable[[StreamOutcome], None],
+                 after: Callable[[], Awaitable[None]] | None = None) -> None:
         self.first = first
         self.events = events
         self.encoder = encoder
         self.headers = SSE_HEADERS + headers
         self.ping_interval = ping_interval
         self.on_done = on_done
+        self.after = after  # awaited once the stream ended, unless the client left
         self.outcome = StreamOutcome()
         self._last_send = 0.0
 
@@ -79,6 +81,8 @@ class EventStreamResponse:
         pinger = asyncio.ensure_future(self._ping(send, loop)) if self.ping_interval > 0 else None
         try:
             await pump
+            if self.after is not None:
+                await self.after()
         except asyncio.CancelledError:
             if not self.outcome.disconnected:
                 raise
@@ -154,17 +158,26 @@ async def _aclose_quietly(events: AsyncIterator[Event]) -> None:
             log.debug("stream.aclose_failed", exc_info=True)
 
 
+# A non-stream answer that comes sooner than this never starts the watcher
+# task; a client that left meanwhile is noticed when it starts (uvicorn's
+# receive() reports the disconnect at once), so cancelling the upstream is at
+# most this much later.
+WATCH_AFTER = 0.25
+
+
 async def until_disconnect(receive: Callable[[], Awaitable[dict[str, Any]]],
-                           work: Awaitable[T]) -> T:
+                           work: Awaitable[T], *, watch_after: float = WATCH_AFTER) -> T:
     """Await ``work`` in the current task; if the client disconnects first,
     cancel it (and so the worker's upstream request) and raise :class:`ClientGone`.
 
-    Only one helper task watches ``receive``; the work itself stays in the
-    request's task, which keeps this cheap on the hot path.
+    The work stays in the request's task; one helper task watches ``receive``,
+    and only once ``work`` has taken ``watch_after`` seconds (before that a
+    timer is all it costs), which keeps this cheap on the hot path.
     """
     task = asyncio.current_task()
     assert task is not None
     gone = False
+    watcher: asyncio.Future[None] | None = None
 
     async def watch() -> None:
         nonlocal gone
@@ -174,7 +187,11 @@ async def until_disconnect(receive: Callable[[], Awaitable[dict[str, Any]]],
                 task.cancel()
                 return
 
-    watcher = asyncio.ensure_future(watch())
+    def start_watch() -> None:
+        nonlocal watcher
+        watcher = asyncio.ensure_future(watch())
+
+    timer = task.get_loop().call_later(watch_after, start_watch)
     try:
         return await work
     except asyncio.CancelledError:
@@ -182,7 +199,9 @@ async def until_disconnect(receive: Callable[[], Awaitable[dict[str, Any]]],
             raise ClientGone("The client disconnected.") from None
         raise
     finally:
-        watcher.cancel()
+        timer.cancel()
+        if watcher is not None:
+            watcher.cancel()
 
 
 class ClientGone(UpstreamUnavailable):

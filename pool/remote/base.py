@@ -21,7 +21,7 @@ import orjson
 import structlog
 
 from pool.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable
-from pool.model import ChatRequest, Event, Start
+from pool.model import ChatRequest, Event, ReasoningPart, Start
 from pool.sse import SSEDecoder
 from pool.worker import Capabilities, WorkerState
 
@@ -70,8 +70,9 @@ class RemoteWorker:
     """A worker that forwards to an HTTP upstream (see :class:`pool.worker.Worker`)."""
 
     kind = "remote"
-    parser_factory: ClassVar[Callable[[], StreamParser]]
-    body_events: ClassVar[Callable[[Any], list[Event]]]
+    # both take the request's custom tool names (calls to them come back unwrapped)
+    parser_factory: ClassVar[Callable[..., StreamParser]]
+    body_events: ClassVar[Callable[..., list[Event]]]
 
     def __init__(self, spec: RemoteSpec, *, capabilities: Capabilities, chat_url: str,
                  health_url: str, auth_headers: Mapping[str, str],
@@ -152,12 +153,17 @@ class RemoteWorker:
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[Event]:
         body, headers = self.prepare(request)
+        if request.dialect == "openai_responses":
+            dropped = _encrypted_reasoning(request)
+            if dropped:  # neither upstream API has a slot for OpenAI's encrypted reasoning
+                log.info("remote.reasoning_dropped", worker=self.name, parts=dropped)
+        custom = frozenset(t.name for t in request.tools if t.kind == "custom")
         resp = await self._post(orjson.dumps(body, default=_json_default), headers)
         reusable = False
         try:
             # by what came, not what was asked: some servers stream regardless
             if "event-stream" in resp.headers.get("content-type", ""):
-                parser = type(self).parser_factory()
+                parser = type(self).parser_factory(custom)
                 decoder = SSEDecoder()
                 started = False
                 while not parser.done:
@@ -175,7 +181,8 @@ class RemoteWorker:
                         log.warning("remote.stream_truncated", worker=self.name)
                         raise UpstreamUnavailable("upstream closed the stream early")
             else:
-                for event in type(self).body_events(_loads_body(await self._read_all(resp))):
+                for event in type(self).body_events(_loads_body(await self._read_all(resp)),
+                                                    custom):
                     yield event
             reusable = await self._drained(resp)
         finally:
@@ -234,9 +241,15 @@ class RemoteWorker:
 
     async def _read_chunk(self, resp: aiohttp.ClientResponse) -> bytes:
         """The next body bytes (``b""`` at the end), within the idle timeout."""
+        content = resp.content
         try:
+            # what already arrived needs no timer: most non-stream bodies come
+            # with the headers, and a fast stream is often ahead of its reader
+            chunk = content.read_nowait()
+            if chunk or content.is_eof():
+                return chunk
             async with asyncio.timeout(self.spec.idle_timeout):
-                return await resp.content.readany()
+                return await content.readany()
         except TimeoutError:
             log.warning("remote.idle_timeout", worker=self.name)
             raise UpstreamTimeout(f"upstream {self.name} stalled for more than "
@@ -265,6 +278,14 @@ class RemoteWorker:
         except (aiohttp.ClientError, OSError, TimeoutError):
             return False
         return True
+
+
+def _encrypted_reasoning(request: ChatRequest) -> int:
+    """How many reasoning parts carry OpenAI ``encrypted_content`` (and no
+    Anthropic signature): the translators drop them."""
+    return sum(1 for m in request.messages if m.role == "assistant" for p in m.parts
+               if type(p) is ReasoningPart and p.encrypted_content is not None
+               and p.signature is None)
 
 
 def _loads_body(raw: bytes) -> Any:
