@@ -1,4 +1,4 @@
-"""Drive the real Claude Code and Qwen Code CLIs, offline, against a local server.
+"""Drive the real Claude Code, Qwen Code and Codex CLIs, offline, against a local server.
 
 The CLIs come from npm and are installed once into ``<repo>/.cache/npm``
 (gitignored). Every run gets a fresh environment built from scratch (no
@@ -7,7 +7,8 @@ that keeps the CLI off the network except for the base URL it is given, and
 a hard timeout after which its whole process group is killed.
 
 Versions are pinned to the ones the fixtures in ``fixtures/clients`` were
-recorded with; a run of either CLI against a fake upstream takes 1-3 s.
+recorded with; a run of Claude Code or Qwen Code against a fake upstream
+takes 1-3 s, one of Codex (``codex exec``) under a second.
 """
 
 from __future__ import annotations
@@ -25,18 +26,27 @@ import anyio.to_thread
 
 __all__ = [
     "CLAUDE_CODE",
+    "CODEX",
+    "CODEX_KEY_VAR",
     "QWEN_CODE",
     "CLIError",
     "CLITimeout",
     "arun_claude",
+    "arun_codex",
     "arun_qwen",
     "claude_env",
+    "codex_args",
+    "codex_env",
+    "command_executions",
     "ensure_cli",
+    "final_message",
     "qwen_env",
     "result_event",
     "run_claude",
+    "run_codex",
     "run_qwen",
     "tool_results",
+    "turn_completed",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -46,9 +56,11 @@ NPM_PREFIX = REPO_ROOT / ".cache" / "npm"
 PINNED_VERSIONS: Mapping[str, str] = {
     "@anthropic-ai/claude-code": "2.1.197",
     "@qwen-code/qwen-code": "0.15.10",
+    "@openai/codex": "0.169.0",
 }
 CLAUDE_CODE = ("@anthropic-ai/claude-code", "claude")
 QWEN_CODE = ("@qwen-code/qwen-code", "qwen")
+CODEX = ("@openai/codex", "codex")
 
 _NPM_INSTALL_TIMEOUT = 600.0
 # Variables a CLI may read from a minimal environment; everything else is unset.
@@ -312,6 +324,94 @@ def run_qwen(
     return _run(argv, env, Path(cwd), timeout, check)
 
 
+# --- Codex CLI ----------------------------------------------------------------------
+
+# The variable named by the provider's ``env_key``: Codex reads the key from it.
+CODEX_KEY_VAR = "POOLGATE_API_KEY"
+_CODEX_PROVIDER = "poolgate"
+# Every key is checked by --strict-config, so a rename in a newer Codex fails
+# loudly instead of silently going back online. Values are TOML.
+_CODEX_OFFLINE = (
+    ("check_for_update_on_startup", "false"),
+    ("analytics.enabled", "false"),   # else: ab.chatgpt.com
+    ("feedback.enabled", "false"),
+    ("features.plugins", "false"),    # else: git clone github.com/openai/plugins, chatgpt.com
+    ("otel.exporter", '"none"'),
+    ("history.persistence", '"none"'),
+    ("approval_policy", '"never"'),   # nothing can be asked: exec has no one to ask
+)
+_DEAD_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens there
+
+
+def _toml_str(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+def codex_env(api_key: str, *, home: Path) -> dict[str, str]:
+    """Environment for an offline ``codex exec``: the key in CODEX_KEY_VAR and
+    CODEX_HOME inside the isolated HOME (no login, no ``auth.json``)."""
+    env = _base_env(home)
+    env.update({CODEX_KEY_VAR: api_key, "CODEX_HOME": str(home / ".codex")})
+    # Codex honours these: anything but loopback (NO_PROXY) would go to a
+    # closed local port and fail at once, even on a machine with a network.
+    for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY"):
+        env[name] = env[name.lower()] = _DEAD_PROXY
+    (home / ".codex").mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def codex_args(base_url: str, *, model: str, sandbox: str = "read-only") -> list[str]:
+    """The ``codex exec`` switches (prompt excluded) that point it at
+    ``base_url`` (ends in ``/v1``; Codex posts to ``<base_url>/responses``)
+    through a custom Responses provider and keep it offline."""
+    provider = f"model_providers.{_CODEX_PROVIDER}"
+    overrides = [
+        (f"{provider}.name", _toml_str("poolgate")),
+        (f"{provider}.base_url", _toml_str(base_url)),
+        (f"{provider}.env_key", _toml_str(CODEX_KEY_VAR)),
+        (f"{provider}.wire_api", _toml_str("responses")),
+        ("model_provider", _toml_str(_CODEX_PROVIDER)),
+        ("model", _toml_str(model)),
+        *_CODEX_OFFLINE,
+    ]
+    argv = ["exec", "--json", "--strict-config", "--ephemeral", "--skip-git-repo-check",
+            "--color", "never", "--sandbox", sandbox]
+    for key, value in overrides:
+        argv += ["-c", f"{key}={value}"]
+    return argv
+
+
+def run_codex(
+    base_url: str,
+    api_key: str,
+    prompt: str,
+    *,
+    model: str,
+    cwd: str | Path,
+    home: str | Path,
+    timeout: float = 120,
+    sandbox: str = "read-only",
+    extra_args: Sequence[str] = (),
+    check: bool = True,
+) -> list[dict]:
+    """Run ``codex exec --json PROMPT`` once and return its JSONL events:
+    ``thread.started``, ``turn.started``, ``item.started``/``item.completed``
+    (items of type ``agent_message``, ``command_execution``, ``reasoning``,
+    ``error``...), then ``turn.completed`` (usage) or ``turn.failed``.
+
+    ``base_url`` is the Responses base URL (with ``/v1``). Commands the model
+    asks for (``exec_command``) run unasked in the ``sandbox`` (``read-only``
+    lets them read files in ``cwd``; ``workspace-write``, ``danger-full-access``
+    also work as root here). A failed turn exits 1: CLIError when ``check``.
+    """
+    binary = ensure_cli(*CODEX)
+    if binary is None:
+        raise CLIError("codex", -1, "npm is not installed", [])
+    home = Path(home)
+    argv = [binary, *codex_args(base_url, model=model, sandbox=sandbox), *extra_args, "--", prompt]
+    return _run(argv, codex_env(api_key, home=home), Path(cwd), timeout, check)
+
+
 async def arun_claude(*args: object, **kwargs: object) -> list[dict]:
     """run_claude in a worker thread, for tests whose server shares the event loop."""
     return await anyio.to_thread.run_sync(lambda: run_claude(*args, **kwargs))
@@ -320,6 +420,11 @@ async def arun_claude(*args: object, **kwargs: object) -> list[dict]:
 async def arun_qwen(*args: object, **kwargs: object) -> list[dict]:
     """run_qwen in a worker thread, for tests whose server shares the event loop."""
     return await anyio.to_thread.run_sync(lambda: run_qwen(*args, **kwargs))
+
+
+async def arun_codex(*args: object, **kwargs: object) -> list[dict]:
+    """run_codex in a worker thread, for tests whose server shares the event loop."""
+    return await anyio.to_thread.run_sync(lambda: run_codex(*args, **kwargs))
 
 
 def result_event(events: Sequence[dict]) -> dict:
@@ -340,3 +445,34 @@ def tool_results(events: Sequence[dict]) -> list[dict]:
         if isinstance(content, list):
             blocks.extend(b for b in content if isinstance(b, dict) and b.get("type") == "tool_result")
     return blocks
+
+
+def _completed_items(events: Sequence[dict], kind: str) -> list[dict]:
+    return [e["item"] for e in events
+            if e.get("type") == "item.completed" and e.get("item", {}).get("type") == kind]
+
+
+def turn_completed(events: Sequence[dict]) -> dict:
+    """Codex's final ``turn.completed`` event (it carries ``usage``); raises
+    with the error when the turn failed or never ended."""
+    for event in reversed(events):
+        if event.get("type") == "turn.completed":
+            return event
+        if event.get("type") == "turn.failed":
+            raise AssertionError(f"codex turn failed: {event.get('error')}")
+    raise AssertionError(f"no turn.completed among {[e.get('type') for e in events]}")
+
+
+def final_message(events: Sequence[dict]) -> str:
+    """The text of Codex's last ``agent_message`` in a completed turn."""
+    turn_completed(events)
+    messages = _completed_items(events, "agent_message")
+    if not messages:
+        raise AssertionError(f"no agent_message among {[e.get('type') for e in events]}")
+    return messages[-1]["text"]
+
+
+def command_executions(events: Sequence[dict]) -> list[dict]:
+    """The commands Codex ran locally, as completed ``command_execution`` items
+    (``command``, ``aggregated_output``, ``exit_code``, ``status``)."""
+    return _completed_items(events, "command_execution")
