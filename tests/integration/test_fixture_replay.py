@@ -92,3 +92,31 @@ def test_anthropic_beta_headers_pass_through(gateway):
     recorded = json.loads(fixture.read_text())["headers"]
     assert headers["anthropic-beta"] == recorded["anthropic-beta"]
     assert headers["anthropic-version"] == recorded["anthropic-version"]
+
+
+RESPONSES = sorted(FIXTURES.glob("*POST-v1_responses.json"))
+
+
+@pytest.mark.parametrize("fixture", RESPONSES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("model", [OPENAI_MODEL, ANTHROPIC_MODEL], ids=["to-openai", "to-anthropic"])
+def test_responses_fixture_accepted(gateway, fixture, model):
+    resp, body, upstream = _replay(gateway, fixture, model)
+    assert resp.status_code == 200, resp.text[:500]
+    events = [line[7:] for line in resp.text.splitlines() if line.startswith("event: ")]
+    assert events[0] == "response.created" and events[-1] == "response.completed"
+    sent = json.dumps(upstream)
+    # every function tool the client offered reaches the upstream (hosted ones cannot)
+    offered = [t["name"] for t in body.get("tools", []) if t.get("type") in ("function", "custom")
+               and "name" in t]
+    for name in offered:
+        assert f'"{name}"' in sent, name
+    # every message text and tool call/result the client sent reaches it too
+    items = body["input"] if isinstance(body["input"], list) else [
+        {"type": "message", "content": [{"text": body["input"]}]}]
+    for item in items:
+        if item.get("type", "message") == "message":
+            for part in item["content"] if isinstance(item["content"], list) else []:
+                if part.get("text"):
+                    assert json.dumps(part["text"])[1:60] in sent
+        elif item.get("type") in ("function_call", "function_call_output"):
+            assert item["call_id"] in sent
