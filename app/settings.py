@@ -31,7 +31,7 @@ CONFIG_ENV = "POOLGATE_CONFIG"
 API_KEYS_ENV = "POOLGATE_API_KEYS"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_SECTIONS = ("server",)  # table-valued sections merged field by field across layers
+_SECTIONS = ("server", "responses")  # tables whose keys merge field by field across layers
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 

@@ -281,3 +281,13 @@ def test_is_loopback_host(host: str, loopback: bool) -> None:
     assert is_loopback_host(host) is loopback
     assert ServerSettings(host=host).needs_insecure_opt_in is (not loopback)
     assert ServerSettings(host=host, api_keys={"a": SecretStr("k")}).needs_insecure_opt_in is False
+
+
+def test_responses_table_merges_file_and_env(tmp_path: Path) -> None:
+    s = load_settings(write(tmp_path, "[responses]\nmax_items = 5\n"),
+                      {"POOLGATE_RESPONSES__MAX_BYTES": "1000"})
+    assert (s.responses.max_items, s.responses.max_bytes) == (5, 1000)
+    assert s.responses.max_age_seconds == 30 * 24 * 3600
+    problems = check_config(write(tmp_path, "[responses]\nmax_items = 0\nbogus = 1\n"), {})
+    assert any(p.startswith("responses.max_items") for p in problems)
+    assert any("bogus" in p for p in problems)
