@@ -79,12 +79,15 @@ def summary_ms(values: list[float]) -> dict[str, float] | None:
 def request_parts(a: argparse.Namespace) -> tuple[str, bytes, dict[str, str]]:
     body: dict = {"model": a.model, "max_tokens": a.max_tokens,
                   "messages": [{"role": "user", "content": a.prompt}]}
+    if a.api == "responses":  # OpenAI Responses API (poolgate only: upstreams speak chat)
+        body = {"model": a.model, "max_output_tokens": a.max_tokens, "input": a.prompt,
+                "store": False}
     if a.mode == "stream":
         body["stream"] = True
         if a.api == "openai":
             body["stream_options"] = {"include_usage": True}
     headers = {"content-type": "application/json", "authorization": f"Bearer {a.api_key}"}
-    path = "/v1/chat/completions"
+    path = "/v1/responses" if a.api == "responses" else "/v1/chat/completions"
     if a.api == "anthropic":
         headers.update({"x-api-key": a.api_key, "anthropic-version": "2023-06-01"})
         path = "/v1/messages"
@@ -93,7 +96,7 @@ def request_parts(a: argparse.Namespace) -> tuple[str, bytes, dict[str, str]]:
 
 def output_tokens(data: bytes, api: str) -> int:
     usage = json_loads(data)["usage"]
-    return usage["output_tokens"] if api == "anthropic" else usage["completion_tokens"]
+    return usage["completion_tokens"] if api == "openai" else usage["output_tokens"]
 
 
 async def one_nonstream(s: aiohttp.ClientSession, a, url, body, headers, t: Tally) -> None:
@@ -111,7 +114,9 @@ async def one_nonstream(s: aiohttp.ClientSession, a, url, body, headers, t: Tall
     t.chunks.append(n)
 
 
-def is_content(line: bytes, anthropic: bool) -> bool:
+def is_content(line: bytes, anthropic: bool, responses: bool = False) -> bool:
+    if responses:
+        return b'"response.output_text.delta"' in line
     if anthropic:
         return b'"text_delta"' in line
     # a non-empty "content" string in an OpenAI delta, without parsing the JSON
@@ -124,7 +129,10 @@ def is_content(line: bytes, anthropic: bool) -> bool:
 
 async def one_stream(s: aiohttp.ClientSession, a, url, body, headers, t: Tally) -> None:
     anthropic = a.api == "anthropic"
-    terminal = b'"message_stop"' if anthropic else b"data: [DONE]"
+    responses = a.api == "responses"
+    terminals = ((b'"message_stop"',) if anthropic else
+                 (b'"response.completed"', b'"response.incomplete"') if responses else
+                 (b"data: [DONE]",))
     t0 = time.perf_counter()
     first = last = None
     gap = 0.0
@@ -144,9 +152,9 @@ async def one_stream(s: aiohttp.ClientSession, a, url, body, headers, t: Tally) 
             for line in lines:
                 if not line.startswith(b"data:"):
                     continue
-                if terminal in line:
+                if any(t in line for t in terminals):
                     finished = True
-                elif is_content(line, anthropic):
+                elif is_content(line, anthropic, responses):
                     n += 1
                     if first is None:
                         first = now
@@ -215,7 +223,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", required=True, help="server root, e.g. http://127.0.0.1:8000")
-    ap.add_argument("--api", choices=("openai", "anthropic"), default="openai")
+    ap.add_argument("--api", choices=("openai", "anthropic", "responses"), default="openai")
     ap.add_argument("--mode", choices=("nonstream", "stream"), default="nonstream")
     ap.add_argument("-c", "--concurrency", type=int, default=16)
     ap.add_argument("-d", "--duration", type=float, default=10.0, help="seconds (at most 600)")

@@ -31,7 +31,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -62,6 +62,10 @@ SCENARIOS = {
                            "messages → OpenAI upstream, non-stream"),
     "msgst_xl_c16": Scenario("anthropic", "stream", 16, "mock-gpt", 64,
                              "messages → OpenAI upstream, SSE, 64 chunks"),
+    # The upstream speaks no Responses API: "direct" is the same load as chat
+    # completions, so the ratio is poolgate's Responses stream vs a direct chat stream.
+    "resst_c16": Scenario("responses", "stream", 16, "mock-gpt", 64,
+                          "responses → OpenAI upstream, SSE, 64 chunks"),
 }
 
 
@@ -188,12 +192,14 @@ def upstream_requests(upstream_url: str) -> int:
 
 def measure(name: str, sc: Scenario, target: str, url: str, args, ctx: dict) -> dict:
     out_dir: Path = ctx["out"]
-    if args.warmup > 0:
+    if args.warmup > 0 and not (target == "direct" and sc.api == "responses"):
         run_loadgen(ctx["py"], url, sc, args.warmup, ctx["cpu_load"], out_dir / f"warm-{name}-{target}.json")
     gw: Proc | None = ctx["gateway"] if target == "poolgate" else None
     up: Proc = ctx["upstream"]
     seen0 = upstream_requests(ctx["upstream_url"])
     up0, gw0 = up.cpu_s(), gw.cpu_s() if gw else 0.0
+    if target == "direct" and sc.api == "responses":
+        sc = replace(sc, api="openai")  # the upstream's nearest equivalent
     res = run_loadgen(ctx["py"], url, sc, args.duration, ctx["cpu_load"], out_dir / f"{name}-{target}.json")
     res["upstream_cpu_s"] = round(up.cpu_s() - up0, 3)
     res["upstream_seen"] = upstream_requests(ctx["upstream_url"]) - seen0 - 1   # - this probe
