@@ -65,13 +65,15 @@ class Pool:
 
     # --- choosing a worker --------------------------------------------------------
 
-    def pick(self, request: ChatRequest, prefer: str | None = None) -> tuple[Worker, ChatRequest]:
+    def pick(self, request: ChatRequest, prefer: str | None = None,
+             exclude: Sequence[str] = ()) -> tuple[Worker, ChatRequest]:
         """Choose a ready worker for ``request`` — ``prefer`` (a worker name,
         e.g. the one that served the previous turn) when it is eligible, else
         the least busy — and return the request as that worker must see it
         (alias resolved to the served model id)."""
         model = self.resolve(request.model)
-        ready = [w for w in self._serving[model] if w.state is WorkerState.READY]
+        ready = [w for w in self._serving[model]
+                 if w.state is WorkerState.READY and w.name not in exclude]
         if not ready:
             raise Overloaded(f"No worker serving '{request.model}' is ready; try again shortly.",
                              retry_after=1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any, Awaitable, Callable
 
+import structlog
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -20,9 +21,11 @@ from pool.model import ChatRequest, Event
 from ..gateway import Gateway
 from ..http import error_response, json_response, new_id, now
 from ..record import RequestRecord
-from ..streaming import EventStreamResponse, StreamOutcome, until_disconnect
+from ..streaming import ClientGone, EventStreamResponse, StreamOutcome, until_disconnect
 
 __all__ = ["serve", "ERROR_DIALECT"]
+
+log = structlog.get_logger("poolgate.request")
 
 # client dialect -> error envelope dialect and response id prefix
 ERROR_DIALECT = {"openai_chat": "openai", "anthropic": "anthropic",
@@ -33,33 +36,58 @@ ID_PREFIX = {"openai_chat": "chatcmpl-", "anthropic": "msg_", "openai_responses"
 
 Finalize = Callable[[dict[str, Any], str], Awaitable[None]]
 
+# Failures worth one more try on another worker, when no byte reached the client yet.
+RETRYABLE = frozenset({"upstream", "timeout", "overloaded"})
+
 
 async def serve(gw: Gateway, request: Request, chat: ChatRequest, dialect: ModuleType,
                 record: RequestRecord, *, prefer: str | None = None,
                 finalize: Finalize | None = None) -> Response | EventStreamResponse:
     """Serve a decoded request with the worker the pool picks (``prefer``
-    names a worker to use when it is eligible). ``finalize`` is awaited with
-    the finished response object and the worker's name (stored responses);
-    for a stream, once it has ended without the client leaving."""
+    names a worker to use when it is eligible). A worker that fails before
+    the client got a byte is replaced once by another eligible worker.
+    ``finalize`` is awaited with the finished response object and the worker's
+    name (stored responses); for a stream, once it ended without the client leaving."""
     error_dialect = ERROR_DIALECT[chat.dialect]
     record.model = chat.model
     record.stream = chat.stream
-    try:
-        worker, routed = gw.pool.pick(chat, prefer)
-    except GatewayError as exc:
-        record.error = exc.kind
-        return error_response(exc, error_dialect)
-    record.worker = worker.name
-    worker_header = {"x-poolgate-worker": worker.name}
+    tried: list[str] = []
+    failure: GatewayError | None = None
+    while True:
+        try:
+            worker, routed = gw.pool.pick(chat, prefer, exclude=tried)
+        except GatewayError as exc:
+            failure = failure or exc  # no other worker: the first failure is the answer
+            record.error = failure.kind
+            headers = {"x-poolgate-worker": tried[-1]} if tried else None
+            return error_response(failure, error_dialect, headers)
+        record.worker = worker.name
+        try:
+            return await _attempt(gw, request, chat, routed, worker, dialect, record, finalize)
+        except GatewayError as exc:
+            gw.metrics_upstream_error(worker.name, exc.kind)
+            tried.append(worker.name)
+            if exc.kind not in RETRYABLE or isinstance(exc, ClientGone) or len(tried) > 1:
+                record.error = exc.kind
+                return error_response(exc, error_dialect, {"x-poolgate-worker": worker.name})
+            failure = exc
+            log.info("request.retry", failed_worker=worker.name, error=exc.kind)
+
+
+async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: ChatRequest,
+                   worker: Any, dialect: ModuleType, record: RequestRecord,
+                   finalize: Finalize | None) -> Response | EventStreamResponse:
+    """One try on one worker; raises GatewayError while nothing was sent."""
     gw.acquire(worker)
     handed_over = False
     try:
         events = worker.stream(routed)
+        response_id = new_id(ID_PREFIX[chat.dialect])
         if chat.stream:
             iterator = events.__aiter__()
             first = await until_disconnect(request.receive, _first_event(iterator))
-            encoder = dialect.StreamEncoder(chat, response_id=new_id(ID_PREFIX[chat.dialect]),
-                                            created=now(), model=chat.model)
+            encoder = dialect.StreamEncoder(chat, response_id=response_id, created=now(),
+                                            model=chat.model)
 
             def on_done(outcome: StreamOutcome) -> None:
                 gw.release(worker)
@@ -79,16 +107,11 @@ async def serve(gw: Gateway, request: Request, chat: ChatRequest, dialect: Modul
         usage = completion.usage
         record.tokens_in = usage.input_tokens
         record.tokens_out = usage.output_tokens
-        body = dialect.encode_completion(completion, chat,
-                                         response_id=new_id(ID_PREFIX[chat.dialect]),
+        body = dialect.encode_completion(completion, chat, response_id=response_id,
                                          created=now(), model=chat.model)
         if finalize is not None:
             await finalize(body, worker.name)
-        return json_response(body, headers=worker_header)
-    except GatewayError as exc:
-        record.error = exc.kind
-        gw.metrics_upstream_error(worker.name, exc.kind)
-        return error_response(exc, error_dialect, worker_header)
+        return json_response(body, headers={"x-poolgate-worker": worker.name})
     finally:
         if not handed_over:
             gw.release(worker)

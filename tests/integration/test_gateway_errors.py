@@ -254,3 +254,66 @@ async def test_client_disconnect_cancels_upstream(gateway, fake_upstream, model,
                 await client.post("/v1/chat/completions", json=body, timeout=0.5,
                                   headers={"authorization": f"Bearer {CLIENT_KEY}"})
     assert await fake_upstream.wait_disconnects(before + 1, timeout=5)
+
+
+# --- retry on another worker ------------------------------------------------------------
+
+def _dead_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_failure_before_first_byte_is_retried_on_another_worker(fake_upstream, stream):
+    from app.factory import create_app
+    from app.settings import ServerSettings, Settings, WorkerSettings
+    from tests.support.server import ServerThread
+
+    dead = WorkerSettings(name="dead", dialect="openai", models=("m",),
+                          url=f"http://127.0.0.1:{_dead_port()}/v1")
+    alive = WorkerSettings(name="alive", dialect="anthropic", models=("m",), api_key=UPSTREAM_KEY,
+                           url=fake_upstream.anthropic_url)
+    with ServerThread(create_app(Settings(server=ServerSettings(), workers=(dead, alive)))) as srv, \
+            openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0) as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model="m", stream=stream, messages=[{"role": "user", "content": "retry me"}])
+        assert raw.headers["x-poolgate-worker"] == "alive"
+        parsed = raw.parse()
+        text = ("".join(c.choices[0].delta.content or "" for c in parsed if c.choices) if stream
+                else parsed.choices[0].message.content)
+        assert text == "echo: retry me"
+
+
+def test_no_retry_for_client_errors_and_one_retry_only(fake_upstream):
+    from app.factory import create_app
+    from app.settings import ServerSettings, Settings, WorkerSettings
+    from tests.support.server import ServerThread
+
+    workers = tuple(WorkerSettings(name=f"dead{i}", dialect="openai", models=("m",),
+                                   url=f"http://127.0.0.1:{_dead_port()}/v1") for i in range(3))
+    with ServerThread(create_app(Settings(server=ServerSettings(), workers=workers))) as srv, \
+            openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0) as client:
+        with pytest.raises(openai.InternalServerError) as err:
+            client.chat.completions.with_raw_response.create(
+                model="m", messages=[{"role": "user", "content": "x"}])
+    assert err.value.status_code == 502
+    assert err.value.response.headers["x-poolgate-worker"] == "dead1"  # tried twice, not thrice
+
+
+def test_upstream_4xx_is_not_retried(fake_upstream):
+    from app.factory import create_app
+    from app.settings import ServerSettings, Settings, WorkerSettings
+    from tests.support.server import ServerThread
+
+    workers = tuple(WorkerSettings(name=f"w{i}", dialect="openai", models=("m",),
+                                   api_key=UPSTREAM_KEY, url=fake_upstream.url) for i in range(2))
+    with ServerThread(create_app(Settings(server=ServerSettings(), workers=workers))) as srv, \
+            openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0) as client:
+        before = len(fake_upstream.requests)
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(model="m",
+                                           messages=[{"role": "user", "content": "[[error:400]]"}])
+        # the client's own mistake: one upstream call, not two
+        assert len(fake_upstream.requests) == before + 1
