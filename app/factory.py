@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any, AsyncIterator
 
@@ -46,7 +47,8 @@ def worker_specs(settings: Any) -> list[RemoteSpec]:
                        models=tuple(w.models), aliases=dict(w.aliases),
                        connect_timeout=w.connect_timeout,
                        first_byte_timeout=w.first_byte_timeout,
-                       idle_timeout=w.idle_timeout, max_connections=w.max_connections)
+                       idle_timeout=w.idle_timeout, max_connections=w.max_connections,
+                       max_in_flight=w.max_in_flight)
             for w in settings.workers]
 
 
@@ -70,6 +72,8 @@ def create_app(settings: Any) -> Starlette:
             gw.pool = Pool([make_remote_worker(spec) for spec in specs])
             await gw.pool.start()
             stack.push_async_callback(gw.pool.aclose)
+            probes = asyncio.ensure_future(gw.pool.probe_forever(server.health_interval))
+            stack.callback(probes.cancel)
             log.info("gateway.started", workers=[s.name for s in specs],
                      models=[m.id for m in gw.pool.models()])
             yield
@@ -92,6 +96,8 @@ def create_app(settings: Any) -> Starlette:
         Route("/readyz", ops.readyz, methods=["GET"]),
         Route("/metrics", ops.metrics, methods=["GET"]),
         Route("/internal/workers", ops.internal_workers, methods=["GET"]),
+        Route("/internal/workers/{name}/{action}", ops.worker_action, methods=["POST"]),
+        Route("/internal/stats", ops.internal_stats, methods=["GET"]),
     ]
     app = Starlette(
         routes=routes,

@@ -39,6 +39,14 @@ class Gateway:
         self.pool.release(worker)
         self.metrics.in_flight_finished(worker.name)
 
+    def in_flight(self, worker: str) -> int:
+        return self.pool.in_flight.get(worker, 0)
+
+    def stats(self) -> dict[str, Any]:
+        """What ``/internal/stats`` shows: the pool and the stores."""
+        return {"in_flight": dict(self.pool.in_flight),
+                "responses": self.responses.stats()}
+
     def metrics_upstream_error(self, worker: str, kind: str) -> None:
         self.metrics.observe_upstream_error(worker=worker, kind=kind)
 

@@ -72,6 +72,7 @@ class ServerSettings(BaseModel):
     log_level: LogLevel = "info"
     log_format: Literal["json", "console"] = "json"
     shutdown_timeout: float = Field(30.0, gt=0)
+    health_interval: float = Field(10.0, gt=0)  # seconds between health probes of remote workers
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod
@@ -120,6 +121,7 @@ class WorkerSettings(BaseModel):
     first_byte_timeout: float = Field(300.0, gt=0)
     idle_timeout: float = Field(300.0, gt=0)
     max_connections: int = Field(0, ge=0)  # 0: unlimited
+    max_in_flight: int = Field(256, gt=0)  # requests in flight on this worker before others wait
 
     @field_validator("name")
     @classmethod

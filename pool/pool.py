@@ -9,14 +9,19 @@ routing build on it.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
+
+import structlog
 
 from .errors import BadRequest, NotFound, Overloaded
 from .model import ChatRequest, ImagePart, ToolResultPart
 from .worker import Capabilities, Worker, WorkerState
 
 __all__ = ["Pool", "ModelEntry", "check_capabilities"]
+
+log = structlog.get_logger("pool")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +42,7 @@ class Pool:
             for alias, model in worker.aliases.items():
                 self._aliases.setdefault(alias, model)
         self.in_flight: dict[str, int] = {w.name: 0 for w in self.workers}
+        self.probe_seconds: dict[str, float] = {}
 
     # --- models -------------------------------------------------------------
 
@@ -96,6 +102,30 @@ class Pool:
 
     def ready_models(self) -> dict[str, bool]:
         return {m: any(w.state is WorkerState.READY for w in ws) for m, ws in self._serving.items()}
+
+    def worker(self, name: str) -> Worker:
+        for w in self.workers:
+            if w.name == name:
+                return w
+        raise NotFound(f"No worker named '{name}'.", param="name")
+
+    async def probe(self) -> None:
+        """One round of health probes for the workers the pool itself watches
+        (remote ones; process workers are probed by their supervisor)."""
+        async def one(worker: Worker) -> None:
+            started = time.perf_counter()
+            try:
+                await worker.health()
+            except Exception:  # noqa: BLE001 - a probe that breaks is a failed probe
+                log.warning("pool.probe_failed", worker=worker.name, exc_info=True)
+            self.probe_seconds[worker.name] = time.perf_counter() - started
+
+        await asyncio.gather(*(one(w) for w in self.workers if w.kind == "remote"))
+
+    async def probe_forever(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            await self.probe()
 
     # --- lifecycle --------------------------------------------------------------------
 

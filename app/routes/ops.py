@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import time
+from typing import Any
+
+import structlog
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -13,7 +16,10 @@ from pool.errors import AuthenticationFailed, NotFound
 from ..gateway import Gateway
 from ..http import error_response, json_response
 
-__all__ = ["root", "healthz", "readyz", "metrics", "internal_workers"]
+__all__ = ["root", "healthz", "readyz", "metrics", "internal_workers", "worker_action",
+           "internal_stats"]
+
+log = structlog.get_logger("poolgate.admin")
 
 
 async def root(request: Request) -> Response:
@@ -55,13 +61,57 @@ def _admin_denied(gw: Gateway, request: Request) -> Response | None:
     return None
 
 
+def _worker_info(gw: Gateway, w: Any, now: float) -> dict[str, Any]:
+    started = getattr(w, "started_at", None)
+    return {"name": w.name, "kind": w.kind, "state": w.state.value,
+            "pid": getattr(w, "pid", None),
+            "uptime": round(now - started, 3) if started else None,
+            "restarts": getattr(w, "restarts", 0),
+            "last_exit": getattr(w, "last_exit", None),
+            "crash_looping": getattr(w, "crash_looping", False),
+            "in_flight": gw.in_flight(w.name), "capacity": getattr(w, "capacity", None),
+            "models": list(w.models), "aliases": dict(w.aliases),
+            "probe_seconds": gw.pool.probe_seconds.get(w.name)}
+
+
 async def internal_workers(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
     denied = _admin_denied(gw, request)
     if denied is not None:
         return denied
     now = time.time()
-    workers = [{"name": w.name, "kind": w.kind, "state": w.state.value,
-                "models": list(w.models), "aliases": dict(w.aliases),
-                "in_flight": gw.pool.in_flight[w.name]} for w in gw.pool.workers]
-    return json_response({"workers": workers, "time": now})
+    return json_response({"workers": [_worker_info(gw, w, now) for w in gw.pool.workers],
+                          "time": now})
+
+
+async def worker_action(request: Request) -> Response:
+    """``POST /internal/workers/{name}/drain`` (no new requests, in-flight ones
+    finish), ``/resume`` (take requests again) and ``/restart``."""
+    gw: Gateway = request.app.state.gateway
+    denied = _admin_denied(gw, request)
+    if denied is not None:
+        return denied
+    action = request.path_params["action"]
+    try:
+        worker = gw.pool.worker(request.path_params["name"])
+    except NotFound as exc:
+        return error_response(exc, "openai")
+    if action == "drain":
+        worker.drain()
+    elif action == "resume":
+        worker.resume()
+    elif action == "restart":
+        await worker.restart()
+    else:
+        return error_response(NotFound(f"No worker action '{action}' (drain, resume, restart)."),
+                              "openai")
+    log.info("admin.worker_action", worker=worker.name, action=action)
+    return json_response(_worker_info(gw, worker, time.time()))
+
+
+async def internal_stats(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    denied = _admin_denied(gw, request)
+    if denied is not None:
+        return denied
+    return json_response(gw.stats())

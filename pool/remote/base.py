@@ -13,6 +13,7 @@ for a free connection when ``max_connections`` is reached);
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, ClassVar, Literal, Mapping, Protocol
 
@@ -51,6 +52,7 @@ class RemoteSpec:
     first_byte_timeout: float = 300.0
     idle_timeout: float = 300.0
     max_connections: int = 0
+    max_in_flight: int = 256            # the admission guard's per-worker capacity
     headers: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -82,7 +84,9 @@ class RemoteWorker:
         self.models = tuple(spec.models)
         self.aliases = dict(spec.aliases)
         self.capabilities = capabilities
+        self.capacity = spec.max_in_flight
         self.state = WorkerState.STARTING
+        self.started_at: float | None = None
         self._chat_url = chat_url
         self._health_url = health_url
         # configured headers override our defaults; the credentials override both.
@@ -106,6 +110,24 @@ class RemoteWorker:
         if self._session is None:
             self._session = self._new_session()
         self.state = WorkerState.READY
+        self.started_at = time.time()
+
+    # --- operator actions (a remote worker has no process: these are state only) ---
+
+    def drain(self) -> None:
+        """No new requests; those in flight finish."""
+        self.state = WorkerState.DRAINING
+
+    def resume(self) -> None:
+        if self.state is WorkerState.DRAINING:
+            self.state = WorkerState.READY
+
+    async def restart(self) -> None:
+        """Drop pooled connections and start afresh (the upstream itself is not ours)."""
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+        await self.start()
 
     def _new_session(self) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(limit=self.spec.max_connections, limit_per_host=0)
@@ -129,6 +151,8 @@ class RemoteWorker:
                     ok = resp.status < 500
         except (aiohttp.ClientError, OSError, TimeoutError, UpstreamUnavailable):
             ok = False
+        if self.state is WorkerState.DRAINING or self.state is WorkerState.STOPPED:
+            return ok
         if ok and self.state is WorkerState.UNHEALTHY:
             self.state = WorkerState.READY
         elif not ok and self.state is WorkerState.READY:
