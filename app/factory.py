@@ -16,7 +16,10 @@ from starlette.routing import Route
 
 from auth.keys import KeyRing, TokenGate
 from pool.errors import GatewayError, InternalError, NotFound
+from pool.admission import AdmissionGuard
 from pool.pool import Pool
+from pool.routing import make_policy
+from sessions.bindings import MemoryBindingStore
 from sessions.responses import MemoryResponseStore
 from pool.remote import RemoteSpec, make_remote_worker
 
@@ -61,7 +64,14 @@ def create_app(settings: Any) -> Starlette:
                  metrics_gate=TokenGate(_secret(server.metrics_token)),
                  metrics_public=server.metrics_public, max_body_bytes=server.max_body_bytes,
                  responses=MemoryResponseStore(max_items=store.max_items, max_bytes=store.max_bytes,
-                                               max_age=store.max_age_seconds))
+                                               max_age=store.max_age_seconds),
+                 admission=AdmissionGuard(global_limit=server.max_in_flight or None,
+                                          per_key_limit=server.max_in_flight_per_key or None,
+                                          max_wait=server.queue_timeout),
+                 bindings=MemoryBindingStore(ttl=settings.routing.binding_ttl,
+                                             max_items=settings.routing.max_bindings),
+                 cooldown_seconds=settings.routing.cooldown_seconds)
+    _build_policies(gw, settings.routing)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -144,3 +154,18 @@ async def _unhandled(request: Request, exc: Exception) -> Response:
     log.error("gateway.unhandled_error", error_type=type(exc).__name__)
     return error_response(InternalError("The gateway failed to handle this request."),
                           _dialect(request))
+
+
+def _build_policies(gw: Gateway, routing: Any) -> None:
+    """The default routing policy and any per-model ones, all sharing one
+    binding store (its keys carry the model)."""
+    def busy(name: str) -> bool:
+        worker = next((w for w in gw.pool.workers if w.name == name), None)
+        return worker is not None and gw.admission.in_flight(name) >= worker.capacity
+
+    def policy(name: str) -> Any:
+        return make_policy(name, in_flight=gw.admission.in_flight, store=gw.bindings,
+                           ttl=routing.binding_ttl, busy=busy)
+
+    gw.policy = policy(routing.policy)
+    gw.policies = {model: policy(name) for model, name in routing.models.items()}

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import structlog
 
 from auth.keys import TokenGate
+from pool.admission import AdmissionGuard, Lease
+from pool.model import ChatRequest
 from pool.pool import Pool
+from pool.worker import Worker
+from sessions.bindings import MemoryBindingStore
+from sessions.keys import session_key
 from sessions.responses import MemoryResponseStore, ResponseStore
 
 from .record import RequestRecord
@@ -30,21 +35,50 @@ class Gateway:
     pool: Pool = field(default_factory=lambda: Pool(()))
     configured_models: tuple[str, ...] = ()
     responses: ResponseStore = field(default_factory=MemoryResponseStore)
+    admission: AdmissionGuard = field(default_factory=lambda: AdmissionGuard(
+        global_limit=None, per_key_limit=None, max_wait=5.0))
+    bindings: MemoryBindingStore = field(default_factory=MemoryBindingStore)
+    policy: Any = None  # the default routing policy, built by create_app
+    policies: dict[str, Any] = field(default_factory=dict)  # model -> its own policy
+    cooldown_seconds: float = 5.0
 
-    def acquire(self, worker: Any) -> None:
-        self.pool.acquire(worker)
-        self.metrics.in_flight_started(worker.name)
+    async def admit(self, chat: ChatRequest, headers: Mapping[str, str], key: str,
+                    prefer: str | None, exclude: Sequence[str]) -> tuple[Lease, ChatRequest]:
+        """Filter, admit, route: the eligible workers for ``chat``, a slot under
+        the global, per-key and per-worker limits (waiting up to the
+        deadline), and the worker the model's policy picks among the free ones
+        (``prefer`` first when it is free)."""
+        workers, routed = self.pool.eligible(chat, exclude)
+        session, _source = session_key(routed, headers)
+        policy = self.policies.get(routed.model, self.policy)
 
-    def release(self, worker: Any) -> None:
-        self.pool.release(worker)
-        self.metrics.in_flight_finished(worker.name)
+        async def choose(free: Sequence[Worker]) -> Worker:
+            if prefer is not None:
+                for worker in free:
+                    if worker.name == prefer:
+                        return worker
+            return await policy.choose(routed, session, free)
+
+        lease = await self.admission.acquire(key=key, workers=workers, choose=choose)
+        self.pool.acquire(lease.worker)
+        self.metrics.in_flight_started(lease.worker.name)
+        return lease, routed
+
+    def release(self, lease: Lease) -> None:
+        if not lease.released:
+            lease.release()
+            self.pool.release(lease.worker)
+            self.metrics.in_flight_finished(lease.worker.name)
 
     def in_flight(self, worker: str) -> int:
         return self.pool.in_flight.get(worker, 0)
 
     def stats(self) -> dict[str, Any]:
-        """What ``/internal/stats`` shows: the pool and the stores."""
-        return {"in_flight": dict(self.pool.in_flight),
+        """What ``/internal/stats`` shows: admission, routing, bindings, stores."""
+        routing = {"default": self.policy.stats(),
+                   **{model: p.stats() for model, p in self.policies.items()}}
+        return {"in_flight": dict(self.pool.in_flight), "admission": self.admission.stats(),
+                "routing": routing, "bindings": self.bindings.stats(),
                 "responses": self.responses.stats()}
 
     def metrics_upstream_error(self, worker: str, kind: str) -> None:

@@ -31,7 +31,7 @@ CONFIG_ENV = "POOLGATE_CONFIG"
 API_KEYS_ENV = "POOLGATE_API_KEYS"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_SECTIONS = ("server", "responses")  # tables whose keys merge field by field across layers
+_SECTIONS = ("server", "responses", "routing")  # tables whose keys merge field by field across layers
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 
@@ -73,6 +73,9 @@ class ServerSettings(BaseModel):
     log_format: Literal["json", "console"] = "json"
     shutdown_timeout: float = Field(30.0, gt=0)
     health_interval: float = Field(10.0, gt=0)  # seconds between health probes of remote workers
+    max_in_flight: int = Field(0, ge=0)           # requests in flight in all; 0: no global limit
+    max_in_flight_per_key: int = Field(0, ge=0)   # per API key name; 0: no limit
+    queue_timeout: float = Field(5.0, ge=0)       # how long a request waits for a slot, then 429/529
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod
@@ -174,6 +177,18 @@ class WorkerSettings(BaseModel):
         return self.aliases.get(name)
 
 
+class RoutingSettings(BaseModel):
+    """The ``[routing]`` table: how a request picks among a model's workers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy: Literal["session_affinity", "least_in_flight"] = "session_affinity"
+    models: dict[str, Literal["session_affinity", "least_in_flight"]] = Field(default_factory=dict)
+    binding_ttl: float = Field(3600.0, gt=0)
+    max_bindings: int = Field(100_000, gt=0)
+    cooldown_seconds: float = Field(5.0, ge=0)
+
+
 class ResponsesSettings(BaseModel):
     """The ``[responses]`` table: bounds of the stored Responses (``store: true``)."""
 
@@ -193,6 +208,7 @@ class Settings(BaseSettings):
 
     server: ServerSettings = Field(default_factory=ServerSettings)
     responses: ResponsesSettings = Field(default_factory=ResponsesSettings)
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)
     workers: tuple[WorkerSettings, ...] = ()
 
     @classmethod

@@ -43,6 +43,7 @@ class Pool:
                 self._aliases.setdefault(alias, model)
         self.in_flight: dict[str, int] = {w.name: 0 for w in self.workers}
         self.probe_seconds: dict[str, float] = {}
+        self._cooling_until: dict[str, float] = {}
 
     # --- models -------------------------------------------------------------
 
@@ -93,6 +94,42 @@ class Pool:
         if model != request.model:
             request = replace(request, model=model)
         return worker, request
+
+    def eligible(self, request: ChatRequest,
+                 exclude: Sequence[str] = ()) -> tuple[list[Worker], ChatRequest]:
+        """The workers that may take ``request`` — ready (not draining, not
+        unhealthy), serving its model, not excluded, able to honour it, and not
+        cooling down after an error unless all are — and the request as they
+        must see it (alias resolved)."""
+        model = self.resolve(request.model)
+        ready = [w for w in self._serving[model]
+                 if w.state is WorkerState.READY and w.name not in exclude]
+        if not ready:
+            raise Overloaded(f"No worker serving '{request.model}' is ready; try again shortly.",
+                             retry_after=1)
+        now = time.monotonic()
+        warm = [w for w in ready if self._cooling_until.get(w.name, 0.0) <= now]
+        workers = warm or ready
+        capable = []
+        refusal: BadRequest | None = None
+        for worker in workers:
+            try:
+                check_capabilities(request, worker.capabilities)
+            except BadRequest as exc:
+                refusal = refusal or exc
+            else:
+                capable.append(worker)
+        if not capable:
+            assert refusal is not None
+            raise refusal
+        workers = capable
+        if model != request.model:
+            request = replace(request, model=model)
+        return workers, request
+
+    def cool_down(self, name: str, seconds: float) -> None:
+        """After an error, send ``name`` nothing new for ``seconds`` while others can serve."""
+        self._cooling_until[name] = time.monotonic() + seconds
 
     def acquire(self, worker: Worker) -> None:
         self.in_flight[worker.name] += 1

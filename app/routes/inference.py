@@ -55,30 +55,33 @@ async def serve(gw: Gateway, request: Request, chat: ChatRequest, dialect: Modul
     failure: GatewayError | None = None
     while True:
         try:
-            worker, routed = gw.pool.pick(chat, prefer, exclude=tried)
+            lease, routed = await gw.admit(chat, request.headers, record.key, prefer, tried)
         except GatewayError as exc:
             failure = failure or exc  # no other worker: the first failure is the answer
             record.error = failure.kind
             headers = {"x-poolgate-worker": tried[-1]} if tried else None
             return error_response(failure, error_dialect, headers)
+        worker = lease.worker
         record.worker = worker.name
         try:
-            return await _attempt(gw, request, chat, routed, worker, dialect, record, finalize)
+            return await _attempt(gw, request, chat, routed, lease, dialect, record, finalize)
         except GatewayError as exc:
             gw.metrics_upstream_error(worker.name, exc.kind)
             tried.append(worker.name)
             if exc.kind not in RETRYABLE or isinstance(exc, ClientGone) or len(tried) > 1:
                 record.error = exc.kind
                 return error_response(exc, error_dialect, {"x-poolgate-worker": worker.name})
+            gw.pool.cool_down(worker.name, gw.cooldown_seconds)
             failure = exc
             log.info("request.retry", failed_worker=worker.name, error=exc.kind)
 
 
 async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: ChatRequest,
-                   worker: Any, dialect: ModuleType, record: RequestRecord,
+                   lease: Any, dialect: ModuleType, record: RequestRecord,
                    finalize: Finalize | None) -> Response | EventStreamResponse:
-    """One try on one worker; raises GatewayError while nothing was sent."""
-    gw.acquire(worker)
+    """One try on the leased worker; raises GatewayError while nothing was sent.
+    The lease is released on every path: here, or when the stream ends."""
+    worker = lease.worker
     handed_over = False
     try:
         events = worker.stream(routed)
@@ -90,7 +93,7 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: Cha
                                             model=chat.model)
 
             def on_done(outcome: StreamOutcome) -> None:
-                gw.release(worker)
+                gw.release(lease)
                 _record_stream(record, outcome, gw)
 
             after = None
@@ -114,7 +117,7 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: Cha
         return json_response(body, headers={"x-poolgate-worker": worker.name})
     finally:
         if not handed_over:
-            gw.release(worker)
+            gw.release(lease)
 
 
 async def _first_event(iterator: Any) -> Event:

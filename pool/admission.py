@@ -1,0 +1,273 @@
+"""Admission: how many requests may be in flight, and who waits for a slot.
+
+Three limits apply at once: a global one, one per API key (so one team cannot
+starve the others) and one per worker (``worker.capacity``). A request that
+finds them all open is admitted at once; otherwise it queues for at most
+``max_wait`` seconds and is then refused with :class:`~pool.errors.Overloaded`
+carrying a ``retry_after``.
+
+A slot is *granted* synchronously, under the event loop's single thread: the
+global and key counts are taken and one free worker is *held*, so nothing can
+slip in between a release and the waiter it wakes. The caller's ``choose``
+then picks among the free workers and the hold moves to its choice. Waiters
+are served in arrival order among those that can proceed: a waiter blocked by
+its own key's limit, or by its model's workers, does not block the ones
+behind it, while a full global limit stops the scan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Awaitable, Callable, Sequence
+
+from .errors import Overloaded
+from .worker import Worker
+
+__all__ = ["AdmissionGuard", "Lease", "KeyLimitExceeded", "DEFAULT_CAPACITY"]
+
+DEFAULT_CAPACITY = 64
+
+Choose = Callable[[Sequence[Worker]], Awaitable[Worker]]
+
+
+class KeyLimitExceeded(Overloaded):
+    """An API key has its full share in flight: 429 ``rate_limit_exceeded`` in
+    both dialects (the client should slow down; the gateway is not overloaded)."""
+
+    status = 429
+    kind = "rate_limit"
+
+
+def _capacity(worker: Worker) -> int:
+    return getattr(worker, "capacity", DEFAULT_CAPACITY)
+
+
+class Lease:
+    """One admitted request on ``worker``; ``release()`` frees its slot, once."""
+
+    __slots__ = ("worker", "key", "waited", "_guard")
+
+    def __init__(self, guard: AdmissionGuard | None, worker: Worker, key: str,
+                 waited: float) -> None:
+        self._guard = guard
+        self.worker = worker
+        self.key = key
+        self.waited = waited  # seconds spent queued before admission (0.0 when admitted at once)
+
+    @property
+    def released(self) -> bool:
+        return self._guard is None
+
+    def release(self) -> None:
+        guard = self._guard
+        if guard is not None:
+            self._guard = None
+            guard._give_back(self.key, self.worker.name)
+            guard._wake()
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+class _Waiter:
+    __slots__ = ("key", "workers", "future", "hold", "timer")
+
+    def __init__(self, key: str, workers: Sequence[Worker], future: asyncio.Future[None]) -> None:
+        self.key = key
+        self.workers = workers
+        self.future = future
+        self.hold: Worker | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class AdmissionGuard:
+    """Global, per-key and per-worker limits on requests in flight, with a
+    bounded FIFO wait and a fast refusal once the wait is over."""
+
+    def __init__(self, *, global_limit: int | None, per_key_limit: int | None,
+                 max_wait: float, retry_after: float = 1.0) -> None:
+        self._global_limit = global_limit
+        self._key_limit = per_key_limit
+        self._max_wait = max_wait
+        self._retry_after = max(1, math.ceil(retry_after))
+        self._total = 0
+        self._by_key: dict[str, int] = {}
+        self._by_worker: dict[str, int] = {}
+        # an insertion-ordered dict used as a queue: O(1) removal on cancel or expiry,
+        # and a scan can take waiters from the middle without reordering the rest
+        self._waiters: dict[_Waiter, None] = {}
+        self._admitted = 0
+        self._rejected = {"global": 0, "worker": 0, "key": 0}
+        self._wait_count = 0
+        self._wait_seconds = 0.0
+
+    # --- the request path ---------------------------------------------------------------
+
+    async def acquire(self, *, key: str, workers: Sequence[Worker], choose: Choose) -> Lease:
+        """Admit one request of ``key`` on one of ``workers`` (the eligible ones),
+        waiting up to ``max_wait``; raise :class:`Overloaded` (global or worker
+        shortage) or :class:`KeyLimitExceeded` (the key's own limit) after that."""
+        waited = 0.0
+        # Every change that frees capacity grants queued requests first, so a newcomer
+        # that finds a slot here takes none that a queued request could use.
+        hold = self._reserve(key, workers)
+        if hold is None:
+            hold, waited = await self._wait(key, workers)
+        try:
+            chosen = await choose(self._free_for(workers, hold))
+            name = chosen.name
+            if name != hold.name:
+                counts = self._by_worker
+                if counts.get(name, 0) < _capacity(chosen):
+                    counts[name] = counts.get(name, 0) + 1
+                    self._drop_worker(hold.name)
+                    self._wake()  # the held worker's slot is free again
+                else:
+                    # it filled up while ``choose`` was awaiting: keep the worker we held
+                    chosen = hold
+        except BaseException:
+            self._give_back(key, hold.name)
+            self._wake()
+            raise
+        self._admitted += 1
+        return Lease(self, chosen, key, waited)
+
+    def in_flight(self, worker_name: str) -> int:
+        return self._by_worker.get(worker_name, 0)
+
+    def stats(self) -> dict:
+        """Gauges and counters to export: ``in_flight`` (global), ``by_key``,
+        ``by_worker``, ``waiting``, ``admitted``, ``rejected`` by reason
+        (``global``, ``worker``, ``key``), and ``wait_count``/``wait_seconds``:
+        how many requests queued and the total seconds they spent queued."""
+        return {
+            "in_flight": self._total,
+            "by_key": dict(self._by_key),
+            "by_worker": dict(self._by_worker),
+            "waiting": len(self._waiters),
+            "admitted": self._admitted,
+            "rejected": dict(self._rejected),
+            "wait_count": self._wait_count,
+            "wait_seconds": self._wait_seconds,
+        }
+
+    # --- slots ---------------------------------------------------------------------------
+
+    def _reserve(self, key: str, workers: Sequence[Worker]) -> Worker | None:
+        """Take the global and key slots and hold a free worker, or take nothing."""
+        if self._global_limit is not None and self._total >= self._global_limit:
+            return None
+        by_key = self._by_key
+        held_by_key = by_key.get(key, 0)
+        if self._key_limit is not None and held_by_key >= self._key_limit:
+            return None
+        counts = self._by_worker
+        for worker in workers:
+            name = worker.name
+            n = counts.get(name, 0)
+            if n < _capacity(worker):
+                counts[name] = n + 1
+                by_key[key] = held_by_key + 1
+                self._total += 1
+                return worker
+        return None
+
+    def _give_back(self, key: str, worker_name: str) -> None:
+        self._total -= 1
+        n = self._by_key[key] - 1
+        if n:
+            self._by_key[key] = n
+        else:
+            del self._by_key[key]
+        self._drop_worker(worker_name)
+
+    def _drop_worker(self, name: str) -> None:
+        n = self._by_worker[name] - 1
+        if n:
+            self._by_worker[name] = n
+        else:
+            del self._by_worker[name]
+
+    def _free_for(self, workers: Sequence[Worker], hold: Worker) -> Sequence[Worker]:
+        """The workers with room, counting ``hold`` as free (its slot is ours)."""
+        counts = self._by_worker
+        for worker in workers:
+            if worker is not hold and counts.get(worker.name, 0) >= _capacity(worker):
+                break
+        else:
+            return workers  # all free: no copy on the hot path
+        return [w for w in workers
+                if w is hold or counts.get(w.name, 0) < _capacity(w)]
+
+    # --- waiting -------------------------------------------------------------------------
+
+    async def _wait(self, key: str, workers: Sequence[Worker]) -> tuple[Worker, float]:
+        # with no eligible worker there is nothing to wait for: readiness does not wake the queue
+        if self._max_wait <= 0 or not workers:
+            raise self._reject(key, workers)
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(key, workers, loop.create_future())
+        self._waiters[waiter] = None
+        started = loop.time()
+        waiter.timer = loop.call_at(started + self._max_wait, self._expire, waiter)
+        try:
+            await waiter.future
+        except BaseException:
+            waiter.timer.cancel()
+            self._waiters.pop(waiter, None)
+            if waiter.hold is not None:  # granted, then cancelled before it could run
+                self._give_back(key, waiter.hold.name)
+                self._wake()
+            raise
+        finally:
+            self._wait_count += 1
+            self._wait_seconds += loop.time() - started
+        if waiter.hold is None:
+            raise self._reject(key, workers)
+        return waiter.hold, loop.time() - started
+
+    def _expire(self, waiter: _Waiter) -> None:
+        if waiter.hold is None and not waiter.future.done():
+            self._waiters.pop(waiter, None)
+            waiter.future.set_result(None)
+
+    def _wake(self) -> None:
+        """Grant slots to waiters in arrival order, skipping those that still cannot go."""
+        if not self._waiters:
+            return
+        granted: list[_Waiter] = []
+        limit = self._global_limit
+        for waiter in self._waiters:
+            if limit is not None and self._total >= limit:
+                break
+            if waiter.future.done():  # cancelled; its task removes it
+                continue
+            hold = self._reserve(waiter.key, waiter.workers)
+            if hold is not None:
+                waiter.hold = hold
+                granted.append(waiter)
+        for waiter in granted:
+            del self._waiters[waiter]
+            if waiter.timer is not None:
+                waiter.timer.cancel()
+            waiter.future.set_result(None)
+
+    def _reject(self, key: str, workers: Sequence[Worker]) -> Overloaded:
+        if self._key_limit is not None and self._by_key.get(key, 0) >= self._key_limit:
+            self._rejected["key"] += 1
+            return KeyLimitExceeded(
+                f"This API key already has {self._key_limit} requests in flight; "
+                "retry when one finishes.",
+                code="rate_limit_exceeded", retry_after=self._retry_after)
+        if self._global_limit is not None and self._total >= self._global_limit:
+            self._rejected["global"] += 1
+            return Overloaded("The gateway is at capacity; retry shortly.",
+                              retry_after=self._retry_after)
+        self._rejected["worker"] += 1
+        message = ("Every worker serving this model is busy; retry shortly." if workers
+                   else "No worker serving this model is ready; retry shortly.")
+        return Overloaded(message, retry_after=self._retry_after)

@@ -1,0 +1,197 @@
+"""Routing policies: which of the eligible workers takes a request.
+
+The caller filters first (ready, serves the model, not draining, not cooling
+down, and — under admission — has a free slot) and hands the survivors to a
+policy. A policy only chooses; it never waits and never raises for an empty
+list (the caller never passes one).
+
+* :class:`LeastInFlight` — the least busy worker; ties go to the session's
+  rendezvous winner, or round robin when there is no session.
+* :class:`SessionAffinity` — a session stays on the worker it was bound to
+  (binding kept in a :class:`BindingStore` with a time to live); a new session
+  is placed by rendezvous hashing, so a worker joining or leaving moves only
+  about 1/N of the sessions; no session → the fallback policy.
+
+``pool`` imports nothing from ``sessions``: :class:`BindingStore` is defined
+here and ``sessions.bindings`` implements it (structurally).
+"""
+
+from __future__ import annotations
+
+from hashlib import blake2b
+from typing import Callable, Protocol, Sequence
+
+from .model import ChatRequest
+from .worker import Worker
+
+__all__ = [
+    "RoutingPolicy", "BindingStore", "LeastInFlight", "SessionAffinity", "make_policy",
+    "POLICIES", "rendezvous", "binding_key",
+]
+
+POLICIES = ("session_affinity", "least_in_flight")
+
+
+class RoutingPolicy(Protocol):
+    async def choose(self, request: ChatRequest, session: str | None,
+                     workers: Sequence[Worker]) -> Worker:
+        """One of ``workers`` (never empty) for ``request``; ``session`` is the
+        request's session key, or ``None`` when it has none."""
+        ...
+
+    def stats(self) -> dict[str, int]: ...
+
+
+class BindingStore(Protocol):
+    """Session key → worker name, each binding with a time to live.
+
+    ``get`` is a sliding read: a hit extends the binding's life to a full
+    time to live (Redis: ``GETEX key EX ttl``, one round trip), so a session
+    in use never expires and the router never writes on a hit.
+    """
+
+    async def get(self, key: str) -> str | None: ...
+
+    async def set(self, key: str, worker: str, ttl: float | None = None) -> None: ...
+
+    async def delete(self, key: str) -> None: ...
+
+
+def rendezvous(key: str, workers: Sequence[Worker]) -> Worker:
+    """The highest-random-weight worker for ``key``: a stable choice that only
+    changes for the keys a joining worker wins or a leaving worker held.
+
+    Score of a worker: the 8-byte BLAKE2b digest of ``key NUL name``, compared
+    as bytes (big-endian); the name breaks a 64-bit tie so order never matters.
+    """
+    if len(workers) == 1:
+        return workers[0]
+    seed = blake2b(key.encode() + b"\x00", digest_size=8)
+    best = workers[0]
+    best_score = b""
+    for worker in workers:
+        hasher = seed.copy()  # cheaper than hashing the key again per worker
+        hasher.update(worker.name.encode())
+        score = hasher.digest()
+        if score > best_score or (score == best_score and worker.name > best.name):
+            best, best_score = worker, score
+    return best
+
+
+def binding_key(model: str, session: str) -> str:
+    """The store key of ``session``'s binding for ``model``.
+
+    Bindings are per model: Claude Code sends one session id with both its
+    main model and a small fast one, and the two are usually served by
+    different workers; one binding per session would flap between them.
+    """
+    return f"{model}\x1f{session}"
+
+
+class LeastInFlight:
+    """The worker with the fewest requests in flight (``in_flight(name)``)."""
+
+    def __init__(self, in_flight: Callable[[str], int]) -> None:
+        self._in_flight = in_flight
+        self._turn = 0
+        self._picks = 0
+
+    async def choose(self, request: ChatRequest, session: str | None,
+                     workers: Sequence[Worker]) -> Worker:
+        return self.pick(session, workers)
+
+    def pick(self, session: str | None, workers: Sequence[Worker]) -> Worker:
+        """The synchronous core of :meth:`choose` (other policies reuse it)."""
+        self._picks += 1
+        if len(workers) == 1:
+            return workers[0]
+        loads = [self._in_flight(w.name) for w in workers]
+        least = min(loads)
+        idle = [w for w, n in zip(workers, loads) if n == least]
+        if len(idle) == 1:
+            return idle[0]
+        if session is not None:
+            return rendezvous(session, idle)
+        self._turn += 1
+        return idle[self._turn % len(idle)]
+
+    def stats(self) -> dict[str, int]:
+        return {"picks": self._picks}
+
+
+class SessionAffinity:
+    """Keep a session on its worker; place new sessions by rendezvous hashing.
+
+    * bound worker among ``workers`` → it (a ``hit``; the store's sliding
+      ``get`` refreshed the binding, no write);
+    * no binding (new or expired) → rendezvous winner among ``workers``,
+      stored (a ``bind``);
+    * bound worker not among ``workers`` → rendezvous winner among
+      ``workers``, stored (a ``rebind``). The session then stays on its new
+      worker when the old one returns: moving it back would throw away the
+      new worker's warm cache a second time. Only once the binding expires
+      (idle for a whole time to live) is it placed afresh, and then by hash
+      — which is where it started if the worker set is as it was.
+    * ``busy(name)`` given and true for the bound worker: it is eligible but
+      has no free slot, so this request goes elsewhere (by hash) without
+      rebinding (a ``spill``); the next turn goes home again.
+    * ``session`` is ``None`` → the ``fallback`` policy (a ``no_session``).
+
+    Concurrent first turns of one session agree without coordination: the
+    hash gives each the same worker, so their racing writes store one value.
+    """
+
+    def __init__(self, store: BindingStore, *, fallback: RoutingPolicy,
+                 ttl: float | None = None,
+                 busy: Callable[[str], bool] | None = None) -> None:
+        self._store = store
+        self._fallback = fallback
+        self._ttl = ttl
+        self._busy = busy
+        self._hits = self._binds = self._rebinds = self._spills = self._no_session = 0
+
+    async def choose(self, request: ChatRequest, session: str | None,
+                     workers: Sequence[Worker]) -> Worker:
+        if session is None:
+            self._no_session += 1
+            return await self._fallback.choose(request, None, workers)
+        key = binding_key(request.model, session)
+        bound = await self._store.get(key)
+        if bound is not None:
+            for worker in workers:
+                if worker.name == bound:
+                    self._hits += 1
+                    return worker
+            if self._busy is not None and self._busy(bound):
+                self._spills += 1
+                return rendezvous(session, workers)
+        worker = rendezvous(session, workers)
+        await self._store.set(key, worker.name, self._ttl)
+        if bound is None:
+            self._binds += 1
+        else:
+            self._rebinds += 1
+        return worker
+
+    def stats(self) -> dict[str, int]:
+        return {"hits": self._hits, "binds": self._binds, "rebinds": self._rebinds,
+                "spills": self._spills, "no_session": self._no_session}
+
+
+def make_policy(name: str, *, in_flight: Callable[[str], int],
+                store: BindingStore | None = None, ttl: float | None = None,
+                busy: Callable[[str], bool] | None = None) -> RoutingPolicy:
+    """The policy a model's configuration names (``POLICIES``).
+
+    ``in_flight(name)`` counts a worker's requests in flight (the admission
+    guard's); ``store`` holds session bindings (required for
+    ``session_affinity``; share one store across models — keys carry the
+    model); ``busy(name)`` tells an eligible worker without a free slot.
+    """
+    if name == "least_in_flight":
+        return LeastInFlight(in_flight)
+    if name == "session_affinity":
+        if store is None:
+            raise ValueError("the session_affinity policy needs a binding store")
+        return SessionAffinity(store, fallback=LeastInFlight(in_flight), ttl=ttl, busy=busy)
+    raise ValueError(f"unknown routing policy {name!r}; expected one of {', '.join(POLICIES)}")
