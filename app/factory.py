@@ -27,6 +27,7 @@ from .gateway import Gateway
 from .http import error_response
 from .middleware import GatewayMiddleware
 from .observability import Metrics
+from .pool_metrics import PoolCollector
 from .routes import chat, models, ops, responses
 
 __all__ = ["create_app", "worker_specs"]
@@ -72,6 +73,7 @@ def create_app(settings: Any) -> Starlette:
                                              max_items=settings.routing.max_bindings),
                  cooldown_seconds=settings.routing.cooldown_seconds)
     _build_policies(gw, settings.routing)
+    gw.metrics.registry.register(PoolCollector(gw.metrics_snapshot))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

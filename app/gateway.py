@@ -81,6 +81,18 @@ class Gateway:
                 "routing": routing, "bindings": self.bindings.stats(),
                 "responses": self.responses.stats()}
 
+    def metrics_snapshot(self) -> dict[str, Any]:
+        """What the pool collector exports at scrape time."""
+        workers = [{"name": w.name, "state": w.state.value,
+                    "restarts": getattr(w, "restarts", 0),
+                    "crash_looping": getattr(w, "crash_looping", False),
+                    "probe_seconds": self.pool.probe_seconds.get(w.name,
+                                                                 getattr(w, "probe_seconds", None))}
+                   for w in self.pool.workers]
+        stats = self.stats()
+        return {"workers": workers, "admission": stats["admission"],
+                "routing": stats["routing"], "bindings": stats["bindings"]}
+
     def metrics_upstream_error(self, worker: str, kind: str) -> None:
         self.metrics.observe_upstream_error(worker=worker, kind=kind)
 

@@ -60,6 +60,13 @@ def test_metrics_need_their_token(http):
                                               ("model", OPENAI_MODEL)))] > 0
     assert any(name == "poolgate_request_duration_seconds_count" for name, _ in samples)
     assert samples[("poolgate_in_flight", (("worker", "openai-up"),))] == 0
+    # the pool's own series
+    assert samples[("poolgate_worker_state", (("state", "ready"), ("worker", "openai-up")))] == 1
+    assert samples[("poolgate_worker_state", (("state", "draining"), ("worker", "openai-up")))] == 0
+    assert samples[("poolgate_queue_depth", ())] == 0
+    assert ("poolgate_admission_rejections_total", (("reason", "worker"),)) in samples
+    assert ("poolgate_worker_restarts_total", (("worker", "openai-up"),)) in samples
+    assert any(name == "poolgate_routing_decisions_total" for name, _ in samples)
 
 
 def test_admin_endpoints_need_the_admin_token(http, gateway):

@@ -1,0 +1,66 @@
+"""Pool metrics read at scrape time from the gateway's own state (workers,
+admission, routing, bindings), so the request path pays nothing for them."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from pool.worker import WorkerState
+
+__all__ = ["PoolCollector"]
+
+
+class PoolCollector:
+    """A prometheus collector over ``snapshot()`` (see ``Gateway.metrics_snapshot``)."""
+
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self.snapshot = snapshot
+
+    def describe(self) -> list[Metric]:
+        return []  # collected lazily: the worker set is known only once the app started
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.snapshot()
+        states = GaugeMetricFamily("poolgate_worker_state", "1 for the state each worker is in.",
+                                   labels=["worker", "state"])
+        restarts = CounterMetricFamily("poolgate_worker_restarts", "Worker restarts.",
+                                       labels=["worker"])
+        probes = GaugeMetricFamily("poolgate_health_probe_seconds",
+                                   "Duration of the last health probe.", labels=["worker"])
+        looping = GaugeMetricFamily("poolgate_worker_crash_looping",
+                                    "1 while a worker fails repeatedly at start.", labels=["worker"])
+        for w in snap["workers"]:
+            for state in WorkerState:
+                states.add_metric([w["name"], state.value], 1.0 if w["state"] == state.value else 0.0)
+            restarts.add_metric([w["name"]], float(w["restarts"]))
+            looping.add_metric([w["name"]], 1.0 if w["crash_looping"] else 0.0)
+            if w["probe_seconds"] is not None:
+                probes.add_metric([w["name"]], w["probe_seconds"])
+        yield from (states, restarts, probes, looping)
+
+        admission = snap["admission"]
+        yield GaugeMetricFamily("poolgate_queue_depth", "Requests waiting for a slot.",
+                                value=admission["waiting"])
+        yield CounterMetricFamily("poolgate_queue_waits", "Requests that had to wait for a slot.",
+                                  value=admission["wait_count"])
+        yield CounterMetricFamily("poolgate_queue_wait_seconds",
+                                  "Seconds requests spent waiting for a slot.",
+                                  value=admission["wait_seconds"])
+        rejected = CounterMetricFamily("poolgate_admission_rejections",
+                                       "Requests refused for want of a slot, by reason.",
+                                       labels=["reason"])
+        for reason, count in admission["rejected"].items():
+            rejected.add_metric([reason], float(count))
+        yield rejected
+
+        routing = CounterMetricFamily("poolgate_routing_decisions",
+                                      "Routing outcomes: hits, binds, rebinds, spills, …",
+                                      labels=["policy", "outcome"])
+        for policy, counts in snap["routing"].items():
+            for outcome, count in counts.items():
+                routing.add_metric([policy, outcome], float(count))
+        yield routing
+        yield GaugeMetricFamily("poolgate_session_bindings", "Session bindings held.",
+                                value=snap["bindings"].get("items", 0))
