@@ -125,7 +125,6 @@ class AdmissionGuard:
                 if counts.get(name, 0) < _capacity(chosen):
                     counts[name] = counts.get(name, 0) + 1
                     self._drop_worker(hold.name)
-                    self._wake()  # the held worker's slot is free again
                 else:
                     # it filled up while ``choose`` was awaiting: keep the worker we held
                     chosen = hold
@@ -133,6 +132,8 @@ class AdmissionGuard:
             self._give_back(key, hold.name)
             self._wake()
             raise
+        if chosen is not hold:
+            self._wake()  # the held worker's slot is free again
         self._admitted += 1
         return Lease(self, chosen, key, waited)
 
