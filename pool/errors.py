@@ -11,7 +11,7 @@ from __future__ import annotations
 __all__ = [
     "GatewayError", "BadRequest", "AuthenticationFailed", "PermissionDenied", "NotFound",
     "PayloadTooLarge", "Overloaded", "UpstreamError", "UpstreamUnavailable", "UpstreamTimeout",
-    "InternalError",
+    "InternalError", "WorkerCrashed",
 ]
 
 
@@ -87,6 +87,16 @@ class UpstreamUnavailable(GatewayError):
 
     status = 502
     kind = "upstream"
+
+
+class WorkerCrashed(UpstreamUnavailable):
+    """A worker process of ours died (or was killed as hung) with this request
+    in flight. ``before_first_event``: nothing had reached the client yet, so
+    the pool may retry the request elsewhere."""
+
+    def __init__(self, message: str, *, before_first_event: bool) -> None:
+        super().__init__(message)
+        self.before_first_event = before_first_event
 
 
 class UpstreamTimeout(GatewayError):

@@ -1,0 +1,208 @@
+"""The gateway's end of one worker process: the multiplexed frame channel
+(:mod:`pool.wire`) over the socketpair, and the OS process behind it. An
+:class:`Incarnation` is the :class:`~pool.supervisor.Child` a
+:class:`~pool.process.ProcessWorker`'s supervisor keeps alive."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import os
+import signal
+
+import structlog
+
+from .errors import GatewayError, WorkerCrashed
+from .model import ChatRequest, Event
+from .supervisor import ChildGone
+from .wire import FrameDecoder, error_from_dict, event_from_dict, frame, request_to_dict
+
+__all__ = ["Call", "Incarnation"]
+
+log = structlog.get_logger("pool.process")
+
+
+class Call:
+    """One request in flight on an incarnation: a queue of events and its end."""
+
+    __slots__ = ("id", "_loop", "_items", "_waiter", "_done", "_error", "_crashed", "_delivered")
+
+    def __init__(self, rid: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.id = rid
+        self._loop = loop
+        self._items: collections.deque[Event] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._done = False
+        self._error: GatewayError | None = None
+        self._crashed: str | None = None
+        self._delivered = False
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def push(self, event: Event) -> None:
+        self._items.append(event)
+        self._wake()
+
+    def finish(self, error: GatewayError | None = None, *, crashed: str | None = None) -> None:
+        if not self._done:
+            self._done = True
+            self._error = error
+            self._crashed = crashed
+            self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def next(self) -> Event | None:
+        """The next event; ``None`` at the end; raises the worker's error."""
+        items = self._items
+        while not items:
+            if self._done:
+                if self._crashed is not None:
+                    raise WorkerCrashed(self._crashed, before_first_event=not self._delivered)
+                if self._error is not None:
+                    raise self._error
+                return None
+            self._waiter = waiter = self._loop.create_future()
+            await waiter
+        self._delivered = True
+        return items.popleft()
+
+
+class Incarnation(asyncio.Protocol):
+    """One running child: the multiplexed channel plus the OS process (a ``Child``)."""
+
+    def __init__(self, name: str, proc: asyncio.subprocess.Process, watchdog_fd: int,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.name = name
+        self.pid = proc.pid
+        self._proc = proc
+        self._watchdog_fd: int | None = watchdog_fd
+        self._loop = loop
+        self._decoder = FrameDecoder()
+        self._transport: asyncio.Transport | None = None
+        self._ready: asyncio.Future[None] = loop.create_future()
+        self._calls: dict[int, Call] = {}
+        self._pings: dict[int, asyncio.Future[None]] = {}
+        self._ids = itertools.count(1)
+        self._closed = False
+
+    # --- asyncio.Protocol ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        self._fail_all(f"worker {self.name} (pid {self.pid}) went away")
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self._decoder.feed(data)
+        except ValueError:
+            log.error("worker.bad_frame", worker=self.name, pid=self.pid)
+            self.signal(signal.SIGKILL)
+            return
+        calls = self._calls
+        for msg in frames:
+            op = msg.get("op")
+            if op == "event":
+                call = calls.get(msg["id"])
+                if call is not None:
+                    call.push(event_from_dict(msg["event"]))
+            elif op == "end":
+                call = calls.pop(msg["id"], None)
+                if call is not None:
+                    call.finish()
+            elif op == "error":
+                call = calls.pop(msg["id"], None)
+                if call is not None:
+                    call.finish(error_from_dict(msg))
+            elif op == "pong":
+                fut = self._pings.pop(msg.get("id"), None)
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
+            elif op == "ready" and not self._ready.done():
+                self._ready.set_result(None)
+
+    # --- Child ----------------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self._transport is not None
+
+    async def ready(self) -> None:
+        await asyncio.shield(self._ready)
+
+    async def ping(self) -> None:
+        if self._transport is None:
+            raise ChildGone(self.name)
+        pid = next(self._ids)
+        fut = self._pings[pid] = self._loop.create_future()
+        self._transport.write(frame({"op": "ping", "id": pid}))
+        try:
+            await fut
+        finally:
+            self._pings.pop(pid, None)
+
+    async def wait(self) -> int:
+        return await self._proc.wait()
+
+    def signal(self, sig: int) -> None:
+        if self._proc.returncode is not None:
+            return  # reaped: the pid may already belong to someone else
+        try:
+            os.killpg(self.pid, sig)  # the whole group: engines spawn helpers of their own
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            try:
+                self._proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+    def gone(self) -> None:
+        code = self._proc.returncode
+        self._fail_all(f"worker {self.name} (pid {self.pid}) exited"
+                       + (f" with {code}" if code is not None else ""))
+        if self._transport is not None:
+            self._transport.abort()
+            self._transport = None
+        if self._watchdog_fd is not None:
+            os.close(self._watchdog_fd)
+            self._watchdog_fd = None
+
+    def _fail_all(self, why: str) -> None:
+        if not self._ready.done():
+            self._ready.set_exception(ChildGone(why))
+            self._ready.exception()  # retrieved: nobody may be waiting
+        calls, self._calls = self._calls, {}
+        for call in calls.values():
+            call.finish(crashed=why)
+        pings, self._pings = self._pings, {}
+        for fut in pings.values():
+            if not fut.done():
+                fut.set_exception(ChildGone(why))
+
+    # --- requests -----------------------------------------------------------------------------
+
+    def open(self, request: ChatRequest) -> Call:
+        if self._transport is None:
+            raise WorkerCrashed(f"worker {self.name} went away", before_first_event=True)
+        call = Call(next(self._ids), self._loop)
+        self._calls[call.id] = call
+        self._transport.write(frame({"op": "request", "id": call.id,
+                                     "request": request_to_dict(request)}))
+        return call
+
+    def close_call(self, call: Call) -> None:
+        """The consumer is done with ``call``: cancel it in the child if it is still running."""
+        if self._calls.pop(call.id, None) is not None and self._transport is not None:
+            self._transport.write(frame({"op": "cancel", "id": call.id}))

@@ -1,0 +1,208 @@
+"""The child side of the worker protocol (see :mod:`pool.wire`).
+
+A worker program supplies an async generator of events per request::
+
+    from pool import worker_main
+
+    async def answer(request):
+        yield Start()
+        yield TextDelta("hi")
+        yield Finish("stop")
+
+    if __name__ == "__main__":
+        worker_main.run(answer, setup=load_model)
+
+:func:`run` ties the child's life to the gateway's three ways, so nothing
+survives a gateway that is SIGKILLed: ``prctl(PR_SET_PDEATHSIG, SIGKILL)``
+(Linux), a watchdog thread blocked on a pipe whose only writer is the gateway
+(EOF: the gateway is gone, even when this event loop is stuck in user code),
+and EOF on the protocol socket. SIGTERM ends the worker promptly: requests in
+flight are cancelled (the gateway only sends it after draining).
+
+``ping`` is answered by this event loop, so a handler that blocks the loop
+(CPU-bound model code run inline instead of in a thread) fails health checks
+and gets the worker replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import signal
+import socket
+import sys
+import threading
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import structlog
+
+from .errors import GatewayError
+from .model import ChatRequest, Event, TextDelta
+from .wire import FrameDecoder, error_to_dict, event_to_dict, frame, request_from_dict
+
+__all__ = ["run", "serve", "guard_parent", "Handler", "ENV_SOCKET_FD", "ENV_WATCHDOG_FD"]
+
+ENV_SOCKET_FD = "POOLGATE_WORKER_FD"
+ENV_WATCHDOG_FD = "POOLGATE_WATCHDOG_FD"
+_PR_SET_PDEATHSIG = 1
+_ORPHAN_EXIT = 70
+
+Handler = Callable[[ChatRequest], AsyncIterator[Event]]
+log = structlog.get_logger("pool.worker_main")
+
+
+def run(handler: Handler, *, setup: Callable[[], Awaitable[None]] | None = None,
+        handle_sigterm: bool = True) -> None:
+    """The entry point of a worker program: guard against orphanhood, then serve."""
+    guard_parent()
+    asyncio.run(serve(handler, setup=setup, handle_sigterm=handle_sigterm))
+
+
+def guard_parent() -> None:
+    """Die with the gateway: parent-death signal and the watchdog pipe. Call first thing."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    fd = os.environ.get(ENV_WATCHDOG_FD)
+    if fd is not None:
+        # also covers a gateway that died before the prctl above: the read sees EOF at once
+        threading.Thread(target=_watch, args=(int(fd),), name="poolgate-watchdog",
+                         daemon=True).start()
+
+
+def _watch(fd: int) -> None:
+    os.set_inheritable(fd, False)
+    try:
+        while os.read(fd, 64):
+            pass
+    except OSError:
+        pass
+    os._exit(_ORPHAN_EXIT)
+
+
+async def serve(handler: Handler, *, setup: Callable[[], Awaitable[None]] | None = None,
+                sock: socket.socket | None = None, handle_sigterm: bool = True) -> None:
+    """Serve the protocol on ``sock`` (default: the fd the gateway passed) until
+    the gateway closes it or SIGTERM arrives (unless ``handle_sigterm`` is false:
+    then SIGTERM is the program's business)."""
+    if sock is None:
+        sock = socket.socket(fileno=int(os.environ[ENV_SOCKET_FD]))
+    sock.set_inheritable(False)  # grandchildren must not keep the gateway's EOF away
+    if setup is not None:
+        await setup()
+    loop = asyncio.get_running_loop()
+    server = _Server(handler, loop)
+    await loop.create_connection(lambda: server, sock=sock)
+    if handle_sigterm:
+        try:
+            loop.add_signal_handler(signal.SIGTERM, server.close)
+        except (NotImplementedError, RuntimeError):  # not the main thread
+            pass
+    server.send({"op": "ready"})  # after the handler: a restart may SIGTERM us at once
+    try:
+        await server.closed
+    finally:
+        await server.shutdown()
+
+
+class _Server(asyncio.Protocol):
+    def __init__(self, handler: Handler, loop: asyncio.AbstractEventLoop) -> None:
+        self._handler = handler
+        self._loop = loop
+        self._decoder = FrameDecoder()
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._transport: asyncio.Transport | None = None
+        self._writable: asyncio.Future[None] | None = None
+        self.closed: asyncio.Future[None] = loop.create_future()
+
+    # --- asyncio.Protocol -------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        self.close()
+
+    def pause_writing(self) -> None:
+        if self._writable is None:
+            self._writable = self._loop.create_future()
+
+    def resume_writing(self) -> None:
+        waiter, self._writable = self._writable, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self._decoder.feed(data)
+        except ValueError:
+            log.error("worker.bad_frame")
+            self.close()
+            return
+        for msg in frames:
+            op = msg.get("op")
+            if op == "request":
+                rid = msg["id"]
+                self._tasks[rid] = self._loop.create_task(self._answer(rid, msg["request"]))
+            elif op == "cancel":
+                task = self._tasks.get(msg["id"])
+                if task is not None:
+                    task.cancel()
+            elif op == "ping":
+                self.send({"op": "pong", "id": msg.get("id")})
+
+    # --- lifecycle ----------------------------------------------------------------
+
+    def send(self, obj: Any) -> None:
+        if self._transport is not None:
+            self._transport.write(frame(obj))
+
+    def close(self) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    async def shutdown(self) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self._transport is not None:
+            self._transport.close()
+
+    # --- one request ------------------------------------------------------------------
+
+    async def _answer(self, rid: int, body: dict[str, Any]) -> None:
+        events = None
+        try:
+            events = self._handler(request_from_dict(body))
+            write = self._write_event
+            async for event in events:
+                if self._transport is None:
+                    return
+                write(rid, event)
+                if self._writable is not None:
+                    await self._writable  # the gateway is slow: wait for the socket to drain
+            self.send({"op": "end", "id": rid})
+        except asyncio.CancelledError:
+            pass  # the gateway dropped the request, or we are stopping: say nothing more
+        except GatewayError as exc:
+            self.send({"op": "error", "id": rid, **error_to_dict(exc)})
+        except Exception as exc:
+            log.exception("worker.handler_failed", error=type(exc).__name__)
+            self.send({"op": "error", "id": rid, "kind": "upstream", "status": 502,
+                       "message": f"worker failed ({type(exc).__name__})"})
+        finally:
+            self._tasks.pop(rid, None)
+            if events is not None and hasattr(events, "aclose"):
+                await events.aclose()
+
+    def _write_event(self, rid: int, event: Event) -> None:
+        if self._transport is not None:
+            if type(event) is TextDelta:
+                body: Any = {"op": "event", "id": rid, "event": {"_t": "text", "text": event.text}}
+            else:
+                body = {"op": "event", "id": rid, "event": event_to_dict(event)}
+            self._transport.write(frame(body))
