@@ -18,6 +18,7 @@ from auth.keys import KeyRing, TokenGate
 from pool.errors import GatewayError, InternalError, NotFound
 from pool.admission import AdmissionGuard
 from pool.pool import Pool
+from pool.process import ProcessSpec, ProcessWorker
 from pool.routing import make_policy
 from sessions.bindings import MemoryBindingStore
 from sessions.responses import MemoryResponseStore
@@ -45,15 +46,32 @@ def _secret(value: Any) -> str | None:
     return text or None
 
 
-def worker_specs(settings: Any) -> list[RemoteSpec]:
-    """The remote worker specs the configuration asks for."""
-    return [RemoteSpec(name=w.name, dialect=w.dialect, url=w.url, api_key=_secret(w.api_key),
-                       models=tuple(w.models), aliases=dict(w.aliases),
-                       connect_timeout=w.connect_timeout,
-                       first_byte_timeout=w.first_byte_timeout,
-                       idle_timeout=w.idle_timeout, max_connections=w.max_connections,
-                       max_in_flight=w.max_in_flight)
-            for w in settings.workers]
+def worker_specs(settings: Any) -> list[RemoteSpec | ProcessSpec]:
+    """The worker specs the configuration asks for, in order."""
+    specs: list[RemoteSpec | ProcessSpec] = []
+    for w in settings.workers:
+        if w.kind == "process":
+            specs.append(ProcessSpec(
+                name=w.name, command=tuple(w.command), models=tuple(w.models),
+                aliases=dict(w.aliases), capacity=w.max_in_flight, env=dict(w.env), cwd=w.cwd,
+                ready_timeout=w.ready_timeout, health_interval=w.health_interval,
+                health_timeout=w.health_timeout, backoff_initial=w.backoff_initial,
+                backoff_max=w.backoff_max, crash_loop_threshold=w.crash_loop_threshold,
+                crash_loop_window=w.crash_loop_window, stop_timeout=w.stop_timeout))
+        else:
+            specs.append(RemoteSpec(
+                name=w.name, dialect=w.dialect, url=w.url, api_key=_secret(w.api_key),
+                models=tuple(w.models), aliases=dict(w.aliases),
+                connect_timeout=w.connect_timeout, first_byte_timeout=w.first_byte_timeout,
+                idle_timeout=w.idle_timeout, max_connections=w.max_connections,
+                max_in_flight=w.max_in_flight))
+    return specs
+
+
+def make_worker(spec: RemoteSpec | ProcessSpec) -> Any:
+    if isinstance(spec, ProcessSpec):
+        return ProcessWorker(spec)
+    return make_remote_worker(spec)
 
 
 def create_app(settings: Any) -> Starlette:
@@ -81,7 +99,7 @@ def create_app(settings: Any) -> Starlette:
             specs = worker_specs(settings)
             if not specs:
                 specs = await _start_demo(stack)
-            gw.pool = Pool([make_remote_worker(spec) for spec in specs])
+            gw.pool = Pool([make_worker(spec) for spec in specs])
             await gw.pool.start()
             stack.push_async_callback(gw.pool.aclose)
             probes = asyncio.ensure_future(gw.pool.probe_forever(server.health_interval))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -41,6 +42,7 @@ class Gateway:
     policy: Any = None  # the default routing policy, built by create_app
     policies: dict[str, Any] = field(default_factory=dict)  # model -> its own policy
     cooldown_seconds: float = 5.0
+    _tasks: set[Any] = field(default_factory=set)
 
     async def admit(self, chat: ChatRequest, headers: Mapping[str, str], key: str,
                     prefer: str | None, exclude: Sequence[str]) -> tuple[Lease, ChatRequest]:
@@ -69,6 +71,13 @@ class Gateway:
             lease.release()
             self.pool.release(lease.worker)
             self.metrics.in_flight_finished(lease.worker.name)
+
+    def background(self, work: Any) -> None:
+        """Run ``work`` (an awaitable) without waiting for it; keep a reference
+        so it is not collected half-way."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def in_flight(self, worker: str) -> int:
         return self.pool.in_flight.get(worker, 0)

@@ -113,9 +113,22 @@ class WorkerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    kind: Literal["remote"] = "remote"
-    dialect: Literal["openai", "anthropic"]
-    url: str
+    kind: Literal["remote", "process"] = "remote"
+    # remote: an HTTP endpoint
+    dialect: Literal["openai", "anthropic"] | None = None
+    url: str | None = None
+    # process: a worker program of ours, supervised, speaking poolgate's worker protocol
+    command: tuple[str, ...] = ()
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    ready_timeout: float = Field(30.0, gt=0)
+    health_interval: float = Field(5.0, gt=0)
+    health_timeout: float = Field(2.0, gt=0)
+    backoff_initial: float = Field(0.5, gt=0)
+    backoff_max: float = Field(30.0, gt=0)
+    crash_loop_threshold: int = Field(5, gt=0)
+    crash_loop_window: float = Field(60.0, gt=0)
+    stop_timeout: float = Field(10.0, gt=0)
     api_key_env: str | None = None
     api_key: SecretStr | None = None  # resolved from api_key_env
     models: tuple[str, ...]
@@ -137,12 +150,14 @@ class WorkerSettings(BaseModel):
     @classmethod
     def _check_kind(cls, kind: Any) -> Any:
         if kind in ("local", "cli"):
-            raise ValueError(f"worker kind {kind!r} is not yet supported (only 'remote' for now)")
+            raise ValueError(f"worker kind {kind!r} is not yet supported ('remote' or 'process')")
         return kind
 
     @field_validator("url")
     @classmethod
-    def _check_url(cls, url: str) -> str:
+    def _check_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"url {url!r} must be an http:// or https:// URL with a host")
@@ -158,6 +173,16 @@ class WorkerSettings(BaseModel):
         if len(set(models)) != len(models):
             raise ValueError("model names must be unique within a worker")
         return models
+
+    @model_validator(mode="after")
+    def _check_kind_fields(self) -> WorkerSettings:
+        if self.kind == "remote":
+            missing = [f for f in ("dialect", "url") if getattr(self, f) is None]
+            if missing:
+                raise ValueError(f"a remote worker needs {' and '.join(missing)}")
+        elif not self.command:
+            raise ValueError("a process worker needs a command (a list: program and arguments)")
+        return self
 
     @model_validator(mode="after")
     def _check_aliases(self) -> WorkerSettings:

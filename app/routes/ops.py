@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Any
 
@@ -62,12 +63,18 @@ def _admin_denied(gw: Gateway, request: Request) -> Response | None:
 
 
 def _worker_info(gw: Gateway, w: Any, now: float) -> dict[str, Any]:
+    uptime = getattr(w, "uptime", None)
     started = getattr(w, "started_at", None)
+    if uptime is None and started:
+        uptime = now - started
+    last_exit = getattr(w, "last_exit", None)
+    if hasattr(last_exit, "as_dict"):
+        last_exit = last_exit.as_dict()
     return {"name": w.name, "kind": w.kind, "state": w.state.value,
             "pid": getattr(w, "pid", None),
-            "uptime": round(now - started, 3) if started else None,
+            "uptime": round(uptime, 3) if uptime is not None else None,
             "restarts": getattr(w, "restarts", 0),
-            "last_exit": getattr(w, "last_exit", None),
+            "last_exit": last_exit,
             "crash_looping": getattr(w, "crash_looping", False),
             "in_flight": gw.in_flight(w.name), "capacity": getattr(w, "capacity", None),
             "models": list(w.models), "aliases": dict(w.aliases),
@@ -97,7 +104,9 @@ async def worker_action(request: Request) -> Response:
     except NotFound as exc:
         return error_response(exc, "openai")
     if action == "drain":
-        worker.drain()
+        drained = worker.drain()
+        if inspect.isawaitable(drained):  # a process worker waits for its requests: not us
+            gw.background(drained)
     elif action == "resume":
         worker.resume()
     elif action == "restart":
