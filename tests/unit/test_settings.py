@@ -257,7 +257,7 @@ def test_check_config_lists_every_problem(tmp_path: Path) -> None:
         "workers[0].api_key_env: environment variable NOT_SET_ANYWHERE is not set",
         "server.port: Input should be less than or equal to 65535",
         "server.colour: unknown key",
-        "workers[1].kind: worker kind 'cli' is not yet supported (only 'remote' for now)",
+        "workers[1].kind: worker kind 'cli' is not yet supported ('remote' or 'process')",
         "workers[1].url: url 'file:///tmp' must be an http:// or https:// URL with a host",
     ]
 
