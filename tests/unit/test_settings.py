@@ -291,3 +291,22 @@ def test_responses_table_merges_file_and_env(tmp_path: Path) -> None:
     problems = check_config(write(tmp_path, "[responses]\nmax_items = 0\nbogus = 1\n"), {})
     assert any(p.startswith("responses.max_items") for p in problems)
     assert any("bogus" in p for p in problems)
+
+
+@pytest.mark.parametrize(("worker", "expected"), [
+    ({"name": "r", "models": ["m"], "dialect": "openai"}, "a remote worker needs url"),
+    ({"name": "r", "models": ["m"], "url": "http://h/v1"}, "a remote worker needs dialect"),
+    ({"name": "p", "kind": "process", "models": ["m"]}, "a process worker needs a command"),
+])
+def test_worker_kind_needs_its_fields(worker: dict, expected: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(None, {}, {"workers": [worker]})
+    assert any(expected in p for p in err.value.problems)
+
+
+def test_process_worker_loads() -> None:
+    s = load_settings(None, {}, {"workers": [
+        {"name": "p", "kind": "process", "models": ["m"], "command": ["python", "-m", "w"],
+         "max_in_flight": 4, "env": {"A": "1"}}]})
+    (w,) = s.workers
+    assert w.command == ("python", "-m", "w") and w.max_in_flight == 4 and w.env == {"A": "1"}
