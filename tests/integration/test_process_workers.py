@@ -126,3 +126,70 @@ def test_restart_from_admin_replaces_the_process(gateway):
     assert http.post("/internal/workers/p1/restart", headers=ADMIN).status_code == 200
     _wait(lambda: _workers(http)["p1"]["pid"] not in (None, pid)
           and _workers(http)["p1"]["state"] == "ready")
+
+
+def test_sigkilled_gateway_leaves_no_worker_behind(tmp_path):
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = tmp_path / "poolgate.toml"
+    command = ", ".join(f'"{part}"' for part in (sys.executable, "-m", "tests.fakes.echo_worker"))
+    config.write_text(f"""
+[server]
+port = {port}
+log_level = "warning"
+
+[[workers]]
+name = "a"
+kind = "process"
+models = ["echo"]
+cwd = "{REPO}"
+command = [{command}]
+
+[[workers]]
+name = "b"
+kind = "process"
+models = ["echo"]
+cwd = "{REPO}"
+command = [{command}]
+""")
+    env = {**os.environ, "POOLGATE_ADMIN_TOKEN": "admin-token"}
+    gateway = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--config", str(config)],
+                               cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        base = f"http://127.0.0.1:{port}"
+
+        def ready() -> bool:
+            try:
+                return httpx.get(base + "/readyz").status_code == 200
+            except httpx.TransportError:
+                return False
+
+        _wait(ready, timeout=30)
+        pids = [w["pid"] for w in httpx.get(base + "/internal/workers",
+                                            headers=ADMIN).json()["workers"]]
+        assert len(pids) == 2 and all(pids)
+        gateway.kill()  # SIGKILL: no shutdown code runs in the gateway
+        gateway.wait(timeout=10)
+
+        def gone(pid: int) -> bool:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            # a zombie is gone too: it no longer runs (its parent died, init reaps it)
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    return f.read().split(") ", 1)[1].startswith("Z")
+            except FileNotFoundError:
+                return True
+
+        _wait(lambda: all(gone(pid) for pid in pids), timeout=10)
+    finally:
+        if gateway.poll() is None:
+            gateway.kill()
+            gateway.wait()
