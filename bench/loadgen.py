@@ -8,6 +8,11 @@ body and times response headers, the first content chunk (TTFT), every chunk
 gap and the end, checks the terminal event (``[DONE]`` / ``message_stop``) and
 counts content chunks against ``--expect-chunks`` (default ``--max-tokens``).
 
+``--session-ids N`` gives each request an ``x-session-id`` header, rotating
+through N session ids (``bench-0`` … ``bench-<N-1>``), so a gateway with session
+affinity spreads the load over its workers; the result then also counts the
+``x-poolgate-worker`` response header per worker (``served_by``).
+
 Prints one JSON object (latencies in ms) or writes it to ``--out``; exits 1 when
 no request succeeded.
 
@@ -55,9 +60,15 @@ class Tally:
     errors: dict[str, int] = field(default_factory=dict)
     issued: int = 0
     chunk_mismatch: int = 0
+    served_by: dict[str, int] | None = None   # x-poolgate-worker counts, with --session-ids
 
     def error(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
+
+    def served(self, r: aiohttp.ClientResponse) -> None:
+        if self.served_by is not None:
+            name = r.headers.get("x-poolgate-worker", "-")
+            self.served_by[name] = self.served_by.get(name, 0) + 1
 
 
 def percentile(sorted_values: list[float], p: float) -> float:
@@ -104,6 +115,7 @@ async def one_nonstream(s: aiohttp.ClientSession, a, url, body, headers, t: Tall
     async with s.post(url, data=body, headers=headers) as r:
         data = await r.read()
     t1 = time.perf_counter()
+    t.served(r)
     if r.status != 200:
         t.error(f"status_{r.status}")
         return
@@ -140,6 +152,7 @@ async def one_stream(s: aiohttp.ClientSession, a, url, body, headers, t: Tally) 
     finished = False
     async with s.post(url, data=body, headers=headers) as r:
         th = time.perf_counter()
+        t.served(r)
         if r.status != 200:
             await r.read()
             t.error(f"status_{r.status}")
@@ -181,6 +194,10 @@ async def run(a: argparse.Namespace) -> dict:
     url, body, headers = request_parts(a)
     one = one_stream if a.mode == "stream" else one_nonstream
     t = Tally()
+    # one header dict per session, built up front: no per-request allocation
+    rotation = [{**headers, "x-session-id": f"bench-{i}"} for i in range(a.session_ids)]
+    if rotation:
+        t.served_by = {}
     connector = aiohttp.TCPConnector(limit=a.concurrency)
     timeout = aiohttp.ClientTimeout(total=a.timeout)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout,
@@ -190,8 +207,9 @@ async def run(a: argparse.Namespace) -> dict:
         async def loop() -> None:
             while time.perf_counter() < deadline and not (a.requests and t.issued >= a.requests):
                 t.issued += 1
+                h = rotation[t.issued % len(rotation)] if rotation else headers
                 try:
-                    await one(s, a, url, body, headers, t)
+                    await one(s, a, url, body, h, t)
                 except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as exc:
                     t.error(type(exc).__name__)
                     await asyncio.sleep(0.01)     # a refused connection must not spin
@@ -212,6 +230,8 @@ async def run(a: argparse.Namespace) -> dict:
         "chunks_total": sum(t.chunks), "chunk_mismatch": t.chunk_mismatch,
         "chunks_per_request": round(sum(t.chunks) / ok, 2) if ok else 0.0,
     }
+    if t.served_by is not None:
+        result["served_by"] = dict(sorted(t.served_by.items()))
     if a.mode == "stream":
         result.update(ttfb_ms=summary_ms(t.ttfb), ttft_ms=summary_ms(t.ttft),
                       max_gap_ms=summary_ms(t.max_gap),
@@ -235,12 +255,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "--max-tokens; 0 = do not check)")
     ap.add_argument("--prompt", default=PROMPT)
     ap.add_argument("--api-key", default="sk-bench")
+    ap.add_argument("--session-ids", type=int, default=0, metavar="N",
+                    help="send x-session-id, rotating through N ids (0: no header)")
     ap.add_argument("--out", help="write the JSON here instead of stdout")
     a = ap.parse_args(argv)
     if not 0 < a.duration <= 600:
         ap.error("--duration must be in (0, 600]")
     if not 1 <= a.concurrency <= 1024:
         ap.error("--concurrency must be in [1, 1024]")
+    if not 0 <= a.session_ids <= 1_000_000:
+        ap.error("--session-ids must be in [0, 1000000]")
     if a.expect_chunks is None:
         a.expect_chunks = a.max_tokens
     return a

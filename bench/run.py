@@ -174,12 +174,12 @@ def wait_ready(proc: Proc, check, timeout: float) -> float:
 
 # ------------------------------------------------------------------ measuring
 def run_loadgen(py: str, url: str, sc: Scenario, duration: float, cpu: str | None,
-                out: Path) -> dict:
+                out: Path, extra: tuple[str, ...] = ()) -> dict:
     argv = ([] if cpu is None else ["taskset", "-c", cpu]) + [
         py, str(HERE / "loadgen.py"), "--url", url, "--api", sc.api, "--mode", sc.mode,
         "-c", str(sc.c), "-d", str(duration), "--model", sc.model,
         "--max-tokens", str(sc.max_tokens), "--api-key", API_KEY, "--timeout", "30",
-        "--out", str(out)]
+        "--out", str(out), *extra]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=duration + 90)
     if not out.exists():
         return {"ok": False, "error": done.stderr.strip()[-800:]}

@@ -43,7 +43,7 @@ class Pool:
                 self._aliases.setdefault(alias, model)
         self.in_flight: dict[str, int] = {w.name: 0 for w in self.workers}
         self.probe_seconds: dict[str, float] = {}
-        self._cooling_until: dict[str, float] = {}
+        self._cooling_until: dict[str, tuple[float, int]] = {}
 
     # --- models -------------------------------------------------------------
 
@@ -108,7 +108,7 @@ class Pool:
             raise Overloaded(f"No worker serving '{request.model}' is ready; try again shortly.",
                              retry_after=1)
         now = time.monotonic()
-        warm = [w for w in ready if self._cooling_until.get(w.name, 0.0) <= now]
+        warm = [w for w in ready if not self._cooling(w, now)]
         workers = warm or ready
         capable = []
         refusal: BadRequest | None = None
@@ -128,8 +128,17 @@ class Pool:
         return workers, request
 
     def cool_down(self, name: str, seconds: float) -> None:
-        """After an error, send ``name`` nothing new for ``seconds`` while others can serve."""
-        self._cooling_until[name] = time.monotonic() + seconds
+        """After an error, send ``name`` nothing new for ``seconds`` while others
+        can serve — or until it is restarted (a new process owes nothing to the old)."""
+        restarts = getattr(self.worker(name), "restarts", 0)
+        self._cooling_until[name] = (time.monotonic() + seconds, restarts)
+
+    def _cooling(self, worker: Worker, now: float) -> bool:
+        until = self._cooling_until.get(worker.name)
+        if until is None:
+            return False
+        deadline, restarts = until
+        return now < deadline and getattr(worker, "restarts", 0) == restarts
 
     def acquire(self, worker: Worker) -> None:
         self.in_flight[worker.name] += 1

@@ -83,3 +83,28 @@ def test_runner_config_is_accepted_by_the_gateway_settings(tmp_path: Path) -> No
         "openai": ("http://127.0.0.1:18001/v1", ("mock-gpt", "mock-gpt-d5")),
         "anthropic": ("http://127.0.0.1:18001", ("mock-claude",))}
     assert set(run.SCENARIOS) >= {"ns_c16", "st_c16_d5", "msg_c16", "msgst_c16", "msg_xl_c16"}
+
+
+def test_pool_bench_measures_recovery_after_kill_9(tmp_path: Path) -> None:
+    """One kill -9 per setup (one process worker, two): a positive recovery time,
+    and the model served by two workers loses (next to) no request meanwhile."""
+    done = subprocess.run([sys.executable, str(BENCH / "pool.py"), "--only", "recovery",
+                           "--iterations", "1", "--no-pin", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    recovery = json.loads((tmp_path / "results.json").read_text())["recovery"]
+    assert set(recovery) == {"1", "2"}
+    for r in recovery.values():
+        (run,) = r["iterations"]
+        assert 0 < run["ready_s"] <= run["seconds"] == r["median_s"] < 30
+        assert run["new_pid"] != run["old_pid"]
+    assert recovery["2"]["failed"] <= 2
+    assert "| 1 | 1 |" in done.stdout and "| 2 | 1 |" in done.stdout
+
+
+def test_loadgen_rotates_session_ids_and_counts_serving_workers(upstream: DemoUpstream) -> None:
+    r = loadgen("--url", upstream.anthropic_url, "--session-ids", "8", "-c", "2", "-n", "10",
+                "-d", "20")
+    assert r["ok_requests"] == 10 and r["errors"] == 0
+    assert r["served_by"] == {"-": 10}      # the bare upstream names no worker
+    assert "served_by" not in loadgen("--url", upstream.anthropic_url, "-c", "1", "-n", "2")

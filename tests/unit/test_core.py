@@ -184,3 +184,16 @@ def test_pool_refuses_what_the_worker_cannot_honour(caps, request_kw, param):
     with pytest.raises(BadRequest) as err:
         pool.pick(ChatRequest(**kw))
     assert err.value.param == param
+
+
+def test_cooldown_skips_a_failed_worker_until_it_restarts():
+    a, b = StubWorker("a", ("m",)), StubWorker("b", ("m",))
+    a.restarts = 0
+    pool = Pool([a, b])
+    pool.cool_down("a", 60)
+    assert [w.name for w in pool.eligible(_req("m"))[0]] == ["b"]
+    b.state = WorkerState.UNHEALTHY
+    assert [w.name for w in pool.eligible(_req("m"))[0]] == ["a"]  # better than nothing
+    b.state = WorkerState.READY
+    a.restarts = 1  # replaced: the cooldown no longer applies
+    assert [w.name for w in pool.eligible(_req("m"))[0]] == ["a", "b"]
