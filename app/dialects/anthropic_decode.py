@@ -42,6 +42,8 @@ from pool.model import (
     Tool, ToolCallPart, ToolChoice, ToolResultPart,
 )
 
+from .validate import Validators
+
 __all__ = ["decode", "decode_count_tokens"]
 
 _ROLES = frozenset(("user", "assistant", "system"))
@@ -51,77 +53,44 @@ _PASSTHROUGH_HEADERS = ("anthropic-version", "anthropic-beta")
 _SESSION_HEADER = "x-claude-code-session-id"
 
 
-# --- small validators (error text is only built on the error path) ---------------
+# --- validators: the shared ones, worded as Anthropic words them ------------------
 
-def _at(loc: str, key: str) -> str:
-    return f"{loc}.{key}" if loc else key
+class _Wording(Validators):
+    """Anthropic's (pydantic-style) error text; a validator's ``param`` is the enclosing
+    location (``""`` at the top level) and the field's key is appended to it."""
 
+    __slots__ = ()
 
-def _missing(param: str) -> BadRequest:
-    return BadRequest(f"{param}: Field required", param=param)
+    STRING = "a valid string"
+    BOOLEAN = "a valid boolean"
+    OBJECT = "a valid object"
+    ARRAY = "a valid list"
+    INTEGER = "a valid integer"
+    NUMBER = "a valid number"
 
+    def missing(self, param: str) -> BadRequest:
+        return BadRequest(f"{param}: Field required", param=param)
 
-def _bad_type(param: str, expected: str) -> BadRequest:
-    return BadRequest(f"{param}: Input should be {expected}", param=param)
+    def bad_type(self, param: str, expected: str) -> BadRequest:
+        return BadRequest(f"{param}: Input should be {expected}", param=param)
 
+    def bad_value(self, param: str, why: str) -> BadRequest:
+        return BadRequest(f"{param}: {why}", param=param)
 
-def _bad_value(param: str, why: str) -> BadRequest:
-    return BadRequest(f"{param}: {why}", param=param)
+    def out_of_range(self, low: str, high: str | None) -> str:
+        if high is None:
+            return f"Input should be greater than or equal to {low}"
+        return f"Input should be between {low} and {high}"
 
-
-def _req_str(obj: Mapping[str, Any], key: str, loc: str) -> str:
-    value = obj.get(key)
-    if type(value) is str:
-        return value
-    if value is None:
-        raise _missing(_at(loc, key))
-    raise _bad_type(_at(loc, key), "a valid string")
-
-
-def _opt_str(obj: Mapping[str, Any], key: str, loc: str) -> str | None:
-    value = obj.get(key)
-    if value is None or type(value) is str:
-        return value
-    raise _bad_type(_at(loc, key), "a valid string")
-
-
-def _opt_bool(obj: Mapping[str, Any], key: str, loc: str) -> bool | None:
-    value = obj.get(key)
-    if value is None or type(value) is bool:
-        return value
-    raise _bad_type(_at(loc, key), "a valid boolean")
+    def where(self, param: str | None, key: str) -> str:
+        return f"{param}.{key}" if param else key
 
 
-def _opt_dict(obj: Mapping[str, Any], key: str, loc: str) -> dict[str, Any] | None:
-    value = obj.get(key)
-    if value is None or type(value) is dict:
-        return value
-    raise _bad_type(_at(loc, key), "a valid object")
-
-
-def _opt_int(obj: Mapping[str, Any], key: str, loc: str, low: int) -> int | None:
-    value = obj.get(key)
-    if value is None:
-        return None
-    if type(value) is not int:
-        if type(value) is float and value.is_integer():
-            value = int(value)
-        else:
-            raise _bad_type(_at(loc, key), "a valid integer")
-    if value < low:
-        raise _bad_value(_at(loc, key), f"Input should be greater than or equal to {low}")
-    return value
-
-
-def _opt_number(obj: Mapping[str, Any], key: str, low: float, high: float) -> float | None:
-    value = obj.get(key)
-    if value is None:
-        return None
-    if type(value) not in (int, float):
-        raise _bad_type(key, "a valid number")
-    if not low <= value <= high:
-        raise _bad_value(key, f"Input should be between {low:g} and {high:g}")
-    return value
+_V = _Wording()
+_missing, _bad_type, _bad_value = _V.missing, _V.bad_type, _V.bad_value
+_req_str, _opt_str, _opt_bool = _V.req_str, _V.opt_str, _V.opt_bool
+_req_dict, _opt_dict, _opt_int, _opt_number = _V.req_dict, _V.opt_dict, _V.opt_int, _V.opt_number
+_at = _V.where  # a field's path: loc.key, or key at the top level
 
 
 # --- content blocks -----------------------------------------------------------------
@@ -131,10 +100,8 @@ def _text(block: dict[str, Any], loc: str) -> TextPart:
 
 
 def _image(block: dict[str, Any], loc: str) -> ImagePart | None:
-    source = block.get("source")
+    source = _req_dict(block, "source", loc)
     sloc = _at(loc, "source")
-    if type(source) is not dict:
-        raise _missing(sloc) if source is None else _bad_type(sloc, "a valid object")
     kind = _req_str(source, "type", sloc)
     if kind == "base64":
         return ImagePart(data=_req_str(source, "data", sloc),
@@ -147,10 +114,7 @@ def _image(block: dict[str, Any], loc: str) -> ImagePart | None:
 def _tool_use(block: dict[str, Any], loc: str) -> ToolCallPart:
     call_id = _req_str(block, "id", loc)
     name = _req_str(block, "name", loc)
-    args = block.get("input")
-    if type(args) is not dict:
-        raise _missing(_at(loc, "input")) if args is None else _bad_type(_at(loc, "input"),
-                                                                         "a valid object")
+    args = _req_dict(block, "input", loc)
     return ToolCallPart(call_id, name, orjson.dumps(args).decode())
 
 
@@ -322,17 +286,6 @@ def _tool_choice(value: Any) -> ToolChoice | None:
     return ToolChoice(mode, name, None if disabled is None else not disabled)  # type: ignore[arg-type]
 
 
-def _stop_sequences(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if type(value) is not list:
-        raise _bad_type("stop_sequences", "a valid list")
-    for k, item in enumerate(value):
-        if type(item) is not str:
-            raise _bad_type(f"stop_sequences[{k}]", "a valid string")
-    return tuple(value)
-
-
 def _thinking_budget(value: Any) -> int | None:
     if value is None:
         return None
@@ -343,7 +296,7 @@ def _thinking_budget(value: Any) -> int | None:
         raise _bad_value("thinking.type", "Input should be 'enabled', 'disabled' or 'adaptive'")
     if kind != "enabled":
         return None
-    budget = _opt_int(value, "budget_tokens", "thinking", 1)
+    budget = _opt_int(value, "budget_tokens", 1, param="thinking")
     if budget is None:
         raise _missing("thinking.budget_tokens")
     return budget
@@ -388,7 +341,7 @@ def _decode(body: object, headers: Mapping[str, str] | None, *,
     if type(body) is not dict:
         raise BadRequest("The request body must be a JSON object.")
     model = _req_str(body, "model", "")
-    max_tokens = _opt_int(body, "max_tokens", "", 1)
+    max_tokens = _opt_int(body, "max_tokens", 1)
     if max_tokens is None and require_max_tokens:
         raise _missing("max_tokens")
     messages = _messages(body.get("messages"))
@@ -431,8 +384,8 @@ def _decode(body: object, headers: Mapping[str, str] | None, *,
             max_tokens=max_tokens,
             temperature=_opt_number(body, "temperature", 0.0, 1.0),
             top_p=_opt_number(body, "top_p", 0.0, 1.0),
-            top_k=_opt_int(body, "top_k", "", 0),
-            stop=_stop_sequences(body.get("stop_sequences")),
+            top_k=_opt_int(body, "top_k", 0),
+            stop=_V.string_list(body.get("stop_sequences"), "stop_sequences", lone=False),
         ),
         response_format=response_format,
         reasoning_effort=effort,

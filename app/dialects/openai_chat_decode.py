@@ -21,9 +21,13 @@ from pool.model import (
     Tool, ToolCallPart, ToolChoice, ToolResultPart,
 )
 
+from .validate import (
+    bad_type, bad_value, first_header, image_url, missing, opt_bool, opt_dict, opt_int,
+    opt_number, opt_str, req_dict, req_str, string_list,
+)
+
 __all__ = ["decode"]
 
-_NUMBER = (int, float)
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 _PLAIN_ROLES = frozenset(("system", "developer", "user", "assistant"))
 # content part types beyond "text" each role may send
@@ -34,85 +38,6 @@ _UNSUPPORTED_PARTS = {"input_audio": "audio input", "file": "file input"}
 _SESSION_HEADERS = ("x-session-id", "session_id", "session-id")
 
 
-# --- small validators (error text only built on the error path) -----------------
-
-def _missing(param: str) -> BadRequest:
-    return BadRequest(f"Missing required parameter: '{param}'.", param=param)
-
-
-def _bad_type(param: str, expected: str) -> BadRequest:
-    return BadRequest(f"Invalid type for '{param}': expected {expected}.", param=param)
-
-
-def _bad_value(param: str, why: str) -> BadRequest:
-    return BadRequest(f"Invalid value for '{param}': {why}.", param=param)
-
-
-def _opt_str(obj: Mapping[str, Any], key: str, param: str) -> str | None:
-    value = obj.get(key)
-    if value is None or type(value) is str:
-        return value
-    raise _bad_type(param, "a string")
-
-
-def _req_str(obj: Mapping[str, Any], key: str, param: str) -> str:
-    value = obj.get(key)
-    if type(value) is str:
-        return value
-    if value is None:
-        raise _missing(param)
-    raise _bad_type(param, "a string")
-
-
-def _opt_bool(obj: Mapping[str, Any], key: str, param: str | None = None) -> bool | None:
-    value = obj.get(key)
-    if value is None or type(value) is bool:
-        return value
-    raise _bad_type(param or key, "a boolean")
-
-
-def _req_dict(obj: Mapping[str, Any], key: str, param: str) -> dict[str, Any]:
-    value = obj.get(key)
-    if type(value) is dict:
-        return value
-    raise _missing(param) if value is None else _bad_type(param, "an object")
-
-
-def _opt_int(body: Mapping[str, Any], key: str, low: int | None = None,
-             high: int | None = None) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if type(value) is not int:
-        # JSON clients sometimes send 5.0 for 5
-        if type(value) is float and value.is_integer():
-            value = int(value)
-        else:
-            raise _bad_type(key, "an integer")
-    if (low is not None and value < low) or (high is not None and value > high):
-        bounds = f"at least {low}" if high is None else f"between {low} and {high}"
-        raise _bad_value(key, f"must be {bounds}")
-    return value
-
-
-def _opt_number(body: Mapping[str, Any], key: str, low: float, high: float) -> float | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if type(value) not in _NUMBER:
-        raise _bad_type(key, "a number")
-    if not low <= value <= high:
-        raise _bad_value(key, f"must be between {low:g} and {high:g}")
-    return value
-
-
-def _opt_dict(obj: Mapping[str, Any], key: str, param: str) -> dict[str, Any] | None:
-    value = obj.get(key)
-    if value is None or type(value) is dict:
-        return value
-    raise _bad_type(param, "an object")
-
-
 # --- content -----------------------------------------------------------------------
 
 def _image(part: dict[str, Any], param: str) -> ImagePart:
@@ -120,39 +45,31 @@ def _image(part: dict[str, Any], param: str) -> ImagePart:
     if type(spec) is str:  # lenient: a bare URL string
         url, detail = spec, None
     elif type(spec) is dict:
-        url = _req_str(spec, "url", param + ".image_url.url")
-        detail = _opt_str(spec, "detail", param + ".image_url.detail")
+        url = req_str(spec, "url", param + ".image_url.url")
+        detail = opt_str(spec, "detail", param + ".image_url.detail")
     elif spec is None:
-        raise _missing(param + ".image_url")
+        raise missing(param + ".image_url")
     else:
-        raise _bad_type(param + ".image_url", "an object")
-    if url.startswith("data:"):
-        head, sep, data = url.partition(",")
-        if not sep or not head.endswith(";base64"):
-            raise _bad_value(param + ".image_url.url",
-                             "a data URL must look like data:<media type>;base64,<data>")
-        return ImagePart(data=data, media_type=head[5:-7] or None, detail=detail)
-    if not url.startswith(("https://", "http://")):
-        raise _bad_value(param + ".image_url.url", "expected an http(s) URL or a base64 data URL")
-    return ImagePart(url=url, detail=detail)
+        raise bad_type(param + ".image_url", "an object")
+    return image_url(url, detail, param + ".image_url.url")
 
 
 def _part(part: object, param: str, kinds: frozenset[str]) -> TextPart | ImagePart:
     if type(part) is not dict:
-        raise _bad_type(param, "an object")
+        raise bad_type(param, "an object")
     kind = part.get("type")
     if kind == "text":
-        return TextPart(_req_str(part, "text", param + ".text"))
+        return TextPart(req_str(part, "text", param + ".text"))
     if kind in kinds:
         if kind == "image_url":
             return _image(part, param)
-        return TextPart(_req_str(part, "refusal", param + ".refusal"))  # an earlier refusal
+        return TextPart(req_str(part, "refusal", param + ".refusal"))  # an earlier refusal
     if kind is None:
-        raise _missing(param + ".type")
+        raise missing(param + ".type")
     if kind in _UNSUPPORTED_PARTS:
         raise BadRequest(f"Content part '{kind}' ({_UNSUPPORTED_PARTS[kind]}) at '{param}' is "
                          "not supported.", param=param)
-    raise _bad_value(param + ".type", f"unsupported content part type {kind!r}")
+    raise bad_value(param + ".type", f"unsupported content part type {kind!r}")
 
 
 def _content(content: object, param: str, kinds: frozenset[str]) -> list[TextPart | ImagePart]:
@@ -160,23 +77,23 @@ def _content(content: object, param: str, kinds: frozenset[str]) -> list[TextPar
         return [TextPart(content)]
     if type(content) is list:
         return [_part(p, f"{param}[{j}]", kinds) for j, p in enumerate(content)]
-    raise _bad_type(param, "a string or an array of content parts")
+    raise bad_type(param, "a string or an array of content parts")
 
 
 def _tool_call(call: object, param: str) -> ToolCallPart:
     if type(call) is not dict:
-        raise _bad_type(param, "an object")
-    call_id = _req_str(call, "id", param + ".id")
+        raise bad_type(param, "an object")
+    call_id = req_str(call, "id", param + ".id")
     kind = call.get("type", "function")
     if kind == "custom":
-        spec = _req_dict(call, "custom", param + ".custom")
-        return ToolCallPart(call_id, _req_str(spec, "name", param + ".custom.name"),
-                            _req_str(spec, "input", param + ".custom.input"), "custom")
+        spec = req_dict(call, "custom", param + ".custom")
+        return ToolCallPart(call_id, req_str(spec, "name", param + ".custom.name"),
+                            req_str(spec, "input", param + ".custom.input"), "custom")
     if kind != "function":
-        raise _bad_value(param + ".type", "expected 'function' or 'custom'")
-    spec = _req_dict(call, "function", param + ".function")
-    return ToolCallPart(call_id, _req_str(spec, "name", param + ".function.name"),
-                        _req_str(spec, "arguments", param + ".function.arguments"))
+        raise bad_value(param + ".type", "expected 'function' or 'custom'")
+    spec = req_dict(call, "function", param + ".function")
+    return ToolCallPart(call_id, req_str(spec, "name", param + ".function.name"),
+                        req_str(spec, "arguments", param + ".function.arguments"))
 
 
 def _assistant(msg: dict[str, Any], param: str) -> Message:
@@ -186,7 +103,7 @@ def _assistant(msg: dict[str, Any], param: str) -> Message:
         reasoning = msg.get("reasoning")
     if reasoning is not None:
         if type(reasoning) is not str:
-            raise _bad_type(param + ".reasoning_content", "a string")
+            raise bad_type(param + ".reasoning_content", "a string")
         parts.append(ReasoningPart(reasoning))
     content = msg.get("content")
     if content is not None:
@@ -194,16 +111,16 @@ def _assistant(msg: dict[str, Any], param: str) -> Message:
     calls = msg.get("tool_calls")
     if calls is not None:
         if type(calls) is not list:
-            raise _bad_type(param + ".tool_calls", "an array")
+            raise bad_type(param + ".tool_calls", "an array")
         parts.extend(_tool_call(c, f"{param}.tool_calls[{k}]") for k, c in enumerate(calls))
-    return Message("assistant", tuple(parts), _opt_str(msg, "name", param + ".name"))
+    return Message("assistant", tuple(parts), opt_str(msg, "name", param + ".name"))
 
 
 def _tool_result(msg: dict[str, Any], param: str) -> ToolResultPart:
-    call_id = _req_str(msg, "tool_call_id", param + ".tool_call_id")
+    call_id = req_str(msg, "tool_call_id", param + ".tool_call_id")
     content = msg.get("content")
     if content is None:
-        raise _missing(param + ".content")
+        raise missing(param + ".content")
     return ToolResultPart(call_id, tuple(_content(content, param + ".content", _USER_PARTS)))
 
 
@@ -245,29 +162,29 @@ def _message(msg: dict[str, Any], role: object, param: str) -> Message:
     if role in ("user", "system", "developer"):
         content = msg.get("content")
         if content is None:
-            raise _missing(param + ".content")
+            raise missing(param + ".content")
         kinds = _USER_PARTS if role == "user" else _SYSTEM_PARTS
         parts = tuple(_content(content, param + ".content", kinds))
-        name = _opt_str(msg, "name", param + ".name")
+        name = opt_str(msg, "name", param + ".name")
         return Message(role, parts, name)  # type: ignore[arg-type]
     if role is None:
-        raise _missing(param + ".role")
+        raise missing(param + ".role")
     if role == "function":
         raise BadRequest(f"Invalid value for '{param}.role': the deprecated 'function' role "
                          "is not supported; use 'tool' messages.", param=param + ".role")
-    raise _bad_value(param + ".role", f"expected one of {', '.join(_ROLES)}")
+    raise bad_value(param + ".role", f"expected one of {', '.join(_ROLES)}")
 
 
 def _messages(value: object) -> tuple[Message, ...]:
     if type(value) is not list:
-        raise _missing("messages") if value is None else _bad_type("messages", "an array")
+        raise missing("messages") if value is None else bad_type("messages", "an array")
     if not value:
-        raise _bad_value("messages", "must contain at least one message")
+        raise bad_value("messages", "must contain at least one message")
     out: list[Message] = []
     results: list[ToolResultPart] | None = None  # the open run of tool messages
     for i, msg in enumerate(value):
         if type(msg) is not dict:
-            raise _bad_type(f"messages[{i}]", "an object")
+            raise bad_type(f"messages[{i}]", "an object")
         role = msg.get("role")
         if role == "tool":
             call_id = msg.get("tool_call_id")
@@ -293,23 +210,23 @@ def _messages(value: object) -> tuple[Message, ...]:
 
 def _tool(tool: object, param: str) -> Tool:
     if type(tool) is not dict:
-        raise _bad_type(param, "an object")
+        raise bad_type(param, "an object")
     kind = tool.get("type", "function")
     if kind == "function":
         if tool.get("function") is None and type(tool.get("name")) is str:
             spec = tool  # a Responses-style flat tool
         else:
             param += ".function"
-            spec = _req_dict(tool, "function", param)
-        return Tool(_req_str(spec, "name", param + ".name"),
-                    _opt_str(spec, "description", param + ".description"),
-                    _opt_dict(spec, "parameters", param + ".parameters"),
-                    strict=_opt_bool(spec, "strict", param + ".strict"))
+            spec = req_dict(tool, "function", param)
+        return Tool(req_str(spec, "name", param + ".name"),
+                    opt_str(spec, "description", param + ".description"),
+                    opt_dict(spec, "parameters", param + ".parameters"),
+                    strict=opt_bool(spec, "strict", param + ".strict"))
     if kind == "custom":
-        spec = _req_dict(tool, "custom", param + ".custom")
-        return Tool(_req_str(spec, "name", param + ".custom.name"),
-                    _opt_str(spec, "description", param + ".custom.description"), kind="custom")
-    raise _bad_value(param + ".type", "expected 'function' or 'custom'")
+        spec = req_dict(tool, "custom", param + ".custom")
+        return Tool(req_str(spec, "name", param + ".custom.name"),
+                    opt_str(spec, "description", param + ".custom.description"), kind="custom")
+    raise bad_value(param + ".type", "expected 'function' or 'custom'")
 
 
 def _plain_tool(tool: object) -> Tool | None:
@@ -332,7 +249,7 @@ def _tools(value: object) -> tuple[Tool, ...]:
     if value is None:
         return ()
     if type(value) is not list:
-        raise _bad_type("tools", "an array")
+        raise bad_type("tools", "an array")
     out = []
     for k, spec in enumerate(value):
         tool = _plain_tool(spec)
@@ -346,66 +263,53 @@ def _tool_choice(value: object, parallel: bool | None) -> ToolChoice | None:
     if type(value) is str:
         if value in ("auto", "none", "required"):
             return ToolChoice(value, parallel=parallel)
-        raise _bad_value("tool_choice", "expected 'auto', 'none', 'required' or a named tool")
+        raise bad_value("tool_choice", "expected 'auto', 'none', 'required' or a named tool")
     if type(value) is not dict:
-        raise _bad_type("tool_choice", "a string or an object")
+        raise bad_type("tool_choice", "a string or an object")
     kind = value.get("type")
     if kind in ("function", "custom"):
-        spec = _req_dict(value, kind, f"tool_choice.{kind}")
-        return ToolChoice("named", _req_str(spec, "name", f"tool_choice.{kind}.name"), parallel)
+        spec = req_dict(value, kind, f"tool_choice.{kind}")
+        return ToolChoice("named", req_str(spec, "name", f"tool_choice.{kind}.name"), parallel)
     if kind == "allowed_tools":
         spec = value.get("allowed_tools")
         mode = spec.get("mode", "auto") if type(spec) is dict else None
         if mode not in ("auto", "required"):
-            raise _bad_value("tool_choice.allowed_tools.mode", "expected 'auto' or 'required'")
+            raise bad_value("tool_choice.allowed_tools.mode", "expected 'auto' or 'required'")
         return ToolChoice(mode, parallel=parallel)
-    raise _bad_value("tool_choice.type", "expected 'function', 'custom' or 'allowed_tools'")
+    raise bad_value("tool_choice.type", "expected 'function', 'custom' or 'allowed_tools'")
 
 
 def _response_format(value: object) -> ResponseFormat | None:
     if value is None:
         return None
     if type(value) is not dict:
-        raise _bad_type("response_format", "an object")
+        raise bad_type("response_format", "an object")
     kind = value.get("type")
     if kind in ("text", "json_object"):
         return ResponseFormat(kind)
     if kind == "json_schema":
-        spec = _req_dict(value, "json_schema", "response_format.json_schema")
-        strict = _opt_bool(spec, "strict", "response_format.json_schema.strict")
+        spec = req_dict(value, "json_schema", "response_format.json_schema")
+        strict = opt_bool(spec, "strict", "response_format.json_schema.strict")
         return ResponseFormat("json_schema",
-                              _opt_dict(spec, "schema", "response_format.json_schema.schema"),
-                              _req_str(spec, "name", "response_format.json_schema.name"), strict)
+                              opt_dict(spec, "schema", "response_format.json_schema.schema"),
+                              req_str(spec, "name", "response_format.json_schema.name"), strict)
     if kind is None:
-        raise _missing("response_format.type")
-    raise _bad_value("response_format.type", "expected 'text', 'json_object' or 'json_schema'")
-
-
-def _stop(value: object) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if type(value) is str:
-        return (value,)
-    if type(value) is list:
-        for k, s in enumerate(value):
-            if type(s) is not str:
-                raise _bad_type(f"stop[{k}]", "a string")
-        return tuple(value)
-    raise _bad_type("stop", "a string or an array of strings")
+        raise missing("response_format.type")
+    raise bad_value("response_format.type", "expected 'text', 'json_object' or 'json_schema'")
 
 
 def _sampling(body: dict[str, Any]) -> Sampling:
-    max_tokens = _opt_int(body, "max_completion_tokens", 1)
-    legacy_max = _opt_int(body, "max_tokens", 1)
-    top_k = _opt_int(body, "top_k", -1)
+    max_tokens = opt_int(body, "max_completion_tokens", 1)
+    legacy_max = opt_int(body, "max_tokens", 1)
+    top_k = opt_int(body, "top_k", -1)
     return Sampling(
         max_tokens=max_tokens if max_tokens is not None else legacy_max,
-        temperature=_opt_number(body, "temperature", 0, 2),
-        top_p=_opt_number(body, "top_p", 0, 1),
+        temperature=opt_number(body, "temperature", 0, 2),
+        top_p=opt_number(body, "top_p", 0, 1),
         top_k=top_k if top_k is not None and top_k > 0 else None,  # vLLM: -1/0 = off
-        stop=_stop(body.get("stop")),
-        seed=_opt_int(body, "seed"),
-        n=_opt_int(body, "n", 1) or 1,
+        stop=string_list(body.get("stop"), "stop"),
+        seed=opt_int(body, "seed"),
+        n=opt_int(body, "n", 1) or 1,
     )
 
 
@@ -413,38 +317,32 @@ def decode(body: object, headers: Mapping[str, str] | None = None) -> ChatReques
     """Validate and translate a Chat Completions body (``headers``: lower-case names)."""
     if type(body) is not dict:
         raise BadRequest("The request body must be a JSON object.")
-    model = _req_str(body, "model", "model")
+    model = req_str(body, "model", "model")
     if not model:
-        raise _bad_value("model", "must not be empty")
+        raise bad_value("model", "must not be empty")
     messages = _messages(body.get("messages"))
-    logprobs = bool(_opt_bool(body, "logprobs"))
-    top_logprobs = _opt_int(body, "top_logprobs", 0, 20)
+    logprobs = bool(opt_bool(body, "logprobs"))
+    top_logprobs = opt_int(body, "top_logprobs", 0, 20)
     if top_logprobs is not None and not logprobs:
-        raise _bad_value("top_logprobs", "'logprobs' must be true to request top_logprobs")
-    stream_options = _opt_dict(body, "stream_options", "stream_options")
+        raise bad_value("top_logprobs", "'logprobs' must be true to request top_logprobs")
+    stream_options = opt_dict(body, "stream_options", "stream_options")
     if stream_options is not None:  # validated here, read by the encoder
-        _opt_bool(stream_options, "include_usage", "stream_options.include_usage")
-    session_id = None
-    if headers:
-        for name in _SESSION_HEADERS:
-            session_id = headers.get(name)
-            if session_id:
-                break
+        opt_bool(stream_options, "include_usage", "stream_options.include_usage")
     return ChatRequest(
         model=model,
         messages=messages,
         dialect="openai_chat",
-        stream=bool(_opt_bool(body, "stream")),
+        stream=bool(opt_bool(body, "stream")),
         tools=_tools(body.get("tools")),
-        tool_choice=_tool_choice(body.get("tool_choice"), _opt_bool(body, "parallel_tool_calls")),
+        tool_choice=_tool_choice(body.get("tool_choice"), opt_bool(body, "parallel_tool_calls")),
         sampling=_sampling(body),
         response_format=_response_format(body.get("response_format")),
         logprobs=logprobs,
         top_logprobs=top_logprobs,
-        reasoning_effort=_opt_str(body, "reasoning_effort", "reasoning_effort"),
-        user=_opt_str(body, "user", "user"),
-        session_id=session_id or None,
-        prompt_cache_key=_opt_str(body, "prompt_cache_key", "prompt_cache_key"),
-        metadata=_opt_dict(body, "metadata", "metadata"),
+        reasoning_effort=opt_str(body, "reasoning_effort", "reasoning_effort"),
+        user=opt_str(body, "user", "user"),
+        session_id=first_header(headers, _SESSION_HEADERS),
+        prompt_cache_key=opt_str(body, "prompt_cache_key", "prompt_cache_key"),
+        metadata=opt_dict(body, "metadata", "metadata"),
         raw=body,
     )

@@ -20,7 +20,8 @@ from pool.model import (
     TextPart, TokenLogprob, ToolCallDelta, ToolCallPart, ToolCallStart, Usage,
 )
 
-__all__ = ["encode_completion", "StreamEncoder", "usage_json", "logprobs_json", "finish_reason"]
+__all__ = ["encode_completion", "StreamEncoder", "ChunkStream", "usage_json", "logprobs_json",
+           "finish_reason"]
 
 _FINISH = {
     "stop": "stop",
@@ -118,26 +119,62 @@ def encode_completion(completion: Completion, request: ChatRequest, *, response_
     }
 
 
-class StreamEncoder:
-    """Sans-IO: canonical events in, ``chat.completion.chunk`` SSE frames out."""
+class ChunkStream:
+    """What the OpenAI chunk streams (chat and legacy completions) share: the constant
+    JSON before each chunk's choice, rendered once; the usage totals and the closing
+    usage chunk (with ``stream_options.include_usage``); ``data: [DONE]``. Subclasses
+    render the events and the finishing chunk (:meth:`_finish`)."""
 
-    __slots__ = ("_head", "_usage_head", "_include_usage", "_logprobs", "_started", "_finished",
-                 "_done", "_usage", "_calls", "_saw_calls")
+    __slots__ = ("_head", "_usage_head", "_include_usage", "_logprobs", "_finished", "_done",
+                 "_usage")
 
-    def __init__(self, request: ChatRequest, *, response_id: str, created: int,
-                 model: str) -> None:
+    def __init__(self, request: ChatRequest, *, response_id: str, created: int, model: str,
+                 object_name: bytes, choice_head: bytes) -> None:
         common = (b'data: {"id":' + orjson.dumps(response_id)
-                  + b',"object":"chat.completion.chunk","created":' + orjson.dumps(created)
+                  + b',"object":"' + object_name + b'","created":' + orjson.dumps(created)
                   + b',"model":' + orjson.dumps(model))
-        self._head = common + b',"choices":[{"index":0,"delta":'
+        self._head = common + choice_head
         self._usage_head = common + b',"choices":[],"usage":'
         options = request.raw.get("stream_options")
         self._include_usage = type(options) is dict and options.get("include_usage") is True
         self._logprobs = request.logprobs
-        self._started = False
         self._finished = False
         self._done = False
         self._usage = Usage()
+
+    def _finish(self, finish: Finish | None) -> bytes:
+        raise NotImplementedError
+
+    def ping(self) -> bytes:
+        return _PING
+
+    def close(self) -> bytes:
+        if self._done:
+            return b""
+        out = self._finish(None)
+        if self._include_usage:
+            out += self._usage_head + orjson.dumps(usage_json(self._usage)) + b"}\n\n"
+        self._done = True
+        return out + _DONE
+
+    def fail(self, exc: GatewayError) -> bytes:
+        if self._done:
+            return b""
+        self._done = True
+        return openai_error_frame(exc) + _DONE
+
+
+class StreamEncoder(ChunkStream):
+    """Sans-IO: canonical events in, ``chat.completion.chunk`` SSE frames out."""
+
+    __slots__ = ("_started", "_calls", "_saw_calls")
+
+    def __init__(self, request: ChatRequest, *, response_id: str, created: int,
+                 model: str) -> None:
+        super().__init__(request, response_id=response_id, created=created, model=model,
+                         object_name=b"chat.completion.chunk",
+                         choice_head=b',"choices":[{"index":0,"delta":')
+        self._started = False
         self._calls: dict[int, bytes] = {}   # worker tool-call index -> its delta prefix
         self._saw_calls = False
 
@@ -204,21 +241,3 @@ class StreamEncoder:
         reason = finish_reason(finish, self._saw_calls)
         return self._chunk(b"{}", b',"logprobs":null,"finish_reason":"' + reason.encode()
                            + b'"}]}\n\n')
-
-    def ping(self) -> bytes:
-        return _PING
-
-    def close(self) -> bytes:
-        if self._done:
-            return b""
-        out = self._finish(None)
-        if self._include_usage:
-            out += self._usage_head + orjson.dumps(usage_json(self._usage)) + b"}\n\n"
-        self._done = True
-        return out + _DONE
-
-    def fail(self, exc: GatewayError) -> bytes:
-        if self._done:
-            return b""
-        self._done = True
-        return openai_error_frame(exc) + _DONE

@@ -37,9 +37,9 @@ from pool.model import (
     Tool, ToolCallPart, ToolChoice, ToolResultPart,
 )
 
-from .openai_chat_decode import (
-    _bad_type, _bad_value, _missing, _opt_bool, _opt_dict, _opt_int, _opt_number, _opt_str,
-    _req_str,
+from .validate import (
+    bad_type, bad_value, first_header, image_url, missing, opt_bool, opt_dict, opt_int, opt_list,
+    opt_number, opt_str, req_str,
 )
 
 __all__ = ["decode", "input_items", "namespace_map", "NAMESPACE_SEPARATOR"]
@@ -59,43 +59,35 @@ _ID_PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output":
 # --- content ------------------------------------------------------------------------
 
 def _image(part: dict[str, Any], param: str) -> ImagePart:
-    detail = _opt_str(part, "detail", param + ".detail")
+    detail = opt_str(part, "detail", param + ".detail")
     url = part.get("image_url")
     if url is None:
         if part.get("file_id") is not None:
             raise BadRequest(f"Images by 'file_id' ('{param}.file_id') are not supported; "
                              "send 'image_url' (an http(s) or data: URL).",
                              param=param + ".file_id")
-        raise _missing(param + ".image_url")
+        raise missing(param + ".image_url")
     if type(url) is not str:
-        raise _bad_type(param + ".image_url", "a string")
-    if url.startswith("data:"):
-        head, sep, data = url.partition(",")
-        if not sep or not head.endswith(";base64"):
-            raise _bad_value(param + ".image_url",
-                             "a data URL must look like data:<media type>;base64,<data>")
-        return ImagePart(data=data, media_type=head[5:-7] or None, detail=detail)
-    if not url.startswith(("https://", "http://")):
-        raise _bad_value(param + ".image_url", "expected an http(s) URL or a base64 data URL")
-    return ImagePart(url=url, detail=detail)
+        raise bad_type(param + ".image_url", "a string")
+    return image_url(url, detail, param + ".image_url")
 
 
 def _part(part: object, param: str, images: bool) -> TextPart | ImagePart:
     if type(part) is not dict:
-        raise _bad_type(param, "an object")
+        raise bad_type(param, "an object")
     kind = part.get("type")
     if kind in ("input_text", "output_text"):
-        return TextPart(_req_str(part, "text", param + ".text"))
+        return TextPart(req_str(part, "text", param + ".text"))
     if kind == "refusal":
-        return TextPart(_req_str(part, "refusal", param + ".refusal"))
+        return TextPart(req_str(part, "refusal", param + ".refusal"))
     if kind == "input_image" and images:
         return _image(part, param)
     if kind is None:
-        raise _missing(param + ".type")
+        raise missing(param + ".type")
     if kind in ("input_image", "input_file", "input_audio"):
         raise BadRequest(f"Content part '{kind}' at '{param}' is not supported here.",
                          param=param)
-    raise _bad_value(param + ".type", f"unsupported content part type {kind!r}")
+    raise bad_value(param + ".type", f"unsupported content part type {kind!r}")
 
 
 def _content(content: object, param: str, images: bool) -> list[TextPart | ImagePart]:
@@ -104,8 +96,8 @@ def _content(content: object, param: str, images: bool) -> list[TextPart | Image
     if type(content) is list:
         return [_part(p, f"{param}[{j}]", images) for j, p in enumerate(content)]
     if content is None:
-        raise _missing(param)
-    raise _bad_type(param, "a string or an array of content parts")
+        raise missing(param)
+    raise bad_type(param, "a string or an array of content parts")
 
 
 def _reasoning(item: dict[str, Any], param: str) -> ReasoningPart:
@@ -113,28 +105,28 @@ def _reasoning(item: dict[str, Any], param: str) -> ReasoningPart:
     texts: list[str] = []
     if summary is not None:
         if type(summary) is not list:
-            raise _bad_type(param + ".summary", "an array")
+            raise bad_type(param + ".summary", "an array")
         for j, s in enumerate(summary):
             if type(s) is not dict:
-                raise _bad_type(f"{param}.summary[{j}]", "an object")
-            texts.append(_req_str(s, "text", f"{param}.summary[{j}].text"))
+                raise bad_type(f"{param}.summary[{j}]", "an object")
+            texts.append(req_str(s, "text", f"{param}.summary[{j}].text"))
     content = item.get("content")
     if not texts and type(content) is list:  # raw reasoning text, when there is no summary
         texts = [c["text"] for c in content if type(c) is dict and type(c.get("text")) is str]
     return ReasoningPart("\n\n".join(texts),
-                         encrypted_content=_opt_str(item, "encrypted_content",
+                         encrypted_content=opt_str(item, "encrypted_content",
                                                     param + ".encrypted_content"),
-                         id=_opt_str(item, "id", param + ".id"))
+                         id=opt_str(item, "id", param + ".id"))
 
 
 def _call_name(item: dict[str, Any], param: str) -> str:
-    name = _req_str(item, "name", param + ".name")
-    namespace = _opt_str(item, "namespace", param + ".namespace")
+    name = req_str(item, "name", param + ".name")
+    namespace = opt_str(item, "namespace", param + ".namespace")
     return namespace + NAMESPACE_SEPARATOR + name if namespace else name
 
 
 def _output(item: dict[str, Any], param: str) -> ToolResultPart:
-    call_id = _req_str(item, "call_id", param + ".call_id")
+    call_id = req_str(item, "call_id", param + ".call_id")
     return ToolResultPart(call_id, tuple(_content(item.get("output"), param + ".output", True)))
 
 
@@ -172,20 +164,20 @@ class _Turns:
 
     def add(self, item: object, param: str) -> None:
         if type(item) is not dict:
-            raise _bad_type(param, "an object")
+            raise bad_type(param, "an object")
         kind = item.get("type")
         if kind == "message" or (kind is None and "role" in item):
             self._message(item, param)
         elif kind == "function_call":
-            call_id = _req_str(item, "call_id", param + ".call_id")
+            call_id = req_str(item, "call_id", param + ".call_id")
             name = _call_name(item, param)
             self._turn().append(ToolCallPart(
-                call_id, name, _req_str(item, "arguments", param + ".arguments")))
+                call_id, name, req_str(item, "arguments", param + ".arguments")))
         elif kind == "custom_tool_call":
-            call_id = _req_str(item, "call_id", param + ".call_id")
+            call_id = req_str(item, "call_id", param + ".call_id")
             name = _call_name(item, param)
             self._turn().append(ToolCallPart(
-                call_id, name, _req_str(item, "input", param + ".input"), "custom"))
+                call_id, name, req_str(item, "input", param + ".input"), "custom"))
         elif kind == "function_call_output" or kind == "custom_tool_call_output":
             self._result(_output(item, param))
         elif kind == "reasoning":
@@ -193,11 +185,11 @@ class _Turns:
         elif kind in _HOSTED_RECORDS:
             pass
         elif kind is None:
-            raise _missing(param + ".type")
+            raise missing(param + ".type")
         elif type(kind) is not str:
-            raise _bad_type(param + ".type", "a string")
+            raise bad_type(param + ".type", "a string")
         else:
-            raise _bad_value(param + ".type", f"unsupported input item type {kind!r}")
+            raise bad_value(param + ".type", f"unsupported input item type {kind!r}")
 
     def _message(self, item: dict[str, Any], param: str) -> None:
         role = item.get("role")
@@ -206,8 +198,8 @@ class _Turns:
             return
         if role not in _ROLES:
             if role is None:
-                raise _missing(param + ".role")
-            raise _bad_value(param + ".role", f"expected one of {', '.join(_ROLES)}")
+                raise missing(param + ".role")
+            raise bad_value(param + ".role", f"expected one of {', '.join(_ROLES)}")
         parts = _content(item.get("content"), param + ".content", role == "user")
         self._flush()
         self.out.append(Message(role, tuple(parts)))
@@ -220,26 +212,26 @@ class _Turns:
 # --- tools and options --------------------------------------------------------------
 
 def _custom_description(tool: dict[str, Any], param: str) -> str | None:
-    description = _opt_str(tool, "description", param + ".description")
-    fmt = _opt_dict(tool, "format", param + ".format")
+    description = opt_str(tool, "description", param + ".description")
+    fmt = opt_dict(tool, "format", param + ".format")
     if fmt is None or fmt.get("type") != "grammar":
         return description
-    definition = _opt_str(fmt, "definition", param + ".format.definition")
+    definition = opt_str(fmt, "definition", param + ".format.definition")
     if not definition:
         return description
-    syntax = _opt_str(fmt, "syntax", param + ".format.syntax") or "lark"
+    syntax = opt_str(fmt, "syntax", param + ".format.syntax") or "lark"
     grammar = f"The input must match this {syntax} grammar:\n{definition}"
     return f"{description}\n\n{grammar}" if description else grammar
 
 
 def _tool(tool: dict[str, Any], kind: object, param: str, prefix: str = "") -> Tool | None:
     if kind == "function":
-        return Tool(prefix + _req_str(tool, "name", param + ".name"),
-                    _opt_str(tool, "description", param + ".description"),
-                    _opt_dict(tool, "parameters", param + ".parameters"),
-                    strict=_opt_bool(tool, "strict", param + ".strict"))
+        return Tool(prefix + req_str(tool, "name", param + ".name"),
+                    opt_str(tool, "description", param + ".description"),
+                    opt_dict(tool, "parameters", param + ".parameters"),
+                    strict=opt_bool(tool, "strict", param + ".strict"))
     if kind == "custom":
-        return Tool(prefix + _req_str(tool, "name", param + ".name"),
+        return Tool(prefix + req_str(tool, "name", param + ".name"),
                     _custom_description(tool, param), kind="custom")
     return None  # a hosted tool
 
@@ -248,28 +240,28 @@ def _tools(value: object) -> tuple[Tool, ...]:
     if value is None:
         return ()
     if type(value) is not list:
-        raise _bad_type("tools", "an array")
+        raise bad_type("tools", "an array")
     out: list[Tool] = []
     for k, spec in enumerate(value):
         param = f"tools[{k}]"
         if type(spec) is not dict:
-            raise _bad_type(param, "an object")
+            raise bad_type(param, "an object")
         kind = spec.get("type")
         if kind is None:
-            raise _missing(param + ".type")
+            raise missing(param + ".type")
         if kind != "namespace":
             tool = _tool(spec, kind, param)
             if tool is not None:
                 out.append(tool)
             continue
-        prefix = _req_str(spec, "name", param + ".name") + NAMESPACE_SEPARATOR
-        about = _opt_str(spec, "description", param + ".description")
+        prefix = req_str(spec, "name", param + ".name") + NAMESPACE_SEPARATOR
+        about = opt_str(spec, "description", param + ".description")
         members = spec.get("tools") or ()  # the fixtures' recorder dropped namespace bodies
         if type(members) is not list and type(members) is not tuple:
-            raise _bad_type(param + ".tools", "an array")
+            raise bad_type(param + ".tools", "an array")
         for j, member in enumerate(members):
             if type(member) is not dict:
-                raise _bad_type(f"{param}.tools[{j}]", "an object")
+                raise bad_type(f"{param}.tools[{j}]", "an object")
             tool = _tool(member, member.get("type", "function"), f"{param}.tools[{j}]", prefix)
             if tool is not None:
                 if about:  # the model sees the namespace's description with each member
@@ -300,23 +292,23 @@ def _tool_choice(value: object, parallel: bool | None) -> ToolChoice | None:
     if type(value) is str:
         if value in ("auto", "none", "required"):
             return ToolChoice(value, parallel=parallel)
-        raise _bad_value("tool_choice", "expected 'auto', 'none', 'required' or a named tool")
+        raise bad_value("tool_choice", "expected 'auto', 'none', 'required' or a named tool")
     if type(value) is not dict:
-        raise _bad_type("tool_choice", "a string or an object")
+        raise bad_type("tool_choice", "a string or an object")
     kind = value.get("type")
     if kind in ("function", "custom"):
-        name = _req_str(value, "name", "tool_choice.name")
-        namespace = _opt_str(value, "namespace", "tool_choice.namespace")
+        name = req_str(value, "name", "tool_choice.name")
+        namespace = opt_str(value, "namespace", "tool_choice.namespace")
         if namespace:
             name = namespace + NAMESPACE_SEPARATOR + name
         return ToolChoice("named", name, parallel)
     if kind == "allowed_tools":
         mode = value.get("mode", "auto")
         if mode not in ("auto", "required"):
-            raise _bad_value("tool_choice.mode", "expected 'auto' or 'required'")
+            raise bad_value("tool_choice.mode", "expected 'auto' or 'required'")
         return ToolChoice(mode, parallel=parallel)
     if kind is None:
-        raise _missing("tool_choice.type")
+        raise missing("tool_choice.type")
     raise BadRequest(f"Invalid value for 'tool_choice': forcing the tool type {kind!r} is not "
                      "supported (hosted tools are not available here).", param="tool_choice")
 
@@ -324,28 +316,26 @@ def _tool_choice(value: object, parallel: bool | None) -> ToolChoice | None:
 def _response_format(text: dict[str, Any] | None) -> ResponseFormat | None:
     if text is None:
         return None
-    _opt_str(text, "verbosity", "text.verbosity")
-    fmt = _opt_dict(text, "format", "text.format")
+    opt_str(text, "verbosity", "text.verbosity")
+    fmt = opt_dict(text, "format", "text.format")
     if fmt is None:
         return None
     kind = fmt.get("type")
     if kind in ("text", "json_object"):
         return ResponseFormat(kind)
     if kind == "json_schema":
-        return ResponseFormat("json_schema", _opt_dict(fmt, "schema", "text.format.schema"),
-                              _req_str(fmt, "name", "text.format.name"),
-                              _opt_bool(fmt, "strict", "text.format.strict"))
+        return ResponseFormat("json_schema", opt_dict(fmt, "schema", "text.format.schema"),
+                              req_str(fmt, "name", "text.format.name"),
+                              opt_bool(fmt, "strict", "text.format.strict"))
     if kind is None:
-        raise _missing("text.format.type")
-    raise _bad_value("text.format.type", "expected 'text', 'json_object' or 'json_schema'")
+        raise missing("text.format.type")
+    raise bad_value("text.format.type", "expected 'text', 'json_object' or 'json_schema'")
 
 
 def _session_id(body: dict[str, Any], headers: Mapping[str, str] | None) -> str | None:
-    if headers:
-        for name in _SESSION_HEADERS:
-            value = headers.get(name)
-            if value:
-                return value
+    session_id = first_header(headers, _SESSION_HEADERS)
+    if session_id is not None:
+        return session_id
     meta = body.get("client_metadata")
     if type(meta) is dict and type(meta.get("session_id")) is str:
         return meta["session_id"] or None
@@ -358,11 +348,11 @@ def decode(body: object, headers: Mapping[str, str] | None = None, *,
     ``previous_response_id`` chain, placed before this request's input."""
     if type(body) is not dict:
         raise BadRequest("The request body must be a JSON object.")
-    model = _req_str(body, "model", "model")
+    model = req_str(body, "model", "model")
     if not model:
-        raise _bad_value("model", "must not be empty")
+        raise bad_value("model", "must not be empty")
     messages: list[Message] = []
-    instructions = _opt_str(body, "instructions", "instructions")
+    instructions = opt_str(body, "instructions", "instructions")
     if instructions:
         messages.append(Message("system", (TextPart(instructions),)))
     turns = _Turns(messages)
@@ -375,36 +365,34 @@ def decode(body: object, headers: Mapping[str, str] | None = None, *,
         for k, item in enumerate(value):
             turns.add(item, f"input[{k}]")
     elif value is not None:
-        raise _bad_type("input", "a string or an array of input items")
+        raise bad_type("input", "a string or an array of input items")
     elif not history:
-        raise _missing("input")
-    reasoning = _opt_dict(body, "reasoning", "reasoning")
+        raise missing("input")
+    reasoning = opt_dict(body, "reasoning", "reasoning")
     effort = None
     if reasoning is not None:
-        effort = _opt_str(reasoning, "effort", "reasoning.effort")
-        _opt_str(reasoning, "summary", "reasoning.summary")
-    include = body.get("include")
-    if include is not None and type(include) is not list:
-        raise _bad_type("include", "an array")
+        effort = opt_str(reasoning, "effort", "reasoning.effort")
+        opt_str(reasoning, "summary", "reasoning.summary")
+    opt_list(body, "include")
     for key in ("previous_response_id", "truncation", "service_tier"):
-        _opt_str(body, key, key)
-    _opt_bool(body, "store")
+        opt_str(body, key, key)
+    opt_bool(body, "store")
     return ChatRequest(
         model=model,
         messages=tuple(turns.close()),
         dialect="openai_responses",
-        stream=bool(_opt_bool(body, "stream")),
+        stream=bool(opt_bool(body, "stream")),
         tools=_tools(body.get("tools")),
-        tool_choice=_tool_choice(body.get("tool_choice"), _opt_bool(body, "parallel_tool_calls")),
-        sampling=Sampling(max_tokens=_opt_int(body, "max_output_tokens", 1),
-                          temperature=_opt_number(body, "temperature", 0, 2),
-                          top_p=_opt_number(body, "top_p", 0, 1)),
-        response_format=_response_format(_opt_dict(body, "text", "text")),
+        tool_choice=_tool_choice(body.get("tool_choice"), opt_bool(body, "parallel_tool_calls")),
+        sampling=Sampling(max_tokens=opt_int(body, "max_output_tokens", 1),
+                          temperature=opt_number(body, "temperature", 0, 2),
+                          top_p=opt_number(body, "top_p", 0, 1)),
+        response_format=_response_format(opt_dict(body, "text", "text")),
         reasoning_effort=effort,
-        user=_opt_str(body, "user", "user"),
+        user=opt_str(body, "user", "user"),
         session_id=_session_id(body, headers),
-        prompt_cache_key=_opt_str(body, "prompt_cache_key", "prompt_cache_key"),
-        metadata=_opt_dict(body, "metadata", "metadata"),
+        prompt_cache_key=opt_str(body, "prompt_cache_key", "prompt_cache_key"),
+        metadata=opt_dict(body, "metadata", "metadata"),
         raw=body,
     )
 
