@@ -89,7 +89,8 @@ def create_app(settings: Any) -> Starlette:
                                           max_wait=server.queue_timeout),
                  bindings=MemoryBindingStore(ttl=settings.routing.binding_ttl,
                                              max_items=settings.routing.max_bindings),
-                 cooldown_seconds=settings.routing.cooldown_seconds)
+                 cooldown_seconds=settings.routing.cooldown_seconds,
+                 log_requests=server.log_level in ("debug", "info"))
     _build_policies(gw, settings.routing)
     gw.metrics.registry.register(PoolCollector(gw.metrics_snapshot))
 

@@ -42,6 +42,7 @@ class Gateway:
     policy: Any = None  # the default routing policy, built by create_app
     policies: dict[str, Any] = field(default_factory=dict)  # model -> its own policy
     cooldown_seconds: float = 5.0
+    log_requests: bool = True  # an access line per request (log level info or debug)
     _tasks: set[Any] = field(default_factory=set)
 
     async def admit(self, chat: ChatRequest, headers: Mapping[str, str], key: str,
@@ -51,14 +52,16 @@ class Gateway:
         deadline), and the worker the model's policy picks among the free ones
         (``prefer`` first when it is free)."""
         workers, routed = self.pool.eligible(chat, exclude)
-        session, _source = session_key(routed, headers)
-        policy = self.policies.get(routed.model, self.policy)
 
         async def choose(free: Sequence[Worker]) -> Worker:
+            if len(free) == 1:  # nothing to decide: skip the session key and the policy
+                return free[0]
             if prefer is not None:
                 for worker in free:
                     if worker.name == prefer:
                         return worker
+            session, _source = session_key(routed, headers)
+            policy = self.policies.get(routed.model, self.policy)
             return await policy.choose(routed, session, free)
 
         lease = await self.admission.acquire(key=key, workers=workers, choose=choose)
@@ -114,6 +117,8 @@ class Gateway:
                 worker=record.worker or "none", key=record.key, status=record.status,
                 duration=record.duration, ttft=record.ttft,
                 tokens_in=record.tokens_in, tokens_out=record.tokens_out)
+        if record.status < 500 and not self.log_requests:
+            return  # info lines are filtered out: don't build one
         fields: dict[str, Any] = {
             "method": record.method, "path": record.path, "status": record.status,
             "latency_ms": round(record.duration * 1000, 2), "key": record.key,
