@@ -21,6 +21,8 @@ from the start of the prompt, which only matters with ``echo``).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from typing import Any, Mapping
 
 import orjson
@@ -38,7 +40,8 @@ from .validate import (
     string_list,
 )
 
-__all__ = ["decode", "encode_completion", "StreamEncoder", "DEFAULT_MAX_TOKENS"]
+__all__ = ["decode", "decode_all", "encode_completion", "encode_completions", "StreamEncoder",
+           "DEFAULT_MAX_TOKENS"]
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
 _SESSION_HEADERS = ("x-session-id", "session_id", "session-id")
@@ -52,9 +55,9 @@ def _unsupported(param: str, what: str) -> BadRequest:
     return BadRequest(f"'{param}' is not supported: {what}.", param=param)
 
 
-def _prompt(value: object) -> str:
+def _prompts(value: object) -> list[str]:
     if type(value) is str:
-        return value
+        return [value]
     if value is None:
         raise missing("prompt")
     if type(value) is not list:
@@ -62,10 +65,7 @@ def _prompt(value: object) -> str:
     if not value:
         raise bad_value("prompt", "must not be empty")
     if all(type(v) is str for v in value):
-        if len(value) > 1:
-            raise _unsupported("prompt", "only one prompt per request is supported for now; "
-                               "send one request per prompt")
-        return value[0]
+        return list(value)
     if all(type(v) is int or (type(v) is list and all(type(t) is int for t in v))
            for v in value):
         raise _unsupported("prompt", "token id prompts need a worker that accepts token ids")
@@ -85,13 +85,34 @@ def _refuse_unsupported(body: Mapping[str, Any]) -> None:
 
 
 def decode(body: object, headers: Mapping[str, str] | None = None) -> ChatRequest:
-    """Validate and translate a Completions body (``headers``: lower-case names)."""
+    """Validate and translate a Completions body with one prompt
+    (``headers``: lower-case names)."""
+    requests = decode_all(body, headers)
+    if len(requests) > 1:
+        raise _unsupported("prompt", "only one prompt per request is supported here; "
+                           "send one request per prompt")
+    return requests[0]
+
+
+def decode_all(body: object, headers: Mapping[str, str] | None = None) -> list[ChatRequest]:
+    """One request per prompt of a body whose ``prompt`` is a list of strings
+    (the answer's choices then come in prompt order, as OpenAI's do)."""
     if type(body) is not dict:
         raise BadRequest("The request body must be a JSON object.")
     model = req_str(body, "model")
     if not model:
         raise bad_value("model", "must not be empty")
-    prompt = _prompt(body.get("prompt"))
+    prompts = _prompts(body.get("prompt"))
+    if len(prompts) > 1 and opt_bool(body, "stream"):
+        raise _unsupported("prompt", "streaming several prompts in one request is not "
+                           "supported; stream one request per prompt")
+    first = _decode_one(body, headers, model, prompts[0])
+    return [first] + [replace(first, messages=(Message("user", (TextPart(p),)),))
+                      for p in prompts[1:]]
+
+
+def _decode_one(body: dict[str, Any], headers: Mapping[str, str] | None, model: str,
+                prompt: str) -> ChatRequest:
     _refuse_unsupported(body)
     top_logprobs = opt_int(body, "logprobs", 0, 5)
     stream_options = opt_dict(body, "stream_options")
@@ -142,6 +163,16 @@ def _logprobs_json(tokens: list[TokenLogprob] | tuple[TokenLogprob, ...],
 def encode_completion(completion: Completion, request: ChatRequest, *, response_id: str,
                       created: int, model: str) -> dict[str, Any]:
     """The non-streaming ``text_completion`` body."""
+    return encode_completions([completion], request, response_id=response_id, created=created,
+                              model=model)
+
+
+def encode_completions(completions: list[Completion], request: ChatRequest, *,
+                       response_id: str, created: int, model: str) -> dict[str, Any]:
+    """One body for several prompts: a choice per prompt, in order; usage summed."""
+    usage = Usage(*(sum(getattr(c.usage, f) or 0 for c in completions)
+                    for f in ("input_tokens", "output_tokens", "cached_tokens",
+                              "cache_creation_tokens", "reasoning_tokens")))
     return {
         "id": response_id,
         "object": "text_completion",
@@ -149,11 +180,11 @@ def encode_completion(completion: Completion, request: ChatRequest, *, response_
         "model": model,
         "choices": [{
             "text": completion.text,
-            "index": 0,
+            "index": index,
             "logprobs": _logprobs_json(completion.logprobs) if request.logprobs else None,
             "finish_reason": _finish_reason(completion.finish),
-        }],
-        "usage": usage_json(completion.usage),
+        } for index, completion in enumerate(completions)],
+        "usage": usage_json(usage),
     }
 
 

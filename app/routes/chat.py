@@ -3,6 +3,7 @@ Anthropic ``/v1/messages`` and ``/v1/messages/count_tokens``."""
 
 from __future__ import annotations
 
+import asyncio
 from types import ModuleType
 from typing import Any, Callable
 
@@ -14,8 +15,8 @@ from pool.tokens import estimate_tokens
 
 from ..dialects import anthropic_messages, openai_chat, openai_completions
 from ..gateway import Gateway
-from ..http import error_response, json_response, read_json
-from .inference import serve
+from ..http import error_response, json_response, new_id, now, read_json
+from .inference import complete, serve
 
 __all__ = ["chat_completions", "completions", "messages", "count_tokens"]
 
@@ -39,7 +40,27 @@ def _route(dialect: ModuleType, name: str, error_dialect: str) -> Callable[[Requ
 
 chat_completions = _route(openai_chat, "openai_chat", "openai")
 messages = _route(anthropic_messages, "anthropic", "anthropic")
-completions = _route(openai_completions, "openai_completions", "openai")
+async def completions(request: Request) -> Any:
+    """Legacy completions: one prompt is served like any request; a list of
+    prompts (not streamed) is answered by one request per prompt, concurrently,
+    their choices in prompt order."""
+    gw: Gateway = request.app.state.gateway
+    record = request.scope["state"]["record"]
+    record.dialect = "openai_completions"
+    try:
+        body = await read_json(request, gw.max_body_bytes)
+        chats = openai_completions.decode_all(body, request.headers)
+        if len(chats) == 1:
+            return await serve(gw, request, chats[0], openai_completions, record)
+        record.model = chats[0].model
+        done = await asyncio.gather(*(complete(gw, request, c, record) for c in chats))
+    except GatewayError as exc:
+        record.error = exc.kind
+        return error_response(exc, "openai")
+    record.tokens_in = sum(c.usage.input_tokens or 0 for c in done)
+    record.tokens_out = sum(c.usage.output_tokens or 0 for c in done)
+    return json_response(openai_completions.encode_completions(
+        list(done), chats[0], response_id=new_id("cmpl-"), created=now(), model=chats[0].model))
 
 
 async def count_tokens(request: Request) -> Any:

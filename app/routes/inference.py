@@ -8,7 +8,7 @@ SSE frames of the client's dialect or fold the events into one body.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, TypeVar
 
 import structlog
 from starlette.requests import Request
@@ -16,14 +16,16 @@ from starlette.responses import Response
 
 from pool.accumulate import Accumulator
 from pool.errors import GatewayError, UpstreamUnavailable
-from pool.model import ChatRequest, Event
+from pool.model import ChatRequest, Completion, Event
 
 from ..gateway import Gateway
 from ..http import error_response, json_response, new_id, now
 from ..record import RequestRecord
 from ..streaming import ClientGone, EventStreamResponse, StreamOutcome, until_disconnect
 
-__all__ = ["serve", "ERROR_DIALECT"]
+__all__ = ["serve", "complete", "ERROR_DIALECT"]
+
+T = TypeVar("T")
 
 log = structlog.get_logger("poolgate.request")
 
@@ -48,9 +50,40 @@ async def serve(gw: Gateway, request: Request, chat: ChatRequest, dialect: Modul
     the client got a byte is replaced once by another eligible worker.
     ``finalize`` is awaited with the finished response object and the worker's
     name (stored responses); for a stream, once it ended without the client leaving."""
-    error_dialect = ERROR_DIALECT[chat.dialect]
     record.model = chat.model
     record.stream = chat.stream
+
+    async def attempt(lease: Any, routed: ChatRequest) -> Response | EventStreamResponse:
+        return await _attempt(gw, request, chat, routed, lease, dialect, record, finalize)
+
+    try:
+        return await _with_retry(gw, request, chat, record, prefer, attempt)
+    except GatewayError as exc:
+        record.error = exc.kind
+        worker = getattr(exc, "worker", None)
+        return error_response(exc, ERROR_DIALECT[chat.dialect],
+                              {"x-poolgate-worker": worker} if worker else None)
+
+
+async def complete(gw: Gateway, request: Request, chat: ChatRequest,
+                   record: RequestRecord) -> Completion:
+    """The whole answer to ``chat`` as one Completion (admitted, routed and
+    retried like :func:`serve`); raises GatewayError."""
+    async def attempt(lease: Any, routed: ChatRequest) -> Completion:
+        try:
+            return await until_disconnect(request.receive, _fold(lease.worker.stream(routed)))
+        finally:
+            gw.release(lease)
+
+    return await _with_retry(gw, request, chat, record, None, attempt)
+
+
+async def _with_retry(gw: Gateway, request: Request, chat: ChatRequest, record: RequestRecord,
+                      prefer: str | None,
+                      attempt: Callable[[Any, ChatRequest], Awaitable[T]]) -> T:
+    """Admit and route ``chat``, run ``attempt(lease, routed)``; on a retryable
+    failure try once more on another eligible worker. Raises the GatewayError
+    the client must see, with ``.worker`` naming the last worker tried."""
     tried: list[str] = []
     failure: GatewayError | None = None
     while True:
@@ -58,19 +91,18 @@ async def serve(gw: Gateway, request: Request, chat: ChatRequest, dialect: Modul
             lease, routed = await gw.admit(chat, request.headers, record.key, prefer, tried)
         except GatewayError as exc:
             failure = failure or exc  # no other worker: the first failure is the answer
-            record.error = failure.kind
-            headers = {"x-poolgate-worker": tried[-1]} if tried else None
-            return error_response(failure, error_dialect, headers)
+            failure.worker = tried[-1] if tried else None  # type: ignore[attr-defined]
+            raise failure from None
         worker = lease.worker
         record.worker = worker.name
         try:
-            return await _attempt(gw, request, chat, routed, lease, dialect, record, finalize)
+            return await attempt(lease, routed)
         except GatewayError as exc:
             gw.metrics_upstream_error(worker.name, exc.kind)
             tried.append(worker.name)
+            exc.worker = worker.name  # type: ignore[attr-defined]
             if exc.kind not in RETRYABLE or isinstance(exc, ClientGone) or len(tried) > 1:
-                record.error = exc.kind
-                return error_response(exc, error_dialect, {"x-poolgate-worker": worker.name})
+                raise
             gw.pool.cool_down(worker.name, gw.cooldown_seconds)
             failure = exc
             log.info("request.retry", failed_worker=worker.name, error=exc.kind)

@@ -306,3 +306,18 @@ def test_count_tokens_exact_from_anthropic_upstream_and_estimated_otherwise(gate
     assert bigger.input_tokens > estimate.parse().input_tokens > 0
     # a model nobody serves still gets an estimate, never a 404
     assert client.messages.count_tokens(model="claude-unknown", messages=messages).input_tokens > 0
+
+
+def test_legacy_completions_several_prompts(gateway, upstream_model):
+    client = oai(gateway)
+    out = client.completions.create(model=upstream_model, prompt=["first one", "second one"],
+                                    max_tokens=16)
+    assert [(c.index, c.text) for c in out.choices] == [(0, "echo: first one"),
+                                                       (1, "echo: second one")]
+    assert out.usage.completion_tokens >= 6
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=upstream_model, prompt=["a", "b"], stream=True)
+    assert err.value.body["param"] == "prompt"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=upstream_model, prompt=[1, 2, 3])
+    assert err.value.body["param"] == "prompt"
