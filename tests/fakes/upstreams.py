@@ -153,6 +153,11 @@ class FakeUpstream:
 
     @property
     def last(self) -> Received:
+        """The last POST received: a gateway's health probes (``GET
+        /v1/models``) may land at any time and are not what a test asks about."""
+        for received in reversed(self.requests):
+            if received.body is not None:
+                return received
         return self.requests[-1]
 
     # --- lifecycle ---

@@ -29,7 +29,7 @@ def _replay(gateway, fixture: Path, model: str) -> tuple[httpx.Response, dict, d
     with httpx.Client(base_url=gateway.url, timeout=30) as client:
         before = len(gateway.fake.requests)
         resp = client.post(path, json=body, headers=headers)
-    sent = gateway.fake.requests[before:]
+    sent = [r for r in gateway.fake.requests[before:] if r.body is not None]  # no probes
     return resp, body, sent[-1].body if sent else {}
 
 

@@ -432,7 +432,7 @@ async def test_max_connections_queues_requests(make: MakeWorker, fake: FakeUpstr
 async def test_health(make: MakeWorker, fake: FakeUpstream, dialect: str) -> None:
     worker = await make(dialect)
     assert await worker.health() is True
-    assert fake.last.path == "/v1/models"
+    assert fake.requests[-1].path == "/v1/models"
     assert worker.capabilities.logprobs is (dialect == "openai")
     assert worker.capabilities.max_n == 1 and worker.capabilities.images
 
