@@ -193,3 +193,22 @@ command = [{command}]
         if gateway.poll() is None:
             gateway.kill()
             gateway.wait()
+
+
+def test_the_example_worker_serves_both_dialects():
+    settings = Settings(server=ServerSettings(), workers=(WorkerSettings(
+        name="reverser", kind="process", models=("reverse",), cwd=str(REPO),
+        command=(sys.executable, "examples/reverse_worker.py")),))
+    with ServerThread(create_app(settings)) as srv, \
+            openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0) as oai, \
+            anthropic.Anthropic(base_url=srv.url, api_key="x", max_retries=0) as ant:
+        out = oai.chat.completions.create(model="reverse",
+                                          messages=[{"role": "user", "content": "a b c"}])
+        assert out.choices[0].message.content == "c b a "
+        msg = ant.messages.create(model="reverse", max_tokens=2,
+                                  messages=[{"role": "user", "content": "a b c"}])
+        assert msg.content[0].text == "c b " and msg.stop_reason == "max_tokens"
+        with pytest.raises(openai.BadRequestError) as err:  # a worker's error crosses the pipe
+            oai.chat.completions.create(model="reverse",
+                                        messages=[{"role": "system", "content": "x"}])
+        assert err.value.body["param"] == "messages"
