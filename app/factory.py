@@ -90,7 +90,8 @@ def create_app(settings: Any) -> Starlette:
                  bindings=MemoryBindingStore(ttl=settings.routing.binding_ttl,
                                              max_items=settings.routing.max_bindings),
                  cooldown_seconds=settings.routing.cooldown_seconds,
-                 log_requests=server.log_level in ("debug", "info"))
+                 log_requests=server.log_level in ("debug", "info"),
+                 stream_grace=server.stream_grace, ping_interval=server.ping_interval)
     _build_policies(gw, settings.routing)
     gw.metrics.registry.register(PoolCollector(gw.metrics_snapshot))
 

@@ -33,6 +33,7 @@ class Gateway:
     metrics_public: bool
     max_body_bytes: int
     ping_interval: float = 10.0
+    stream_grace: float = 2.0  # seconds a stream waits for its first event before headers
     pool: Pool = field(default_factory=lambda: Pool(()))
     configured_models: tuple[str, ...] = ()
     responses: ResponseStore = field(default_factory=MemoryResponseStore)

@@ -76,6 +76,8 @@ class ServerSettings(BaseModel):
     max_in_flight: int = Field(0, ge=0)           # requests in flight in all; 0: no global limit
     max_in_flight_per_key: int = Field(0, ge=0)   # per API key name; 0: no limit
     queue_timeout: float = Field(5.0, ge=0)       # how long a request waits for a slot, then 429/529
+    stream_grace: float = Field(2.0, ge=0)        # a stream's headers wait this long for the first event
+    ping_interval: float = Field(10.0, gt=0)      # keep-alive ping after this much stream silence
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod

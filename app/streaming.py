@@ -56,9 +56,15 @@ class StreamOutcome:
 
 
 class EventStreamResponse:
-    """An ASGI response streaming ``first`` then the rest of ``events``."""
+    """An ASGI response streaming ``first`` then the rest of ``events``.
 
-    def __init__(self, first: Event, events: AsyncIterator[Event], encoder: Encoder, *,
+    ``first`` may still be pending (a future): the worker is slow to begin
+    (a long prefill, a queue), so the headers go out now and keep-alive pings
+    follow while it works; a failure then ends the stream with the dialect's
+    error frame."""
+
+    def __init__(self, first: Event | asyncio.Future[Event], events: AsyncIterator[Event],
+                 encoder: Encoder, *,
                  headers: list[tuple[bytes, bytes]], ping_interval: float,
                  on_done: Callable[[StreamOutcome], None],
                  after: Callable[[], Awaitable[None]] | None = None) -> None:
@@ -90,6 +96,10 @@ class EventStreamResponse:
             watch.cancel()
             if pinger is not None:
                 pinger.cancel()
+            first = self.first
+            if isinstance(first, asyncio.Future) and not first.done():
+                first.cancel()  # the client left before the worker began: stop it
+                await asyncio.wait({first})
             await _aclose_quietly(self.events)
             self.on_done(self.outcome)
 
@@ -97,7 +107,10 @@ class EventStreamResponse:
         enc = self.encoder
         outcome = self.outcome
         try:
-            frame = enc.feed(self.first)
+            first = self.first
+            if isinstance(first, asyncio.Future):
+                first = await first
+            frame = enc.feed(first)
             if frame:
                 await send({"type": "http.response.body", "body": frame, "more_body": True})
             async for event in self.events:

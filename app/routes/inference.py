@@ -7,6 +7,7 @@ SSE frames of the client's dialect or fold the events into one body.
 
 from __future__ import annotations
 
+import asyncio
 from types import ModuleType
 from typing import Any, Awaitable, Callable, TypeVar
 
@@ -120,7 +121,7 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: Cha
         response_id = new_id(ID_PREFIX[chat.dialect])
         if chat.stream:
             iterator = events.__aiter__()
-            first = await until_disconnect(request.receive, _first_event(iterator))
+            first = await _begin(gw, request, iterator)
             encoder = dialect.StreamEncoder(chat, response_id=response_id, created=now(),
                                             model=chat.model)
 
@@ -150,6 +151,20 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: Cha
     finally:
         if not handed_over:
             gw.release(lease)
+
+
+async def _begin(gw: Gateway, request: Request, iterator: Any) -> Event | asyncio.Future[Event]:
+    """The worker's first event if it comes within ``stream_grace`` (a failure
+    until then can still be an HTTP error, or a retry elsewhere); else the
+    pending future, and the response starts with headers and pings."""
+    task = asyncio.ensure_future(_first_event(iterator))
+    try:
+        await until_disconnect(request.receive, asyncio.wait({task}, timeout=gw.stream_grace))
+    except BaseException:
+        task.cancel()
+        await asyncio.wait({task})
+        raise
+    return task.result() if task.done() else task
 
 
 async def _first_event(iterator: Any) -> Event:

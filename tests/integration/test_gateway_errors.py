@@ -3,6 +3,7 @@ and nothing leaks: no slot held, no upstream request left running."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import anthropic
@@ -320,3 +321,51 @@ def test_upstream_4xx_is_not_retried(fake_upstream):
                                            messages=[{"role": "user", "content": "[[error:400]]"}])
         # the client's own mistake: one upstream call, not two
         assert posts() == before + 1
+
+
+# --- a slow first event: headers at once, pings while waiting ---------------------------
+
+@pytest.fixture
+def impatient(fake_upstream):
+    from app.factory import create_app
+    from app.settings import ServerSettings, Settings, WorkerSettings
+    from tests.support.server import ServerThread
+
+    settings = Settings(server=ServerSettings(stream_grace=0.3, ping_interval=0.3), workers=(
+        WorkerSettings(name="a", dialect="anthropic", models=("claude-x",), api_key=UPSTREAM_KEY,
+                       url=fake_upstream.anthropic_url),
+        WorkerSettings(name="o", dialect="openai", models=("gpt-x",), api_key=UPSTREAM_KEY,
+                       url=fake_upstream.url)))
+    with ServerThread(create_app(settings)) as srv, \
+            httpx.Client(base_url=srv.url, timeout=30) as http:
+        yield http
+
+
+@pytest.mark.parametrize("model", ["claude-x", "gpt-x"])
+def test_anthropic_stream_pings_while_the_worker_is_slow(impatient, model):
+    body = {"model": model, "max_tokens": 32, "stream": True,
+            "messages": [{"role": "user", "content": "[[sleep:1.5]] slow start"}]}
+    r = impatient.post("/v1/messages", json=body)
+    events = [line[7:] for line in r.text.splitlines() if line.startswith("event: ")]
+    assert events[0] == "message_start" and events[-1] == "message_stop"
+    first_block = events.index("content_block_start")
+    assert "ping" in events[:first_block]  # keep-alive before any content
+    text = "".join(json.loads(line[6:])["delta"].get("text", "")
+                   for line in r.text.splitlines()
+                   if line.startswith("data: ") and '"content_block_delta"' in line)
+    assert text == "echo: slow start"
+
+
+def test_late_failure_after_headers_is_an_error_frame(impatient):
+    body = {"model": "gpt-x", "stream": True,
+            "messages": [{"role": "user", "content": "[[sleep:1]] [[error:500]]"}]}
+    r = impatient.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200  # the headers had gone out: the error comes in-stream
+    frames = [f for f in r.text.split("\n\n") if f]
+    assert frames[0] == ": ping" or any(f == ": ping" for f in frames)
+    assert '"error"' in frames[-2] and frames[-1] == "data: [DONE]"
+    with openai.OpenAI(base_url=str(impatient.base_url) + "/v1", api_key="x", max_retries=0) as c:
+        with pytest.raises(openai.APIError):
+            for _ in c.chat.completions.create(model="gpt-x", stream=True, messages=[
+                    {"role": "user", "content": "[[sleep:1]] [[error:500]]"}]):
+                pass
