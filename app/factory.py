@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Mapping
 
 import structlog
 from starlette.applications import Starlette
@@ -68,9 +68,10 @@ def worker_specs(settings: Any) -> list[RemoteSpec | ProcessSpec]:
     return specs
 
 
-def make_worker(spec: RemoteSpec | ProcessSpec) -> Any:
+def make_worker(spec: RemoteSpec | ProcessSpec, environment: Mapping[str, str]) -> Any:
+    """A worker for ``spec``; a process worker's child inherits ``environment``."""
     if isinstance(spec, ProcessSpec):
-        return ProcessWorker(spec)
+        return ProcessWorker(spec, base_env=environment)
     return make_remote_worker(spec)
 
 
@@ -101,7 +102,7 @@ def create_app(settings: Any) -> Starlette:
             specs = worker_specs(settings)
             if not specs:
                 specs = await _start_demo(stack)
-            gw.pool = Pool([make_worker(spec) for spec in specs])
+            gw.pool = Pool([make_worker(spec, settings.environment) for spec in specs])
             await gw.pool.start()
             stack.push_async_callback(gw.pool.aclose)
             probes = asyncio.ensure_future(gw.pool.probe_forever(server.health_interval))

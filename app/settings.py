@@ -17,7 +17,10 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 from pydantic_settings.sources.utils import parse_env_vars
@@ -233,6 +236,10 @@ class Settings(BaseSettings):
         env_prefix="POOLGATE_", env_nested_delimiter="__", extra="forbid", frozen=True,
     )
 
+    # The environment load_settings read: what process workers inherit. Not a
+    # configuration key; empty when Settings is built directly.
+    _environment: dict[str, str] = PrivateAttr(default_factory=dict)
+
     server: ServerSettings = Field(default_factory=ServerSettings)
     responses: ResponsesSettings = Field(default_factory=ResponsesSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
@@ -246,6 +253,11 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Only explicit arguments: the environment is read by load_settings, from the mapping it is given.
         return (init_settings,)
+
+    @property
+    def environment(self) -> dict[str, str]:
+        """The environment poolgate was started with, for the workers it starts."""
+        return dict(self._environment)
 
     @field_validator("workers")
     @classmethod
@@ -393,7 +405,10 @@ def _resolve_secrets(settings: Settings, environ: Mapping[str, str]) -> Settings
         w.model_copy(update={"api_key": SecretStr(environ[w.api_key_env])}) if w.api_key_env else w
         for w in settings.workers
     )
-    return settings.model_copy(update={"server": server.model_copy(update=update), "workers": workers})
+    resolved = settings.model_copy(update={"server": server.model_copy(update=update),
+                                           "workers": workers})
+    resolved._environment = dict(environ)
+    return resolved
 
 
 def _format_error(err: Mapping[str, Any]) -> str:

@@ -118,7 +118,7 @@ async def bench_frames(requests: int, concurrency: int, events: int) -> dict[str
     from pool.process import ProcessSpec, ProcessWorker
     worker = ProcessWorker(ProcessSpec(
         name="bench", command=(sys.executable, os.path.abspath(__file__), "--child", "frames"),
-        health_interval=3600))
+        health_interval=3600), base_env=os.environ)
     await worker.start()
     request = _request(events)
 

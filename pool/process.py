@@ -59,15 +59,16 @@ class ProcessWorker:
     kind = "process"
 
     def __init__(self, spec: ProcessSpec, *, capabilities: Capabilities | None = None,
-                 base_env: Mapping[str, str] | None = None) -> None:
+                 base_env: Mapping[str, str] = {}) -> None:
         self.spec = spec
         self.name = spec.name
         self.models = tuple(spec.models)
         self.aliases = dict(spec.aliases)
         self.capacity = spec.capacity
         self.capabilities = capabilities or Capabilities()
-        # the child inherits the gateway's environment unless the caller passes one
-        self._base_env = dict(os.environ if base_env is None else base_env)
+        # The child's environment before spec.env: what the gateway was started
+        # with, handed down from its Settings (pool/ reads no environment itself).
+        self._base_env = dict(base_env)
         self._supervisor = Supervisor(spec.name, spec.policy(), self._launch)
         self._draining = False
         self._in_flight = 0

@@ -310,3 +310,12 @@ def test_process_worker_loads() -> None:
          "max_in_flight": 4, "env": {"A": "1"}}]})
     (w,) = s.workers
     assert w.command == ("python", "-m", "w") and w.max_in_flight == 4 and w.env == {"A": "1"}
+
+
+def test_environment_is_kept_for_child_processes_not_configurable() -> None:
+    s = load_settings(None, {"PATH": "/bin", "SECRET_THING": "x"})
+    assert s.environment == {"PATH": "/bin", "SECRET_THING": "x"}
+    assert "SECRET_THING" not in repr(s)
+    assert Settings().environment == {}  # built directly: nothing read
+    with pytest.raises(ConfigError):
+        load_settings(None, {}, {"_environment": {"A": "1"}})
