@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", metavar="FILE", help="TOML config file (default: $POOLGATE_CONFIG)")
     serve.add_argument("--host", help="address to listen on (overrides server.host)")
     serve.add_argument("--port", type=int, help="port to listen on (overrides server.port)")
+    serve.add_argument("--demo", action="store_true",
+                       help="with no workers configured, serve the built-in demo upstream (models "
+                            "'demo' and 'demo-claude') instead of the embedded default model")
     serve.add_argument("--insecure", action="store_true",
                        help="allow a non-loopback host without API keys (server.allow_insecure)")
     serve.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"),
@@ -84,6 +87,8 @@ def serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
             server[field] = value
     if args.insecure:
         server["allow_insecure"] = True
+    if getattr(args, "demo", False):
+        server["demo"] = True
     return {"server": server} if server else {}
 
 
@@ -110,6 +115,14 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if refusal:
         print(f"poolgate: {refusal}", file=sys.stderr)
         return EXIT_REFUSED
+    from app.factory import worker_specs
+    from pool.local.defaults import NoDefaultModel
+
+    try:
+        worker_specs(settings)  # finds (or fetches) the default model before the server starts
+    except NoDefaultModel as exc:
+        print(f"poolgate: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
 
     from app.observability import configure_logging
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from typing import Any, AsyncIterator, Mapping
 
 import structlog
@@ -18,6 +19,8 @@ from auth.keys import KeyRing, TokenGate
 from pool.errors import GatewayError, InternalError, NotFound
 from pool.admission import AdmissionGuard
 from pool.pool import Pool
+from pool.local.defaults import find_default_model
+from pool.local.worker import LocalSpec, LocalWorker
 from pool.process import ProcessSpec, ProcessWorker
 from pool.routing import make_policy
 from sessions.bindings import MemoryBindingStore
@@ -46,15 +49,20 @@ def _secret(value: Any) -> str | None:
     return text or None
 
 
-def worker_specs(settings: Any) -> list[RemoteSpec | ProcessSpec]:
+Spec = RemoteSpec | ProcessSpec | LocalSpec
+
+
+def worker_specs(settings: Any) -> list[Spec]:
     """The worker specs the configuration asks for, in order."""
-    specs: list[RemoteSpec | ProcessSpec] = []
+    specs: list[Spec] = []
     for w in settings.workers:
-        if w.kind == "process":
+        if w.kind == "local":
+            specs.append(local_spec(w, settings))
+        elif w.kind == "process":
             specs.append(ProcessSpec(
                 name=w.name, command=tuple(w.command), models=tuple(w.models),
                 aliases=dict(w.aliases), capacity=w.max_in_flight, env=dict(w.env), cwd=w.cwd,
-                ready_timeout=w.ready_timeout, health_interval=w.health_interval,
+                ready_timeout=w.ready_timeout or 30.0, health_interval=w.health_interval,
                 health_timeout=w.health_timeout, backoff_initial=w.backoff_initial,
                 backoff_max=w.backoff_max, crash_loop_threshold=w.crash_loop_threshold,
                 crash_loop_window=w.crash_loop_window, stop_timeout=w.stop_timeout))
@@ -68,8 +76,27 @@ def worker_specs(settings: Any) -> list[RemoteSpec | ProcessSpec]:
     return specs
 
 
-def make_worker(spec: RemoteSpec | ProcessSpec, environment: Mapping[str, str]) -> Any:
+def local_spec(w: Any, settings: Any) -> LocalSpec:
+    model = w.model
+    if model is None:  # the embedded default (llamacpp only; settings checked that)
+        model = find_default_model(os.path.expanduser(settings.server.cache_dir))
+    template = None
+    if w.chat_template is not None:
+        with open(w.chat_template, encoding="utf-8") as fh:
+            template = fh.read()
+    return LocalSpec(
+        name=w.name, engine=w.engine, model=model, models=tuple(w.models), aliases=dict(w.aliases),
+        context_length=w.context_length, capacity=w.capacity, max_in_flight=w.max_in_flight,
+        threads=w.threads, gpu_ids=w.gpu_ids, engine_args=dict(w.engine_args),
+        chat_template=template, python=w.python, env=dict(w.env),
+        ready_timeout=w.ready_timeout or 600.0, health_interval=w.health_interval,
+        health_timeout=w.health_timeout, stop_timeout=w.stop_timeout)
+
+
+def make_worker(spec: Spec, environment: Mapping[str, str]) -> Any:
     """A worker for ``spec``; a process worker's child inherits ``environment``."""
+    if isinstance(spec, LocalSpec):
+        return LocalWorker(spec, base_env=environment)
     if isinstance(spec, ProcessSpec):
         return ProcessWorker(spec, base_env=environment)
     return make_remote_worker(spec)
@@ -100,7 +127,7 @@ def create_app(settings: Any) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
             specs = worker_specs(settings)
-            if not specs:
+            if not specs and settings.server.demo:
                 specs = await _start_demo(stack)
             gw.pool = Pool([make_worker(spec, settings.environment) for spec in specs])
             await gw.pool.start()
@@ -117,6 +144,7 @@ def create_app(settings: Any) -> Starlette:
         Route("/v1/messages", chat.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", chat.count_tokens, methods=["POST"]),
         Route("/v1/completions", chat.completions, methods=["POST"]),
+        Route("/generate", chat.generate, methods=["POST"]),
         Route("/v1/responses", responses.create_response, methods=["POST"]),
         Route("/v1/responses/{response_id}", responses.get_response, methods=["GET"]),
         Route("/v1/responses/{response_id}", responses.delete_response, methods=["DELETE"]),

@@ -81,6 +81,8 @@ class ServerSettings(BaseModel):
     queue_timeout: float = Field(5.0, ge=0)       # how long a request waits for a slot, then 429/529
     stream_grace: float = Field(2.0, ge=0)        # a stream's headers wait this long for the first event
     ping_interval: float = Field(10.0, gt=0)      # keep-alive ping after this much stream silence
+    demo: bool = False  # no workers configured: serve the built-in demo upstream, not the default model
+    cache_dir: str = "~/.cache/poolgate"  # downloads (the default model when it is not installed)
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod
@@ -118,7 +120,7 @@ class WorkerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    kind: Literal["remote", "process"] = "remote"
+    kind: Literal["remote", "process", "local"] = "remote"
     # remote: an HTTP endpoint
     dialect: Literal["openai", "anthropic"] | None = None
     url: str | None = None
@@ -126,7 +128,17 @@ class WorkerSettings(BaseModel):
     command: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
-    ready_timeout: float = Field(30.0, gt=0)
+    # local: a model engine in a supervised child process (see docs/workers.md)
+    engine: Literal["llamacpp", "transformers", "vllm", "sglang"] | None = None
+    model: str | None = None  # a GGUF file (llamacpp), an HF folder or hub id; None: the embedded default
+    context_length: int | None = Field(None, gt=0)  # tokens per sequence; None: the model's own
+    capacity: int = Field(4, gt=0)  # sequences the engine runs in parallel
+    threads: int | None = Field(None, gt=0)  # CPU threads of the engine
+    gpu_ids: tuple[int, ...] | None = None  # CUDA devices (CUDA_VISIBLE_DEVICES)
+    engine_args: dict[str, Any] = Field(default_factory=dict)  # engine-specific settings
+    chat_template: str | None = None  # a Jinja chat template file replacing the model's own
+    python: str | None = None  # the interpreter whose environment has the engine
+    ready_timeout: float | None = Field(None, gt=0)  # default 30 s (process), 600 s (local)
     health_interval: float = Field(5.0, gt=0)
     health_timeout: float = Field(2.0, gt=0)
     backoff_initial: float = Field(0.5, gt=0)
@@ -136,7 +148,7 @@ class WorkerSettings(BaseModel):
     stop_timeout: float = Field(10.0, gt=0)
     api_key_env: str | None = None
     api_key: SecretStr | None = None  # resolved from api_key_env
-    models: tuple[str, ...]
+    models: tuple[str, ...] = ()  # a local worker defaults to the model file's name
     aliases: dict[str, str] = Field(default_factory=dict)
     connect_timeout: float = Field(10.0, gt=0)
     first_byte_timeout: float = Field(300.0, gt=0)
@@ -154,8 +166,8 @@ class WorkerSettings(BaseModel):
     @field_validator("kind", mode="before")
     @classmethod
     def _check_kind(cls, kind: Any) -> Any:
-        if kind in ("local", "cli"):
-            raise ValueError(f"worker kind {kind!r} is not yet supported ('remote' or 'process')")
+        if kind == "cli":
+            raise ValueError("worker kind 'cli' is not yet supported ('remote', 'process' or 'local')")
         return kind
 
     @field_validator("url")
@@ -171,8 +183,6 @@ class WorkerSettings(BaseModel):
     @field_validator("models")
     @classmethod
     def _check_models(cls, models: tuple[str, ...]) -> tuple[str, ...]:
-        if not models:
-            raise ValueError("a worker needs at least one model")
         if any(not m for m in models):
             raise ValueError("model names must not be empty")
         if len(set(models)) != len(models):
@@ -181,6 +191,17 @@ class WorkerSettings(BaseModel):
 
     @model_validator(mode="after")
     def _check_kind_fields(self) -> WorkerSettings:
+        if self.kind == "local":
+            if self.engine is None:
+                raise ValueError("a local worker needs an engine ('llamacpp', 'transformers', "
+                                 "'vllm' or 'sglang')")
+            if self.model is None and self.engine != "llamacpp":
+                raise ValueError(f"a local {self.engine} worker needs a model (an HF folder or hub id)")
+            if not self.models:
+                object.__setattr__(self, "models", (default_model_name(self.model),))
+            return self
+        if not self.models:
+            raise ValueError("a worker needs at least one model")
         if self.kind == "remote":
             missing = [f for f in ("dialect", "url") if getattr(self, f) is None]
             if missing:
@@ -205,6 +226,21 @@ class WorkerSettings(BaseModel):
         if name in self.models:
             return name
         return self.aliases.get(name)
+
+
+def default_model_name(model: str | None) -> str:
+    """The name a local worker serves its model under when ``models`` is not given."""
+    if model is None:
+        return DEFAULT_LOCAL_MODEL
+    base = model.rstrip("/").rsplit("/", 1)[-1]
+    return base[:-5] if base.lower().endswith(".gguf") else base
+
+
+DEFAULT_LOCAL_MODEL = "smollm2-135m-instruct"
+
+
+DEFAULT_WORKER = WorkerSettings(name="local", kind="local", engine="llamacpp", capacity=4,
+                                 context_length=4096)
 
 
 class RoutingSettings(BaseModel):
@@ -308,6 +344,9 @@ def load_settings(config_path: str | None, environ: Mapping[str, str], overrides
         raise ConfigError(problems) from None
     if problems:
         raise ConfigError(problems)
+    if not settings.workers and not settings.server.demo:
+        # nothing configured: the embedded default model on the llama.cpp engine
+        settings = settings.model_copy(update={"workers": (DEFAULT_WORKER,)})
     return _resolve_secrets(settings, environ)
 
 

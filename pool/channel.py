@@ -91,6 +91,7 @@ class Incarnation(asyncio.Protocol):
         self._ready: asyncio.Future[None] = loop.create_future()
         self._calls: dict[int, Call] = {}
         self._pings: dict[int, asyncio.Future[None]] = {}
+        self._results: dict[int, asyncio.Future[object]] = {}
         self._ids = itertools.count(1)
         self._closed = False
 
@@ -125,6 +126,14 @@ class Incarnation(asyncio.Protocol):
                 call = calls.pop(msg["id"], None)
                 if call is not None:
                     call.finish(error_from_dict(msg))
+                else:
+                    result = self._results.pop(msg["id"], None)
+                    if result is not None and not result.done():
+                        result.set_exception(error_from_dict(msg))
+            elif op == "result":
+                result = self._results.pop(msg["id"], None)
+                if result is not None and not result.done():
+                    result.set_result(msg.get("value"))
             elif op == "pong":
                 fut = self._pings.pop(msg.get("id"), None)
                 if fut is not None and not fut.done():
@@ -186,6 +195,10 @@ class Incarnation(asyncio.Protocol):
         calls, self._calls = self._calls, {}
         for call in calls.values():
             call.finish(crashed=why)
+        results, self._results = self._results, {}
+        for fut in results.values():
+            if not fut.done():
+                fut.set_exception(WorkerCrashed(why, before_first_event=True))
         pings, self._pings = self._pings, {}
         for fut in pings.values():
             if not fut.done():
@@ -201,6 +214,19 @@ class Incarnation(asyncio.Protocol):
         self._transport.write(frame({"op": "request", "id": call.id,
                                      "request": request_to_dict(request)}))
         return call
+
+    async def call(self, method: str, params: object) -> object:
+        """A named call to the child (``count_tokens``...): its JSON result, or its error raised."""
+        if self._transport is None:
+            raise WorkerCrashed(f"worker {self.name} went away", before_first_event=True)
+        rid = next(self._ids)
+        fut = self._results[rid] = self._loop.create_future()
+        self._transport.write(frame({"op": "call", "id": rid, "method": method, "params": params}))
+        try:
+            return await fut
+        finally:
+            if self._results.pop(rid, None) is not None and self._transport is not None:
+                self._transport.write(frame({"op": "cancel", "id": rid}))
 
     def close_call(self, call: Call) -> None:
         """The consumer is done with ``call``: cancel it in the child if it is still running."""

@@ -136,6 +136,9 @@ class Sampling:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     n: int = 1
+    # token-level controls of local workers (``/generate``)
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +166,12 @@ class ChatRequest:
     # client headers a same-dialect upstream should see (``anthropic-beta``,
     # ``anthropic-version``), lower-case names
     passthrough_headers: Mapping[str, str] = field(default_factory=dict)
+    # a raw prompt for workers that continue text (``/v1/completions``, ``/generate``):
+    # ``prompt`` is text sent without a chat template, ``prompt_ids`` token ids of
+    # the model's tokenizer. ``messages`` still holds the prompt as a user turn
+    # for chat-only workers; a worker that takes token ids prefers these.
+    prompt: str | None = None
+    prompt_ids: tuple[int, ...] | None = None
 
 
 # --- events --------------------------------------------------------------------
@@ -221,6 +230,7 @@ class TokenLogprob:
     id: int | None = None
     bytes: tuple[int, ...] | None = None
     top: tuple[tuple[str, float], ...] = ()
+    top_ids: tuple[int, ...] = ()  # the ids of ``top``, when the worker knows them
 
 
 @dataclass(frozen=True, slots=True)

@@ -187,6 +187,10 @@ def check_capabilities(request: ChatRequest, caps: Capabilities) -> None:
     if request.sampling.n > caps.max_n:
         raise BadRequest(f"n={request.sampling.n} is not supported by this model's worker "
                          f"(at most {caps.max_n}).", param="n")
+    if (request.prompt_ids is not None or request.dialect == "native") and not caps.token_ids:
+        param = "model" if request.dialect == "native" else "prompt"
+        raise BadRequest("This model's worker does not take token ids (/generate and token-id "
+                         "prompts need a local worker).", param=param)
     if request.logprobs and not caps.logprobs:
         raise BadRequest("logprobs are not available from this model's worker.", param="logprobs")
     if request.tools and not caps.tools:

@@ -49,14 +49,17 @@ _PR_SET_PDEATHSIG = 1
 _ORPHAN_EXIT = 70
 
 Handler = Callable[[ChatRequest], AsyncIterator[Event]]
+#: a named call the gateway may make besides requests (``count_tokens``...):
+#: plain JSON in, plain JSON out; GatewayErrors travel back as errors
+CallHandler = Callable[[Any], Awaitable[Any]]
 log = structlog.get_logger("pool.worker_main")
 
 
 def run(handler: Handler, *, setup: Callable[[], Awaitable[None]] | None = None,
-        handle_sigterm: bool = True) -> None:
+        handle_sigterm: bool = True, calls: dict[str, CallHandler] | None = None) -> None:
     """The entry point of a worker program: guard against orphanhood, then serve."""
     guard_parent()
-    asyncio.run(serve(handler, setup=setup, handle_sigterm=handle_sigterm))
+    asyncio.run(serve(handler, setup=setup, handle_sigterm=handle_sigterm, calls=calls))
 
 
 def guard_parent() -> None:
@@ -82,7 +85,8 @@ def _watch(fd: int) -> None:
 
 
 async def serve(handler: Handler, *, setup: Callable[[], Awaitable[None]] | None = None,
-                sock: socket.socket | None = None, handle_sigterm: bool = True) -> None:
+                sock: socket.socket | None = None, handle_sigterm: bool = True,
+                calls: dict[str, CallHandler] | None = None) -> None:
     """Serve the protocol on ``sock`` (default: the fd the gateway passed) until
     the gateway closes it or SIGTERM arrives (unless ``handle_sigterm`` is false:
     then SIGTERM is the program's business)."""
@@ -92,7 +96,7 @@ async def serve(handler: Handler, *, setup: Callable[[], Awaitable[None]] | None
     if setup is not None:
         await setup()
     loop = asyncio.get_running_loop()
-    server = _Server(handler, loop)
+    server = _Server(handler, loop, calls or {})
     await loop.create_connection(lambda: server, sock=sock)
     if handle_sigterm:
         try:
@@ -107,8 +111,10 @@ async def serve(handler: Handler, *, setup: Callable[[], Awaitable[None]] | None
 
 
 class _Server(asyncio.Protocol):
-    def __init__(self, handler: Handler, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, handler: Handler, loop: asyncio.AbstractEventLoop,
+                 calls: dict[str, CallHandler]) -> None:
         self._handler = handler
+        self._calls = calls
         self._loop = loop
         self._decoder = FrameDecoder()
         self._tasks: dict[int, asyncio.Task[None]] = {}
@@ -152,6 +158,10 @@ class _Server(asyncio.Protocol):
                     task.cancel()
             elif op == "ping":
                 self.send({"op": "pong", "id": msg.get("id")})
+            elif op == "call":
+                rid = msg["id"]
+                self._tasks[rid] = self._loop.create_task(
+                    self._call(rid, msg.get("method"), msg.get("params")))
 
     # --- lifecycle ----------------------------------------------------------------
 
@@ -198,6 +208,25 @@ class _Server(asyncio.Protocol):
             self._tasks.pop(rid, None)
             if events is not None and hasattr(events, "aclose"):
                 await events.aclose()
+
+    async def _call(self, rid: int, method: Any, params: Any) -> None:
+        try:
+            fn = self._calls.get(method) if isinstance(method, str) else None
+            if fn is None:
+                self.send({"op": "error", "id": rid, "kind": "not_found", "status": 404,
+                           "message": f"this worker has no call {method!r}"})
+                return
+            self.send({"op": "result", "id": rid, "value": await fn(params)})
+        except asyncio.CancelledError:
+            pass
+        except GatewayError as exc:
+            self.send({"op": "error", "id": rid, **error_to_dict(exc)})
+        except Exception as exc:
+            log.exception("worker.call_failed", method=method, error=type(exc).__name__)
+            self.send({"op": "error", "id": rid, "kind": "upstream", "status": 502,
+                       "message": f"worker failed ({type(exc).__name__})"})
+        finally:
+            self._tasks.pop(rid, None)
 
     def _write_event(self, rid: int, event: Event) -> None:
         if self._transport is not None:

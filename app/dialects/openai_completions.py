@@ -11,9 +11,13 @@ than continuing it): that is the documented behaviour for chat workers. Raw
 continuation needs a worker that takes a prompt or token ids, which the
 ``local`` workers bring.
 
-Not supported yet, refused with a 400 naming the parameter: token-id prompts
-(``prompt`` as a list of integers or of lists), more than one prompt,
-``echo``, ``suffix`` and ``best_of`` greater than 1. ``logprobs`` (0..5)
+Token-id prompts (``prompt`` as a list of integers, or a list of such lists)
+are served by workers that take token ids (``local``); a chat worker refuses
+them with a 400 naming ``prompt``. The request also carries the prompt as
+``ChatRequest.prompt`` so a local worker continues the text as it is, with no
+chat template.
+
+Not supported yet, refused with a 400 naming the parameter: ``echo``, ``suffix`` and ``best_of`` greater than 1. ``logprobs`` (0..5)
 asks for that many top alternatives per token; ``text_offset`` counts
 characters from the start of the completion text (as vLLM does; OpenAI counts
 from the start of the prompt, which only matters with ``echo``).
@@ -55,7 +59,10 @@ def _unsupported(param: str, what: str) -> BadRequest:
     return BadRequest(f"'{param}' is not supported: {what}.", param=param)
 
 
-def _prompts(value: object) -> list[str]:
+Prompt = str | tuple[int, ...]
+
+
+def _prompts(value: object) -> list[Prompt]:
     if type(value) is str:
         return [value]
     if value is None:
@@ -66,10 +73,19 @@ def _prompts(value: object) -> list[str]:
         raise bad_value("prompt", "must not be empty")
     if all(type(v) is str for v in value):
         return list(value)
-    if all(type(v) is int or (type(v) is list and all(type(t) is int for t in v))
-           for v in value):
-        raise _unsupported("prompt", "token id prompts need a worker that accepts token ids")
-    raise bad_type("prompt", "a string or an array of strings")
+    if all(type(v) is int for v in value):
+        return [tuple(value)]
+    if all(type(v) is list and v and all(type(t) is int for t in v) for v in value):
+        return [tuple(v) for v in value]
+    raise bad_type("prompt", "a string, an array of strings, an array of token ids or an array "
+                   "of arrays of token ids")
+
+
+def _with_prompt(request: ChatRequest, prompt: Prompt) -> ChatRequest:
+    if type(prompt) is str:
+        return replace(request, messages=(Message("user", (TextPart(prompt),)),), prompt=prompt,
+                       prompt_ids=None)
+    return replace(request, messages=(), prompt=None, prompt_ids=prompt)
 
 
 def _refuse_unsupported(body: Mapping[str, Any]) -> None:
@@ -106,13 +122,11 @@ def decode_all(body: object, headers: Mapping[str, str] | None = None) -> list[C
     if len(prompts) > 1 and opt_bool(body, "stream"):
         raise _unsupported("prompt", "streaming several prompts in one request is not "
                            "supported; stream one request per prompt")
-    first = _decode_one(body, headers, model, prompts[0])
-    return [first] + [replace(first, messages=(Message("user", (TextPart(p),)),))
-                      for p in prompts[1:]]
+    first = _decode_one(body, headers, model)
+    return [_with_prompt(first, p) for p in prompts]
 
 
-def _decode_one(body: dict[str, Any], headers: Mapping[str, str] | None, model: str,
-                prompt: str) -> ChatRequest:
+def _decode_one(body: dict[str, Any], headers: Mapping[str, str] | None, model: str) -> ChatRequest:
     _refuse_unsupported(body)
     top_logprobs = opt_int(body, "logprobs", 0, 5)
     stream_options = opt_dict(body, "stream_options")
@@ -129,7 +143,7 @@ def _decode_one(body: dict[str, Any], headers: Mapping[str, str] | None, model: 
     )
     return ChatRequest(
         model=model,
-        messages=(Message("user", (TextPart(prompt),)),),
+        messages=(),
         dialect="openai_completions",
         stream=bool(opt_bool(body, "stream")),
         sampling=sampling,

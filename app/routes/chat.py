@@ -13,12 +13,12 @@ from pool.errors import GatewayError
 
 from pool.tokens import estimate_tokens
 
-from ..dialects import anthropic_messages, openai_chat, openai_completions
+from ..dialects import anthropic_messages, native_generate, openai_chat, openai_completions
 from ..gateway import Gateway
 from ..http import error_response, json_response, new_id, now, read_json
 from .inference import complete, serve
 
-__all__ = ["chat_completions", "completions", "messages", "count_tokens"]
+__all__ = ["chat_completions", "completions", "messages", "count_tokens", "generate"]
 
 
 def _route(dialect: ModuleType, name: str, error_dialect: str) -> Callable[[Request], Any]:
@@ -88,3 +88,26 @@ async def count_tokens(request: Request) -> Any:
     record.tokens_in = tokens
     return json_response({"input_tokens": tokens}, headers={
         "x-poolgate-token-count": "exact" if exact is not None else "estimate"})
+
+
+async def generate(request: Request) -> Any:
+    """The native ``/generate`` (SGLang's shape): token ids and logprobs, for RL."""
+    gw: Gateway = request.app.state.gateway
+    record = request.scope["state"]["record"]
+    record.dialect = "native"
+    try:
+        body = await read_json(request, gw.max_body_bytes)
+        chat = native_generate.decode(body, request.headers, default_model=_token_id_model(gw))
+    except GatewayError as exc:
+        record.error = exc.kind
+        return error_response(exc, "openai")
+    return await serve(gw, request, chat, native_generate, record)
+
+
+def _token_id_model(gw: Gateway) -> str | None:
+    """The model ``/generate`` serves when the body names none: the first one
+    whose worker takes token ids."""
+    for worker in gw.pool.workers:
+        if worker.capabilities.token_ids and worker.models:
+            return worker.models[0]
+    return None

@@ -73,7 +73,7 @@ def test_check_config_reports_each_problem(tmp_path: Path, capsys: pytest.Captur
     assert capsys.readouterr().out.splitlines() == [
         "server.port: Input should be a valid integer, unable to parse string as an integer",
         "server.typo: unknown key",
-        "workers[0].kind: worker kind 'local' is not yet supported ('remote' or 'process')",
+        "workers[0]: a local worker needs an engine ('llamacpp', 'transformers', 'vllm' or 'sglang')",
     ]
 
 

@@ -38,6 +38,7 @@ def test_decode_minimal() -> None:
     assert request.dialect == "openai_completions"
     assert request.model == "m" and request.stream is False
     assert request.messages == (Message("user", (TextPart("Say hi"),)),)
+    assert request.prompt == "Say hi" and request.prompt_ids is None
     assert request.sampling == Sampling(max_tokens=16)  # OpenAI's default
     assert request.logprobs is False and request.top_logprobs is None
     assert request.tools == () and request.tool_choice is None
@@ -76,8 +77,8 @@ BAD_BODIES = [
     ("prompt wrong type", body(prompt={"text": "x"}), "prompt", "string"),
     ("empty prompt list", body(prompt=[]), "prompt", "empty"),
     ("two prompts", body(prompt=["a", "b"]), "prompt", "one prompt"),
-    ("token ids", body(prompt=[1, 2, 3]), "prompt", "token id prompts need a worker"),
-    ("token id lists", body(prompt=[[1, 2], [3]]), "prompt", "token id prompts need a worker"),
+    ("token id lists", body(prompt=[[1, 2], [3]]), "prompt", "one prompt"),
+    ("empty token id list", body(prompt=[[1, 2], []]), "prompt", "token ids"),
     ("mixed list", body(prompt=["a", 1]), "prompt", "string"),
     ("echo", body(echo=True), "echo", "echo"),
     ("echo wrong type", body(echo="yes"), "echo", "boolean"),
@@ -325,3 +326,10 @@ def test_stream_survives_any_split() -> None:
         decoder = SSEDecoder()
         events = decoder.feed(stream[:cut]) + decoder.feed(stream[cut:]) + decoder.close()
         assert [e.data for e in events] == whole
+
+
+def test_decode_token_id_prompts() -> None:
+    one = cmpl.decode(body(prompt=[5, 6, 7]))
+    assert one.prompt_ids == (5, 6, 7) and one.prompt is None and one.messages == ()
+    both = cmpl.decode_all(body(prompt=[[1, 2], [3]]))
+    assert [r.prompt_ids for r in both] == [(1, 2), (3,)]

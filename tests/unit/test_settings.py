@@ -77,7 +77,19 @@ def test_defaults_without_file_or_env() -> None:
     assert s.server == ServerSettings()
     assert (s.server.host, s.server.port, s.server.max_body_bytes) == ("127.0.0.1", 8000, 33554432)
     assert s.server.admin_token is None and s.server.metrics_token is None
-    assert s.workers == ()
+    # nothing configured: the embedded default model on llama.cpp
+    (default,) = s.workers
+    assert (default.kind, default.engine, default.model, default.models) == (
+        "local", "llamacpp", None, ("smollm2-135m-instruct",))
+    assert load_settings(None, {}, {"server": {"demo": True}}).workers == ()
+
+
+def test_local_worker_defaults_its_model_name() -> None:
+    s = load_settings(None, {}, {"workers": [
+        {"name": "a", "kind": "local", "engine": "transformers", "model": "/models/Qwen2.5-0.5B/"},
+        {"name": "b", "kind": "local", "engine": "llamacpp", "model": "/m/tiny.Q4.gguf",
+         "models": ["tiny"]}]})
+    assert [w.models for w in s.workers] == [("Qwen2.5-0.5B",), ("tiny",)]
 
 
 def test_secrets_never_in_repr(tmp_path: Path) -> None:
@@ -161,17 +173,21 @@ INVALID = [
     ("shared api key", {"server": {"api_keys": {"a": "s", "b": "s"}}},
      "server.api_keys: api keys 'a' and 'b' have the same secret"),
     ("bad key name", {"server": {"api_keys": {"a b": "s"}}}, "server.api_keys: api key name 'a b' must be"),
-    ("local kind", {"workers": [worker(kind="local")]},
-     "workers[0].kind: worker kind 'local' is not yet supported"),
+    ("local without engine", {"workers": [{"name": "l", "kind": "local"}]},
+     "workers[0]: a local worker needs an engine"),
+    ("local without model", {"workers": [{"name": "l", "kind": "local", "engine": "vllm"}]},
+     "workers[0]: a local vllm worker needs a model"),
+    ("unknown engine", {"workers": [{"name": "l", "kind": "local", "engine": "onnx"}]},
+     "workers[0].engine: Input should be 'llamacpp'"),
     ("cli kind", {"workers": [worker(kind="cli")]}, "workers[0].kind: worker kind 'cli' is not yet supported"),
     ("unknown kind", {"workers": [worker(kind="magic")]}, "workers[0].kind: Input should be 'remote'"),
     ("bad dialect", {"workers": [worker(dialect="gemini")]},
      "workers[0].dialect: Input should be 'openai' or 'anthropic'"),
     ("ftp url", {"workers": [worker(url="ftp://host/")]}, "workers[0].url: url 'ftp://host/' must be an http"),
     ("url without host", {"workers": [worker(url="http://")]}, "workers[0].url: url 'http://' must be an http"),
-    ("no models", {"workers": [worker(models=[])]}, "workers[0].models: a worker needs at least one model"),
+    ("no models", {"workers": [worker(models=[])]}, "workers[0]: a worker needs at least one model"),
     ("models missing", {"workers": [{k: v for k, v in WORKER.items() if k != "models"}]},
-     "workers[0].models: Field required"),
+     "workers[0]: a worker needs at least one model"),
     ("duplicate model", {"workers": [worker(models=["m", "m"])]}, "workers[0].models: model names must be unique"),
     ("dangling alias", {"workers": [worker(aliases={"fast": "other"})]},
      "workers[0]: alias 'fast' points at 'other', which this worker does not serve"),
@@ -257,7 +273,7 @@ def test_check_config_lists_every_problem(tmp_path: Path) -> None:
         "workers[0].api_key_env: environment variable NOT_SET_ANYWHERE is not set",
         "server.port: Input should be less than or equal to 65535",
         "server.colour: unknown key",
-        "workers[1].kind: worker kind 'cli' is not yet supported ('remote' or 'process')",
+        "workers[1].kind: worker kind 'cli' is not yet supported ('remote', 'process' or 'local')",
         "workers[1].url: url 'file:///tmp' must be an http:// or https:// URL with a host",
     ]
 

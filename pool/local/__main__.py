@@ -1,0 +1,47 @@
+"""The local worker child: ``python -m pool.local --config JSON``.
+
+Loads one engine, then serves the worker protocol (:mod:`pool.worker_main`)
+until the gateway closes the socket or sends SIGTERM; the engine is closed on
+the way out (an engine server it started goes with it)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+import orjson
+
+from .. import worker_main
+from ..wire import request_from_dict
+from .chat import LocalChat
+from .engines import make_engine
+
+
+async def _main(config: dict[str, Any]) -> None:
+    engine = make_engine(config)
+    chat = LocalChat(engine, config.get("served_name") or "local")
+
+    async def count_tokens(params: Any) -> int:
+        return chat.count_tokens(request_from_dict(params))
+
+    try:
+        await worker_main.serve(chat.stream, setup=engine.start, calls={"count_tokens": count_tokens})
+    finally:
+        await engine.aclose()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m pool.local")
+    parser.add_argument("--config", required=True, help="the worker's engine configuration (JSON)")
+    args = parser.parse_args(argv)
+    worker_main.guard_parent()
+    try:
+        asyncio.run(_main(orjson.loads(args.config)))
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

