@@ -12,13 +12,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from auth.keys import extract_key
-from pool.errors import AuthenticationFailed, NotFound
+from pool.errors import AuthenticationFailed, GatewayError, NotFound
 
 from ..gateway import Gateway
 from ..http import error_response, json_response
 
 __all__ = ["root", "healthz", "readyz", "metrics", "internal_workers", "worker_action",
-           "internal_stats"]
+           "worker_engine", "internal_stats"]
 
 log = structlog.get_logger("poolgate.admin")
 
@@ -116,6 +116,23 @@ async def worker_action(request: Request) -> Response:
                               "openai")
     log.info("admin.worker_action", worker=worker.name, action=action)
     return json_response(_worker_info(gw, worker, time.time()))
+
+
+async def worker_engine(request: Request) -> Response:
+    """``GET /internal/workers/{name}/engine``: a local worker's engine, as it
+    sees itself (engine name, sequences generating now, context length)."""
+    gw: Gateway = request.app.state.gateway
+    denied = _admin_denied(gw, request)
+    if denied is not None:
+        return denied
+    try:
+        worker = gw.pool.worker(request.path_params["name"])
+        stats = getattr(worker, "engine_stats", None)
+        if stats is None:
+            raise NotFound(f"Worker '{worker.name}' has no model engine (it is {worker.kind}).")
+        return json_response(await stats())
+    except GatewayError as exc:
+        return error_response(exc, "openai")
 
 
 async def internal_stats(request: Request) -> Response:

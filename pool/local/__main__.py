@@ -26,8 +26,13 @@ async def _main(config: dict[str, Any]) -> None:
     async def count_tokens(params: Any) -> int:
         return chat.count_tokens(request_from_dict(params))
 
+    async def stats(params: Any) -> dict[str, Any]:
+        return {"engine": engine.name, "active": getattr(engine, "active", None),
+                "context_length": engine.context_length}
+
     try:
-        await worker_main.serve(chat.stream, setup=engine.start, calls={"count_tokens": count_tokens})
+        await worker_main.serve(chat.stream, setup=engine.start,
+                                calls={"count_tokens": count_tokens, "stats": stats})
     finally:
         await engine.aclose()
 

@@ -63,6 +63,11 @@ class TransformersEngine:
         self._stopping = False
         self._thread: threading.Thread | None = None
 
+    @property
+    def active(self) -> int:
+        """Sequences generating or waiting for a slot."""
+        return len(self._active) + len(self._waiting)
+
     # --- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:

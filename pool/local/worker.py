@@ -82,8 +82,15 @@ class LocalWorker(ProcessWorker):
                 "capacity": self.local.capacity}
 
     async def count_tokens(self, request: ChatRequest) -> int:
+        value = await self._call("count_tokens", request_to_dict(request))
+        return int(value)  # type: ignore[arg-type]
+
+    async def engine_stats(self) -> dict[str, Any]:
+        """The engine's own view: its name, sequences generating now, context length."""
+        return dict(await self._call("stats", None))  # type: ignore[call-overload]
+
+    async def _call(self, method: str, params: Any) -> Any:
         child = self._child()
         if self.state not in (WorkerState.READY, WorkerState.DRAINING) or child is None:
             raise UpstreamUnavailable(f"worker {self.name} is {self.state.value}")
-        value = await child.call("count_tokens", request_to_dict(request))
-        return int(value)  # type: ignore[arg-type]
+        return await child.call(method, params)
