@@ -136,23 +136,28 @@ class TransformersEngine:
                     while self._waiting and len(self._active) < self.capacity:
                         self._active.append(self._waiting.popleft())
                     active = list(self._active)
+                # one token for every active sequence, then one wake-up of the
+                # event loop for the whole round (not one per token)
+                out: list[tuple[_Seq, Any]] = []
                 for seq in active:
                     done = True
                     if not seq.cancelled:
                         try:
-                            done = self._advance(seq)
+                            step, done = self._advance(seq)
+                            out.append((seq, step))
                         except Exception as exc:  # noqa: BLE001 - handed to the request
-                            self._finish(seq, EngineError(f"generation failed: {exc}", status=500))
-                            seq.cancelled = True
+                            seq.error = EngineError(f"generation failed: {exc}", status=500)
                     if done:
                         if not seq.cancelled:
-                            self._finish(seq)
+                            out.append((seq, _END))
                         with self._wake:
                             self._active.remove(seq)
                         seq.cache = None
+                if out:
+                    self._deliver(out)
 
-    def _advance(self, seq: _Seq) -> bool:
-        """One token for ``seq``; True when it is finished."""
+    def _advance(self, seq: _Seq) -> tuple[Step, bool]:
+        """One token for ``seq``, and whether it is finished."""
         torch = self._torch
         if seq.cache is None:
             inputs = torch.tensor([seq.prompt], device=self.device)
@@ -166,8 +171,8 @@ class TransformersEngine:
         token, logprob, top = self._pick(logits, seq)
         seq.last = token
         seq.produced += 1
-        seq.loop.call_soon_threadsafe(seq.queue.put_nowait, Step(token, logprob, top))
-        return token in seq.params.stop_ids or seq.produced >= seq.params.max_tokens
+        return Step(token, logprob, top), (token in seq.params.stop_ids
+                                           or seq.produced >= seq.params.max_tokens)
 
     def _pick(self, logits: Any, seq: _Seq) -> tuple[int, float | None, tuple[tuple[int, float], ...]]:
         torch = self._torch
@@ -197,7 +202,16 @@ class TransformersEngine:
 
     def _finish(self, seq: _Seq, error: BaseException | None = None) -> None:
         seq.error = error
+        self._deliver([(seq, _END)])
+
+    @staticmethod
+    def _deliver(items: list[tuple[_Seq, Any]]) -> None:
+        """Hand steps (or ``_END``) to their requests' queues, on their loop."""
+        def put() -> None:
+            for seq, item in items:
+                seq.queue.put_nowait(item)
+
         try:
-            seq.loop.call_soon_threadsafe(seq.queue.put_nowait, _END)
-        except RuntimeError:  # the request's loop is gone
+            items[0][0].loop.call_soon_threadsafe(put)  # every request runs on the child's one loop
+        except RuntimeError:  # that loop is gone
             pass
