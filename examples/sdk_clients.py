@@ -1,4 +1,4 @@
-"""Both SDKs against a running poolgate (`make run` serves the demo models).
+"""Both SDKs against a running poolgate serving the demo models (`make run ARGS=--demo`).
 
     .venv/bin/python examples/sdk_clients.py [http://127.0.0.1:8000] [api-key]
 """
