@@ -78,7 +78,16 @@ def _worker_info(gw: Gateway, w: Any, now: float) -> dict[str, Any]:
             "crash_looping": getattr(w, "crash_looping", False),
             "in_flight": gw.in_flight(w.name), "capacity": getattr(w, "capacity", None),
             "models": list(w.models), "aliases": dict(w.aliases),
-            "probe_seconds": gw.pool.probe_seconds.get(w.name)}
+            "probe_seconds": gw.pool.probe_seconds.get(w.name),
+            **_engine_info(w)}
+
+
+def _engine_info(w: Any) -> dict[str, Any]:
+    """A local worker's engine, model file and parallel sequences."""
+    local = getattr(w, "local", None)
+    if local is None:
+        return {}
+    return {"engine": local.engine, "model": local.model, "engine_capacity": local.capacity}
 
 
 async def internal_workers(request: Request) -> Response:

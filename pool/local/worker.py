@@ -77,10 +77,6 @@ class LocalWorker(ProcessWorker):
                                                    token_ids=True))
         self.local = spec
 
-    def info(self) -> dict[str, Any]:
-        return {**super().info(), "engine": self.local.engine, "model": self.local.model,
-                "capacity": self.local.capacity}
-
     async def count_tokens(self, request: ChatRequest) -> int:
         value = await self._call("count_tokens", request_to_dict(request))
         return int(value)  # type: ignore[arg-type]

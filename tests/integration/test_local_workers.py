@@ -1,8 +1,12 @@
-"""A local ``transformers`` worker behind a real gateway: the tiny model in a
-real child process, driven by the real OpenAI and Anthropic SDKs and raw HTTP.
+"""Local workers behind a real gateway: the tiny model in a real child process
+on the ``transformers`` engine (HF folder) and on ``llamacpp`` (the same
+weights as an f32 GGUF), driven by the real OpenAI and Anthropic SDKs and raw
+HTTP.
 
 Reference numbers come from Transformers itself, in this process: greedy ids,
-teacher-forced logprobs, ``apply_chat_template`` token counts."""
+teacher-forced logprobs, ``apply_chat_template`` token counts. llama.cpp runs
+with an f32 KV cache and no flash attention, so it matches them too
+(``test_engine_parity.py``)."""
 
 from __future__ import annotations
 
@@ -42,11 +46,19 @@ def hf(tiny_model: Any) -> Any:
     return model, AutoTokenizer.from_pretrained(tiny_model.hf_dir)
 
 
-@pytest.fixture(scope="module")
-def srv(tiny_model: Any) -> Iterator[ServerThread]:
-    with gateway([{"name": "tf", "kind": "local", "engine": "transformers",
-                   "model": tiny_model.hf_dir, "models": ["tiny"], "threads": 1, "capacity": 4,
-                   "context_length": 1024}]) as server:
+EXACT_LLAMACPP = {"cache_type_k": 0, "cache_type_v": 0, "flash_attn_type": 0}
+
+
+@pytest.fixture(scope="module", params=["transformers", "llamacpp"])
+def srv(request: pytest.FixtureRequest, tiny_model: Any) -> Iterator[ServerThread]:
+    engine = request.param
+    worker = {"name": "w", "kind": "local", "engine": engine, "models": ["tiny"], "threads": 1,
+              "capacity": 4, "context_length": 1024}
+    if engine == "llamacpp":
+        worker.update(model=tiny_model.gguf, engine_args=EXACT_LLAMACPP)
+    else:
+        worker.update(model=tiny_model.hf_dir)
+    with gateway([worker]) as server:
         yield server
 
 
@@ -167,14 +179,33 @@ def test_generate_input_ids_round_trip(srv: ServerThread, hf: Any) -> None:
     assert (meta["prompt_tokens"], meta["completion_tokens"]) == (len(prompt), 8)
     assert meta["finish_reason"] == {"type": "length", "length": 8}
     assert [x[1] for x in meta["output_token_logprobs"]] == expect
-    assert [x[0] for x in meta["output_token_logprobs"]] == pytest.approx(lps, abs=1e-4)
+    got = [x[0] for x in meta["output_token_logprobs"]]
+    if workers(srv)["w"]["engine"] == "llamacpp":
+        # llama.cpp withholds a token that ends inside a UTF-8 character and never
+        # reports its logprob: null there (docs/local-workers.md), exact elsewhere
+        withheld = [i for i, lp in enumerate(got) if lp is None]
+        assert all(partial_utf8(tok, expect[:i + 1]) for i in withheld)
+        got, lps = [g for g in got if g is not None], [x for i, x in enumerate(lps) if got[i] is not None]
+    assert got == pytest.approx(lps, abs=1e-4)
     assert all(len(top) == 2 and top[0][1] == tok_id
-               for top, tok_id in zip(meta["output_top_logprobs"], expect))
+               for top, tok_id in zip(meta["output_top_logprobs"], expect) if top)
     # the next turn continues from the ids exactly (an RL rollout's multi-turn loop)
     more = httpx.post(srv.url + "/generate", json={
         "input_ids": prompt + expect, "sampling_params": {"max_new_tokens": 4, "temperature": 0}}).json()
     assert more["output_ids"] == greedy(hf, prompt + expect, 4)[0]
     assert "output_token_logprobs" not in more["meta_info"]
+
+
+def partial_utf8(tok: Any, ids: list[int]) -> bool:
+    """Do the bytes of ``ids`` end inside a UTF-8 character?"""
+    from pool.local.hf import HFTokenizer
+
+    raw = b"".join(HFTokenizer(tok, None, frozenset()).token_bytes(i) for i in ids)
+    try:
+        raw.decode()
+        return False
+    except UnicodeDecodeError as exc:
+        return exc.reason == "unexpected end of data"
 
 
 def test_generate_streams_cumulative_objects(srv: ServerThread) -> None:
@@ -239,7 +270,7 @@ def test_generate_errors_name_the_parameter(srv: ServerThread) -> None:
 
 
 def engine_stats(srv: ServerThread) -> dict[str, Any]:
-    r = httpx.get(srv.url + "/internal/workers/tf/engine", headers={"authorization": f"Bearer {ADMIN}"})
+    r = httpx.get(srv.url + "/internal/workers/w/engine", headers={"authorization": f"Bearer {ADMIN}"})
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -267,7 +298,7 @@ def workers(srv: ServerThread) -> dict[str, Any]:
 
 
 def test_a_killed_model_worker_comes_back(srv: ServerThread, oai: openai.OpenAI) -> None:
-    before = workers(srv)["tf"]
+    before = workers(srv)["w"]
     with httpx.stream("POST", srv.url + "/v1/chat/completions", json={
             "model": "tiny", "messages": HELLO, "max_tokens": 900, "temperature": 0,
             "stream": True}, timeout=30) as r:
@@ -281,7 +312,7 @@ def test_a_killed_model_worker_comes_back(srv: ServerThread, oai: openai.OpenAI)
     assert rest[-1] == "data: [DONE]" or rest[-2] == "data: [DONE]"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        now = workers(srv)["tf"]
+        now = workers(srv)["w"]
         if now["state"] == "ready" and now["pid"] != before["pid"]:
             break
         time.sleep(0.2)
