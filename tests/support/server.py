@@ -13,7 +13,8 @@ class ServerThread:
     """``with ServerThread(app) as srv: srv.url`` — a real uvicorn server with
     its own event loop, so sync and async clients in the test can both use it."""
 
-    def __init__(self, app: Any, *, lifespan: str = "on") -> None:
+    def __init__(self, app: Any, *, lifespan: str = "on", start_timeout: float = 30) -> None:
+        self.start_timeout = start_timeout  # the app's lifespan may load models
         # log_config=None: leave logging as the process has it (no dictConfig per server)
         self.config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan=lifespan, log_config=None,
                                      log_level="warning", access_log=False,
@@ -29,7 +30,7 @@ class ServerThread:
 
     def start(self) -> "ServerThread":
         self.thread.start()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + self.start_timeout
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("uvicorn did not start")
