@@ -184,7 +184,7 @@ class LocalChat:
             raise BadRequest("This model's chat template has no tool-call format to force; "
                              "use tool_choice 'auto'.", param="tool_choice")
         if choice.mode == "named":
-            return OPEN + '\n{"name": "' + str(choice.name) + '", "arguments": '
+            return OPEN + '\n{"name": "' + str(choice.name) + '", "arguments":'
         return OPEN + '\n{"name": "'
 
     def count_tokens(self, request: ChatRequest) -> int:

@@ -226,7 +226,7 @@ async def test_a_named_tool_choice_prefills_the_call() -> None:
     engine = ScriptedEngine(ids('{"city": "Rome"}}\n</tool_call>') + [EOS])
     events = await run(engine, request(tools=TOOLS, tool_choice=ToolChoice("named", "get_weather")))
     prompt = bytes(t - 1 for t in engine.asked[0][0]).decode()
-    assert prompt.endswith('<assistant><tool_call>\n{"name": "get_weather", "arguments": ')
+    assert prompt.endswith('<assistant><tool_call>\n{"name": "get_weather", "arguments":')
     assert [e.arguments for e in events if isinstance(e, ToolCallDelta)] == ['{"city": "Rome"}']
 
 
