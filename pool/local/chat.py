@@ -191,6 +191,14 @@ class LocalChat:
         return len(self.prompt_ids(request)[0])
 
     def params(self, request: ChatRequest, prompt_len: int) -> GenParams:
+        fmt = request.response_format
+        if fmt is not None and fmt.type != "text":
+            # no constrained decoding here: refuse rather than answer unconstrained
+            param = "text.format" if request.dialect == "openai_responses" else (
+                "output_config.format" if request.dialect == "anthropic" else "response_format")
+            raise BadRequest(f"response_format {fmt.type!r} is not available from local model "
+                             "workers (no constrained decoding); ask for JSON in the prompt instead.",
+                             param=param)
         context = self.engine.context_length
         s = request.sampling
         prompt_param = "input_ids" if request.prompt_ids is not None and request.dialect == "native" \

@@ -296,3 +296,12 @@ def test_template_messages_shape() -> None:
 async def test_count_tokens_is_the_rendered_prompt() -> None:
     chat = LocalChat(ScriptedEngine([]), "m")
     assert chat.count_tokens(request()) == len("<user>hi<assistant>".encode())
+
+
+def test_structured_output_is_refused_not_ignored() -> None:
+    from pool.model import ResponseFormat
+
+    with pytest.raises(BadRequest) as exc:
+        engine_params(request(response_format=ResponseFormat("json_schema", {"type": "object"}, "x")))
+    assert exc.value.param == "response_format"
+    assert engine_params(request(response_format=ResponseFormat("text"))).max_tokens == 200
