@@ -55,7 +55,7 @@ import contextlib
 from typing import Any, AsyncIterator, Sequence
 
 from .engine import EngineError, GenParams, Step
-from .vllm import ServerStartError, _ServerEngine
+from .engine_server import ServerStartError, _ServerEngine
 
 __all__ = ["SGLangEngine"]
 

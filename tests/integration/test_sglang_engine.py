@@ -18,7 +18,8 @@ import pytest
 
 from pool.local.engine import EngineError, GenParams, Step
 from pool.local.sglang import SGLangEngine
-from pool.local.vllm import ServerStartError, VLLMEngine
+from pool.local.engine_server import ServerStartError
+from pool.local.vllm import VLLMEngine
 from tests.support.paths import REPO
 
 FAKE = ("-m", "tests.fakes.sglang_server")
@@ -408,7 +409,7 @@ async def test_dead_server_is_unhealthy_and_refuses_work(engine):
 async def test_sse_reader_takes_long_lines_and_split_packets():
     from aiohttp import web
 
-    from pool.local.vllm import iter_sse
+    from pool.local.engine_server import iter_sse
 
     long_ids = list(range(40000))  # vLLM's first chunk carries every prompt id: > 64 KiB
     first = ('{"prompt_token_ids": %s}' % long_ids).encode()
