@@ -33,6 +33,7 @@ from .middleware import GatewayMiddleware
 from .observability import Metrics
 from .pool_metrics import PoolCollector
 from .routes import chat, models, ops, responses
+from .routes.ui import UI_PATH, UI_STATIC_PATH, OperatorPage
 
 __all__ = ["create_app", "worker_specs"]
 
@@ -138,6 +139,7 @@ def create_app(settings: Any) -> Starlette:
                      models=[m.id for m in gw.pool.models()])
             yield
 
+    operator_page = OperatorPage()
     routes = [
         # hot routes first: Starlette matches in order
         Route("/v1/chat/completions", chat.chat_completions, methods=["POST"]),
@@ -160,6 +162,9 @@ def create_app(settings: Any) -> Starlette:
         Route("/internal/workers/{name}/engine", ops.worker_engine, methods=["GET"]),
         Route("/internal/workers/{name}/{action}", ops.worker_action, methods=["POST"]),
         Route("/internal/stats", ops.internal_stats, methods=["GET"]),
+        # public: static files with no data; the JSON they call checks the admin token
+        Route(UI_PATH, operator_page.page, methods=["GET", "HEAD"]),
+        Route(UI_STATIC_PATH, operator_page.asset, methods=["GET", "HEAD"]),
     ]
     app = Starlette(
         routes=routes,

@@ -1,0 +1,222 @@
+"""The operator page (/internal/ui) in Debian's Chromium, driven by Playwright,
+over a real poolgate with real process workers."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, AsyncIterator, Iterator
+
+import httpx
+import pytest
+
+from app.factory import create_app
+from app.settings import ServerSettings, Settings, WorkerSettings
+from tests.support.server import ServerThread
+
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+ADMIN_TOKEN = "ui-admin-token-7f3a"
+KEYS = {"team-a": "sk-ui-team-a", "team-b": "sk-ui-team-b"}
+ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+ARTIFACT = REPO / ".cache" / "artifacts" / "operator-ui.png"
+
+
+def _process_worker(name: str) -> WorkerSettings:
+    return WorkerSettings(name=name, kind="process", models=("echo",), cwd=str(REPO),
+                          command=(sys.executable, "-m", "tests.fakes.echo_worker"),
+                          backoff_initial=0.2, backoff_max=2.0, health_interval=0.5,
+                          health_timeout=1.0, stop_timeout=3.0)
+
+
+@pytest.fixture
+def gateway() -> Iterator[tuple[str, httpx.Client]]:
+    settings = Settings(server=ServerSettings(admin_token=ADMIN_TOKEN, api_keys=KEYS),
+                        workers=(_process_worker("p0"), _process_worker("p1")))
+    with ServerThread(create_app(settings)) as srv, \
+            httpx.Client(base_url=srv.url, timeout=30) as http:
+        yield srv.url, http
+
+
+@pytest.fixture
+async def browser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip(f"Debian's Chromium is not installed at {CHROMIUM} "
+                    "(`apt-get install chromium`; `make test` installs it)")
+    from playwright.async_api import async_playwright
+
+    # Chromium writes its profile, dconf and pulse state under $HOME
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    async with async_playwright() as pw:
+        chromium = await pw.chromium.launch(executable_path=CHROMIUM)
+        try:
+            yield chromium
+        finally:
+            await chromium.close()
+
+
+class Page:
+    """A browser tab on the operator page that records script errors and CSP
+    violations, which must stay empty."""
+
+    def __init__(self, page: Any, url: str) -> None:
+        self.page = page
+        self.url = url
+        self.problems: list[str] = []
+        page.on("pageerror", lambda exc: self.problems.append(f"pageerror: {exc}"))
+        page.on("console", self._console)
+
+    def _console(self, message: Any) -> None:
+        if "Content Security Policy" in message.text or message.type == "error" and \
+                "Failed to load resource" not in message.text:
+            self.problems.append(f"console: {message.text}")
+
+    async def sign_in(self, token: str) -> None:
+        await self.page.fill("#token", token)
+        await self.page.click("#token-submit")
+
+    def worker(self, name: str) -> Any:
+        return self.page.locator(f'#workers tr[data-worker="{name}"]')
+
+
+@pytest.fixture
+async def ui(browser: Any, gateway: tuple[str, httpx.Client]) -> AsyncIterator[Page]:
+    url, _ = gateway
+    context = await browser.new_context(viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(20_000)
+    page = Page(await context.new_page(), url)
+    await page.page.goto(url + "/internal/ui")
+    yield page
+    await context.close()
+    assert page.problems == []
+
+
+def _server_state(http: httpx.Client, name: str) -> dict[str, Any]:
+    workers = http.get("/internal/workers", headers=ADMIN).json()["workers"]
+    return next(w for w in workers if w["name"] == name)
+
+
+async def _screenshot(page: Any, tmp_path: Path) -> Path:
+    shot = tmp_path / "operator-ui.png"
+    await page.screenshot(path=str(shot), full_page=True)
+    ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(shot, ARTIFACT)
+    return shot
+
+
+async def test_drain_resume_restart_from_the_page(ui: Page, gateway, tmp_path: Path) -> None:
+    from playwright.async_api import expect
+
+    _, http = gateway
+    await expect(ui.page.locator("#sign-in")).to_be_visible()
+    await ui.sign_in(ADMIN_TOKEN)
+    p0, p1 = ui.worker("p0"), ui.worker("p1")
+    for row in (p0, p1):
+        await expect(row).to_have_attribute("data-state", "ready")
+        await expect(row.locator("td").nth(1)).to_have_text("process")
+        await expect(row.locator("td").nth(2)).to_have_text("echo")
+        await expect(row.locator("td").nth(4)).to_have_text(re.compile(r"^0( / \d+)?$"))
+
+    await p0.locator('button[data-action="drain"]').click()
+    await expect(p0).to_have_attribute("data-state", "draining")
+    await expect(p0.locator(".state")).to_have_text("draining")
+    await expect(p0.locator('button[data-action="drain"]')).to_be_disabled()
+    assert _server_state(http, "p0")["state"] == "draining"
+    assert _server_state(http, "p1")["state"] == "ready"
+
+    await p0.locator('button[data-action="resume"]').click()
+    await expect(p0).to_have_attribute("data-state", "ready")
+    await expect(p0.locator('button[data-action="resume"]')).to_be_disabled()
+    assert _server_state(http, "p0")["state"] == "ready"
+
+    # restart asks for a second click, then the child is replaced
+    pid = _server_state(http, "p1")["pid"]
+    restart = p1.locator('button[data-action="restart"]')
+    await restart.click()
+    await expect(restart).to_have_text("Confirm restart")
+    assert _server_state(http, "p1")["pid"] == pid
+    await restart.click()
+    await expect(p1.locator("td").nth(5)).to_have_text("1")
+    await expect(p1).to_have_attribute("data-state", "ready")
+    assert _server_state(http, "p1")["pid"] != pid
+
+    # a change made elsewhere shows up by itself (the page polls)
+    assert http.post("/internal/workers/p1/drain", headers=ADMIN).status_code == 200
+    await expect(p1).to_have_attribute("data-state", "draining")
+
+    shot = await _screenshot(ui.page, tmp_path)
+    assert shot.stat().st_size > 10_000
+
+
+async def test_wrong_token_is_refused_and_asked_again(ui: Page) -> None:
+    from playwright.async_api import expect
+
+    await ui.sign_in("not-the-admin-token")
+    error = ui.page.locator("#token-error")
+    await expect(error).to_be_visible()
+    await expect(error).to_contain_text("refused this admin token")
+    await expect(ui.page.locator("#token")).to_be_visible()
+    await expect(ui.page.locator("#panels")).to_be_hidden()
+    assert await ui.page.evaluate("sessionStorage.length") == 0
+
+    await ui.sign_in(ADMIN_TOKEN)
+    await expect(ui.worker("p0")).to_have_attribute("data-state", "ready")
+    await expect(error).to_be_hidden()
+    # entered once: a reload of the tab stays signed in
+    await ui.page.reload()
+    await expect(ui.worker("p0")).to_have_attribute("data-state", "ready")
+    await expect(ui.page.locator("#sign-in")).to_be_hidden()
+    # and "Forget token" forgets it
+    await ui.page.click("#sign-out")
+    await expect(ui.page.locator("#sign-in")).to_be_visible()
+    assert await ui.page.evaluate("sessionStorage.length") == 0
+
+
+async def test_usage_and_keys_panels_say_when_the_gateway_lacks_them(ui: Page) -> None:
+    from playwright.async_api import expect
+
+    await ui.sign_in(ADMIN_TOKEN)
+    await expect(ui.worker("p0")).to_have_attribute("data-state", "ready")
+    for note, path in (("#usage-note", "/internal/usage"), ("#keys-note", "/internal/keys")):
+        await expect(ui.page.locator(note)).to_contain_text(f"{path} is not available")
+        await expect(ui.page.locator(note)).to_contain_text("404")
+    await expect(ui.page.locator("#usage-body")).to_be_hidden()
+    await expect(ui.page.locator("#keys")).to_be_hidden()
+
+
+def test_page_and_assets_are_public_and_carry_no_data(gateway) -> None:
+    _, http = gateway
+    page = http.get("/internal/ui")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    csp = page.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
+    assert page.headers["x-content-type-options"] == "nosniff"
+    assets = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert sorted(a for a in assets if a != "data:,") == [
+        "ui/static/chart.js", "ui/static/ui.css", "ui/static/ui.js"]
+    bodies = [page.text]
+    for asset in assets:
+        if asset == "data:,":
+            continue
+        r = http.get("/internal/" + asset)  # relative to /internal/ui
+        assert r.status_code == 200, asset
+        assert r.headers["content-type"].split(";")[0] in ("text/css", "text/javascript")
+        bodies.append(r.text)
+    for body in bodies:
+        # nothing from the gateway's configuration or state, nothing fetched from elsewhere
+        for secret in (ADMIN_TOKEN, *KEYS, *KEYS.values(), "p0", "echo_worker"):
+            assert secret not in body
+        assert not re.search(r"(?:src|href|url\()\s*=?\s*[\"']?(?:https?:)?//", body)
+    assert http.get("/internal/ui/static/nope.js").status_code == 404
+    assert http.get("/internal/ui/static/..%2Fapp%2Fsettings.py").status_code == 404
+
+    # what the page calls still wants the admin token
+    for method, path in (("GET", "/internal/workers"), ("POST", "/internal/workers/p0/drain"),
+                         ("GET", "/internal/stats")):
+        assert http.request(method, path).status_code == 401
+        assert http.request(method, path,
+                            headers={"authorization": "Bearer wrong"}).status_code == 401
+    assert _server_state(http, "p0")["state"] == "ready"
