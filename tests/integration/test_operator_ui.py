@@ -3,6 +3,7 @@ over a real poolgate with real process workers."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -120,6 +121,9 @@ async def test_drain_resume_restart_from_the_page(ui: Page, gateway, tmp_path: P
         await expect(row.locator("td").nth(2)).to_have_text("echo")
         await expect(row.locator("td").nth(4)).to_have_text(re.compile(r"^0( / \d+)?$"))
 
+    # no worker reports a login: no Login column
+    await expect(ui.page.locator("#workers th", has_text="Login")).to_be_hidden()
+
     await p0.locator('button[data-action="drain"]').click()
     await expect(p0).to_have_attribute("data-state", "draining")
     await expect(p0.locator(".state")).to_have_text("draining")
@@ -175,6 +179,61 @@ async def test_wrong_token_is_refused_and_asked_again(ui: Page) -> None:
     assert await ui.page.evaluate("sessionStorage.length") == 0
 
 
+async def test_login_state_url_and_paste_code_box(ui: Page) -> None:
+    """cli workers report a login; none is configured here, so the browser
+    itself adds the fields to the real /internal/workers answer (the shape
+    the page accepts) and lets the code POST through to the real gateway."""
+    from playwright.async_api import Route, expect
+
+    lists: list[int] = []
+
+    async def with_login(route: Route) -> None:
+        lists.append(1)
+        answer = await route.fetch()
+        data = await answer.json()
+        logins = {"p0": {"state": "awaiting_code", "url": "https://login.example.test/device",
+                         "user_code": "WDJB-MJHT"},
+                  "p1": {"state": "failed", "url": "javascript:alert(1)", "error": "bad password"}}
+        for worker in data["workers"]:
+            worker["login"] = logins[worker["name"]]
+        await route.fulfill(response=answer, json=data)
+
+    posted: list[tuple[Any, str | None]] = []
+
+    async def capture(route: Route) -> None:
+        request = route.request
+        posted.append((request.post_data_json, await request.header_value("authorization")))
+        await route.continue_()
+
+    await ui.page.route(re.compile(r"/internal/workers$"), with_login)
+    await ui.page.route("**/internal/workers/p0/login/code", capture)
+    await ui.sign_in(ADMIN_TOKEN)
+    p0, p1 = ui.worker("p0"), ui.worker("p1")
+    await expect(ui.page.locator("#workers th", has_text="Login")).to_be_visible()
+    await expect(p0.locator(".login")).to_contain_text("awaiting code")
+    await expect(p0.locator("a.login-url")).to_have_attribute(
+        "href", "https://login.example.test/device")
+    await expect(p0.locator(".login code")).to_have_text("WDJB-MJHT")
+    await expect(p1.locator(".login")).to_contain_text("bad password")
+    await expect(p1.locator("a.login-url")).to_be_hidden()  # not an http(s) URL: no link
+
+    box = p0.get_by_label("login code for p0")
+    await box.fill("4/0AbCdEf-code")
+    await p0.get_by_role("button", name="Send code").click()
+    # the gateway has no login endpoint yet: its answer is shown, not swallowed
+    await expect(p0.locator(".login .msg").last).to_contain_text("Sending the code failed (HTTP 404)")
+    assert posted == [({"code": "4/0AbCdEf-code"}, f"Bearer {ADMIN_TOKEN}")]
+    # a refused code stays in the box for another try, also across the next poll
+    polled = len(lists) + 1
+    for _ in range(300):
+        if len(lists) > polled:
+            break
+        await asyncio.sleep(0.05)
+    assert len(lists) > polled, "the page stopped polling /internal/workers"
+    await expect(box).to_have_value("4/0AbCdEf-code")
+    await expect(p0.locator(".login code")).to_have_text("WDJB-MJHT")
+
+
 async def test_usage_and_keys_panels_say_when_the_gateway_lacks_them(ui: Page) -> None:
     from playwright.async_api import expect
 
@@ -185,6 +244,23 @@ async def test_usage_and_keys_panels_say_when_the_gateway_lacks_them(ui: Page) -
         await expect(ui.page.locator(note)).to_contain_text("404")
     await expect(ui.page.locator("#usage-body")).to_be_hidden()
     await expect(ui.page.locator("#keys")).to_be_hidden()
+
+
+async def test_a_gateway_without_admin_token_says_admin_is_disabled(browser: Any) -> None:
+    from playwright.async_api import expect
+
+    settings = Settings(server=ServerSettings(), workers=(_process_worker("p0"),))
+    with ServerThread(create_app(settings)) as srv:
+        context = await browser.new_context()
+        page = Page(await context.new_page(), srv.url)
+        await page.page.goto(srv.url + "/internal/ui")
+        await page.sign_in("any-token")
+        error = page.page.locator("#token-error")
+        await expect(error).to_contain_text("HTTP 404")
+        await expect(error).to_contain_text("Admin endpoints are disabled")
+        await expect(page.page.locator("#panels")).to_be_hidden()
+        await context.close()
+    assert page.problems == []
 
 
 def test_page_and_assets_are_public_and_carry_no_data(gateway) -> None:
