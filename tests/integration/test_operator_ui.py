@@ -4,6 +4,7 @@ over a real poolgate with real process workers."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import os
 import re
 import shutil
@@ -232,6 +233,80 @@ async def test_login_state_url_and_paste_code_box(ui: Page) -> None:
     assert len(lists) > polled, "the page stopped polling /internal/workers"
     await expect(box).to_have_value("4/0AbCdEf-code")
     await expect(p0.locator(".login code")).to_have_text("WDJB-MJHT")
+
+
+def _utc_day(days_ago: int) -> str:
+    today = datetime.datetime.now(datetime.timezone.utc).date()
+    return (today - datetime.timedelta(days=days_ago)).isoformat()
+
+
+def _usage_row(key: str, model: str, days_ago: int, requests: int, tokens_in: int,
+               tokens_out: int) -> dict[str, Any]:
+    return {"key": key, "model": model, "day": _utc_day(days_ago), "requests": requests,
+            "input_tokens": tokens_in, "output_tokens": tokens_out, "cached_tokens": 0,
+            "errors": 0}
+
+
+async def test_usage_chart_and_keys_table_from_the_documented_shapes(ui: Page,
+                                                                     tmp_path: Path) -> None:
+    """The shapes of /internal/usage and /internal/keys as issue 9 fixes them,
+    answered by the browser for a gateway that lacks them."""
+    from playwright.async_api import Route, expect
+
+    rows = [_usage_row("team-a", "gpt-4o-mini", 0, 12, 3000, 1000),
+            _usage_row("team-a", "gpt-4o-mini", 3, 40, 9000, 6000),
+            _usage_row("team-b", "claude-sonnet-4-6", 0, 5, 200, 50),
+            _usage_row("team-b", "claude-sonnet-4-6", 29, 7, 700, 70),
+            _usage_row("team-b", "claude-sonnet-4-6", 30, 999, 99999, 9999)]  # outside 30 days
+    keys = [{"name": "team-a", "source": "config", "models": ["claude-*", "gpt-4o-mini"],
+             "max_in_flight": 8, "rpm": 600, "tpm": 2000000,
+             "budget_tokens": {"day": 5000000, "month": 100000000},
+             "usage_today": {"requests": 12, "input_tokens": 3000, "output_tokens": 1000}},
+            {"name": "team-b", "source": "runtime", "models": None, "max_in_flight": None,
+             "rpm": None, "tpm": None, "budget_tokens": None,
+             "usage_today": {"requests": 5, "input_tokens": 200, "output_tokens": 50}}]
+    asked: list[str] = []
+
+    async def usage(route: Route) -> None:
+        asked.append(route.request.url)
+        await route.fulfill(json={"since": 0, "until": 0, "group_by": ["key", "model", "day"],
+                                  "rows": rows})
+
+    await ui.page.route(re.compile(r"/internal/usage\?"), usage)
+    await ui.page.route(re.compile(r"/internal/keys$"),
+                        lambda route: route.fulfill(json={"keys": keys}))
+    await ui.sign_in(ADMIN_TOKEN)
+
+    chart = ui.page.locator("#usage-chart svg")
+    await expect(chart).to_be_visible()
+    await expect(chart.locator("rect")).to_have_count(4)  # the day 30 days ago is left out
+    await expect(chart.locator(f'rect[data-day="{_utc_day(0)}"]')).to_have_count(2)
+    legend = ui.page.locator("#usage-legend li")
+    await expect(legend).to_have_text(["team-a · gpt-4o-mini — 19,000",
+                                       "team-b · claude-sonnet-4-6 — 1,020"])
+    today = ui.page.locator("#usage-today tbody tr")
+    await expect(today).to_have_count(2)
+    await expect(today.nth(0).locator("td")).to_have_text(
+        ["team-a", "gpt-4o-mini", "12", "3,000", "1,000", "0", "0"])
+    await ui.page.select_option("#usage-metric", "requests")
+    await expect(legend).to_have_text(["team-a · gpt-4o-mini — 52",
+                                       "team-b · claude-sonnet-4-6 — 12"])
+
+    since = int(re.search(r"since=(\d+)", asked[0]).group(1))
+    midnight = datetime.datetime.fromisoformat(_utc_day(29)).replace(tzinfo=datetime.timezone.utc)
+    assert since == int(midnight.timestamp())
+    assert "group_by=key,model,day" in asked[0]
+
+    key_rows = ui.page.locator("#keys tbody tr")
+    await expect(key_rows.nth(0).locator("td")).to_have_text(
+        ["team-a", "config", "claude-*, gpt-4o-mini", "8", "600", "2,000,000", "5,000,000",
+         "100,000,000", "12", "4,000"])
+    await expect(key_rows.nth(1).locator("td")).to_have_text(
+        ["team-b", "runtime", "all", "—", "—", "—", "—", "—", "5", "250"])
+    await expect(ui.page.locator("#usage-note")).to_be_hidden()
+    await expect(ui.page.locator("#keys-note")).to_be_hidden()
+    await ui.page.screenshot(path=str(tmp_path / "panels.png"), full_page=True)
+    shutil.copyfile(tmp_path / "panels.png", ARTIFACT.with_name("operator-ui-panels.png"))
 
 
 async def test_usage_and_keys_panels_say_when_the_gateway_lacks_them(ui: Page) -> None:
