@@ -14,7 +14,7 @@ from pool.model import ChatRequest
 from pool.pool import Pool
 from pool.worker import Worker
 from sessions.bindings import MemoryBindingStore
-from sessions.keys import session_key
+from sessions.keys import owned_session_key
 from sessions.responses import MemoryResponseStore, ResponseStore
 
 from .record import RequestRecord
@@ -61,7 +61,7 @@ class Gateway:
                 for worker in free:
                     if worker.name == prefer:
                         return worker
-            session, _source = session_key(routed, headers)
+            session, _source = owned_session_key(key, routed, headers)
             policy = self.policies.get(routed.model, self.policy)
             return await policy.choose(routed, session, free)
 
