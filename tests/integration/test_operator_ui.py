@@ -85,8 +85,8 @@ class Page:
         page.on("console", self._console)
 
     def _console(self, message: Any) -> None:
-        if "Content Security Policy" in message.text or message.type == "error" and \
-                "Failed to load resource" not in message.text:
+        if "Content Security Policy" in message.text or (
+                message.type == "error" and "Failed to load resource" not in message.text):
             self.problems.append(f"console: {message.text}")
 
     async def sign_in(self, token: str) -> None:
@@ -172,7 +172,7 @@ async def test_drain_resume_restart_from_the_page(ui: Page, gateway, tmp_path: P
     assert http.post("/internal/workers/p1/resume", headers=ADMIN).status_code == 200
 
 
-async def test_wrong_token_is_refused_and_asked_again(ui: Page) -> None:
+async def test_wrong_token_is_refused_and_asked_again(ui: Page, tmp_path: Path) -> None:
     from playwright.async_api import expect
 
     await ui.sign_in("not-the-admin-token")
@@ -182,6 +182,7 @@ async def test_wrong_token_is_refused_and_asked_again(ui: Page) -> None:
     await expect(ui.page.locator("#token")).to_be_visible()
     await expect(ui.page.locator("#panels")).to_be_hidden()
     assert await ui.page.evaluate("sessionStorage.length") == 0
+    await _screenshot(ui.page, tmp_path, "operator-ui-wrong-token.png")
 
     await ui.sign_in(ADMIN_TOKEN)
     await expect(ui.worker("p0")).to_have_attribute("data-state", "ready")
@@ -196,13 +197,15 @@ async def test_wrong_token_is_refused_and_asked_again(ui: Page) -> None:
     assert await ui.page.evaluate("sessionStorage.length") == 0
 
 
-async def test_login_state_url_and_paste_code_box(ui: Page) -> None:
+async def test_login_state_url_and_paste_code_box(ui: Page, tmp_path: Path) -> None:
     """cli workers report a login; none is configured here, so the browser
     itself adds the fields to the real /internal/workers answer (the shape
     the page accepts) and lets the code POST through to the real gateway."""
     from playwright.async_api import Route, expect
 
     lists: list[int] = []
+    p1_login: dict[str, Any] = {"state": "failed", "url": "javascript:alert(1)",
+                                "error": "bad password"}
 
     async def with_login(route: Route) -> None:
         lists.append(1)
@@ -210,7 +213,7 @@ async def test_login_state_url_and_paste_code_box(ui: Page) -> None:
         data = await answer.json()
         logins = {"p0": {"state": "awaiting_code", "url": "https://login.example.test/device",
                          "user_code": "WDJB-MJHT"},
-                  "p1": {"state": "failed", "url": "javascript:alert(1)", "error": "bad password"}}
+                  "p1": p1_login}
         for worker in data["workers"]:
             worker["login"] = logins[worker["name"]]
         await route.fulfill(response=answer, json=data)
@@ -233,14 +236,18 @@ async def test_login_state_url_and_paste_code_box(ui: Page) -> None:
     await expect(p0.locator(".login code")).to_have_text("WDJB-MJHT")
     await expect(p1.locator(".login")).to_contain_text("bad password")
     await expect(p1.locator("a.login-url")).to_be_hidden()  # not an http(s) URL: no link
+    await expect(p1.locator("form.login-code")).to_be_visible()
 
     box = p0.get_by_label("login code for p0")
     await box.fill("4/0AbCdEf-code")
     await p0.get_by_role("button", name="Send code").click()
     # the gateway has no login endpoint yet: its answer is shown, not swallowed
-    await expect(p0.locator(".login .msg").last).to_contain_text("Sending the code failed (HTTP 404)")
+    await expect(p0.locator(".login .msg").last).to_contain_text(
+        "Sending the code failed (HTTP 404)")
     assert posted == [({"code": "4/0AbCdEf-code"}, f"Bearer {ADMIN_TOKEN}")]
     # a refused code stays in the box for another try, also across the next poll
+    p1_login.clear()
+    p1_login["state"] = "logged_in"
     polled = len(lists) + 1
     for _ in range(300):
         if len(lists) > polled:
@@ -249,6 +256,11 @@ async def test_login_state_url_and_paste_code_box(ui: Page) -> None:
     assert len(lists) > polled, "the page stopped polling /internal/workers"
     await expect(box).to_have_value("4/0AbCdEf-code")
     await expect(p0.locator(".login code")).to_have_text("WDJB-MJHT")
+    # p1 logged in meanwhile: state shown, no box, no stale error
+    await expect(p1.locator(".login")).to_contain_text("logged in")
+    await expect(p1.locator(".login")).not_to_contain_text("bad password")
+    await expect(p1.locator("form.login-code")).to_be_hidden()
+    await _screenshot(ui.page, tmp_path, "operator-ui-login.png")
 
 
 async def test_usage_and_keys_panels_show_the_gateways_own_numbers(ui: Page, gateway,

@@ -7,6 +7,7 @@
 (function () {
   const TOKEN_KEY = "poolgate.adminToken";
   const WORKERS_EVERY_MS = 3000, SLOW_EVERY_MS = 15000, DAY_S = 86400;
+  const LOGGED_IN = new Set(["logged_in", "ok", "ready", "done"]);
   // The page lives at <prefix>/internal/ui: the JSON is next to it.
   const ROOT = location.pathname.replace(/\/ui\/?$/, "");
   const $ = (id) => document.getElementById(id);
@@ -134,7 +135,8 @@
     tr.dataset.worker = name;
     const row = { tr, name };
     const classes = { models: "models", inFlight: "num", restarts: "num", login: "login" };
-    for (const k of ["title", "kind", "models", "state", "inFlight", "restarts", "login", "actions"]) {
+    const names = ["title", "kind", "models", "state", "inFlight", "restarts", "login", "actions"];
+    for (const k of names) {
       row[k] = cell(tr, classes[k]);
     }
     row.title.textContent = name;
@@ -145,7 +147,9 @@
     row.drain = button("Drain", "secondary", () => act(row, "drain"));
     row.resume = button("Resume", "secondary", () => act(row, "resume"));
     row.restart = button("Restart", "danger", () => armRestart(row));
-    for (const b of [row.drain, row.resume, row.restart]) b.dataset.action = b.textContent.toLowerCase();
+    for (const b of [row.drain, row.resume, row.restart]) {
+      b.dataset.action = b.textContent.toLowerCase();
+    }
     box.append(row.drain, row.resume, row.restart);
     row.message = document.createElement("span");
     row.message.className = "row-msg";
@@ -254,6 +258,7 @@
     parts.code.hidden = !info.code;
     parts.codeText.textContent = info.code ? String(info.code) : "";
     parts.error.textContent = info.error ? String(info.error) : "";
+    parts.form.hidden = LOGGED_IN.has(String(info.state));  // nothing to paste once logged in
   }
 
   function buildLogin(row) {
@@ -297,14 +302,15 @@
       refreshWorkers();
     });
     row.login.append(state, link, code, error, form, result);
-    return { state, link, code, codeText, error };
+    return { state, link, code, codeText, error, form };
   }
 
   // ---- usage and keys --------------------------------------------------
 
   function unavailable(note, path, answer) {
     const text = answer.status === 404
-      ? `${path} is not available on this gateway (HTTP 404): this panel needs a poolgate with the usage ledger and keys API.`
+      ? `${path} is not available on this gateway (HTTP 404): this panel needs a poolgate `
+        + "with the usage ledger and keys API."
       : errorText(answer, "Reading " + path);
     show(note, text);
   }
