@@ -33,6 +33,7 @@ from .middleware import GatewayMiddleware
 from .observability import Metrics
 from .pool_metrics import PoolCollector
 from .routes import chat, models, ops, responses
+from .settings import EMBEDDED_SAMPLING
 
 __all__ = ["create_app", "worker_specs"]
 
@@ -78,8 +79,10 @@ def worker_specs(settings: Any) -> list[Spec]:
 
 def local_spec(w: Any, settings: Any) -> LocalSpec:
     model = w.model
+    sampling = w.sampling_defaults
     if model is None:  # the embedded default (llamacpp only; settings checked that)
         model = find_default_model(os.path.expanduser(settings.server.cache_dir))
+        sampling = sampling or EMBEDDED_SAMPLING
     template = None
     if w.chat_template is not None:
         with open(w.chat_template, encoding="utf-8") as fh:
@@ -89,6 +92,7 @@ def local_spec(w: Any, settings: Any) -> LocalSpec:
         context_length=w.context_length, capacity=w.capacity, max_in_flight=w.max_in_flight,
         threads=w.threads, gpu_ids=w.gpu_ids, engine_args=dict(w.engine_args),
         chat_template=template, python=w.python, env=dict(w.env),
+        sampling_defaults=sampling.model_dump(exclude_none=True) if sampling else {},
         ready_timeout=w.ready_timeout or 600.0, health_interval=w.health_interval,
         health_timeout=w.health_timeout, stop_timeout=w.stop_timeout)
 

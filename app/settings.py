@@ -114,6 +114,19 @@ class ServerSettings(BaseModel):
         return not self.api_keys and not is_loopback_host(self.host)
 
 
+class SamplingDefaultsSettings(BaseModel):
+    """A local worker's ``sampling_defaults``: what a request gets for what it
+    leaves out (the client's values always win; these win over the model's own
+    ``generation_config.json`` / GGUF ``general.sampling.*``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    max_tokens: int | None = Field(None, gt=0)
+
+
 class WorkerSettings(BaseModel):
     """One ``[[workers]]`` entry."""
 
@@ -137,6 +150,9 @@ class WorkerSettings(BaseModel):
     gpu_ids: tuple[int, ...] | None = None  # CUDA devices (CUDA_VISIBLE_DEVICES)
     engine_args: dict[str, Any] = Field(default_factory=dict)  # engine-specific settings
     chat_template: str | None = None  # a Jinja chat template file replacing the model's own
+    # what requests get for sampling they leave out; None: the model's own (embedded default:
+    # its model card's temperature 0.2, top_p 0.9, and short answers)
+    sampling_defaults: SamplingDefaultsSettings | None = None
     python: str | None = None  # the interpreter whose environment has the engine
     ready_timeout: float | None = Field(None, gt=0)  # default 30 s (process), 600 s (local)
     health_interval: float = Field(5.0, gt=0)
@@ -237,6 +253,8 @@ def default_model_name(model: str | None) -> str:
 
 
 DEFAULT_LOCAL_MODEL = "smollm2-135m-instruct"
+# SmolLM2's model card recommends temperature 0.2 and top_p 0.9; a demo answer stays short.
+EMBEDDED_SAMPLING = SamplingDefaultsSettings(temperature=0.2, top_p=0.9, max_tokens=256)
 
 
 DEFAULT_WORKER = WorkerSettings(name="local", kind="local", engine="llamacpp", capacity=4,
