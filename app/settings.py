@@ -270,6 +270,10 @@ class RoutingSettings(BaseModel):
     models: dict[str, Literal["session_affinity", "least_in_flight"]] = Field(default_factory=dict)
     binding_ttl: float = Field(3600.0, gt=0)
     max_bindings: int = Field(100_000, gt=0)
+    # an implicit session (content hash, `user`) leaves a worker holding more than
+    # imbalance_abs requests more than the least loaded AND imbalance_rel times as many
+    imbalance_abs: int = Field(2, ge=0)
+    imbalance_rel: float = Field(1.5, ge=1)
     cooldown_seconds: float = Field(5.0, ge=0)
 
 
