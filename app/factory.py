@@ -133,7 +133,8 @@ def create_app(settings: Any) -> Starlette:
             specs = worker_specs(settings)
             if not specs and settings.server.demo:
                 specs = await _start_demo(stack)
-            gw.pool = Pool([make_worker(spec, settings.environment) for spec in specs])
+            gw.pool = Pool([make_worker(spec, settings.environment) for spec in specs],
+                           default_model=settings.routing.default_model)
             await gw.pool.start()
             stack.push_async_callback(gw.pool.aclose)
             probes = asyncio.ensure_future(gw.pool.probe_forever(server.health_interval))

@@ -114,7 +114,7 @@ class Gateway:
         if record.dialect is not None:
             self.metrics.observe_request(
                 dialect=record.dialect,
-                model=record.model if record.model and self.pool.knows(record.model) else "unknown",
+                model=self.pool.model_label(record.model),
                 worker=record.worker or "none", key=record.key, status=record.status,
                 duration=record.duration, ttft=record.ttft,
                 tokens_in=record.tokens_in, tokens_out=record.tokens_out)

@@ -268,6 +268,9 @@ class RoutingSettings(BaseModel):
 
     policy: Literal["session_affinity", "least_in_flight"] = "session_affinity"
     models: dict[str, Literal["session_affinity", "least_in_flight"]] = Field(default_factory=dict)
+    # a model name nothing serves (nor matches an alias or a glob alias such as
+    # "claude-*") goes to this served model instead of a 404; None: a 404
+    default_model: str | None = None
     binding_ttl: float = Field(3600.0, gt=0)
     max_bindings: int = Field(100_000, gt=0)
     # an implicit session (content hash, `user`) leaves a worker holding more than
@@ -334,6 +337,15 @@ class Settings(BaseSettings):
                         f"workers[{i}] serves {name!r} as {target!r} but workers[{first[1]}] serves it as {first[0]!r}"
                     )
         return workers
+
+    @model_validator(mode="after")
+    def _check_default_model(self) -> Settings:
+        default = self.routing.default_model
+        if default is not None and self.workers and not any(
+                default in w.models or default in w.aliases for w in self.workers):
+            raise ValueError(f"routing.default_model {default!r} is not a model or alias any "
+                             "worker serves")
+        return self
 
     def model_names(self) -> frozenset[str]:
         """Every model and alias some worker serves (the label set for metrics)."""

@@ -80,3 +80,36 @@ def test_a_body_session_id_routes_and_is_not_sent_upstream(pool3, fake_upstream)
         client.messages.create(model=ANTHROPIC_MODEL, max_tokens=16, extra_body={"session_id": []},
                                messages=[{"role": "user", "content": "hi"}])
     assert "session_id" in str(exc.value)
+
+
+@pytest.fixture
+def globbed(fake_upstream) -> Iterator[ServerThread]:
+    settings = Settings(
+        server=ServerSettings(api_keys={"team-a": "sk-a"}, metrics_public=True),
+        routing=RoutingSettings(default_model="gpt-4o-mini"),
+        workers=(WorkerSettings(name="claude", dialect="anthropic", models=(ANTHROPIC_MODEL,),
+                                aliases={"claude-*": ANTHROPIC_MODEL}, api_key=UPSTREAM_KEY,
+                                url=fake_upstream.anthropic_url),
+                 WorkerSettings(name="gpt", dialect="openai", models=("gpt-4o-mini",),
+                                api_key=UPSTREAM_KEY, url=fake_upstream.url)))
+    with ServerThread(create_app(settings)) as srv:
+        yield srv
+
+
+def test_glob_aliases_catch_claude_codes_haiku_calls_and_default_model_the_rest(globbed,
+                                                                               fake_upstream):
+    client = anthropic.Anthropic(base_url=globbed.url, api_key="sk-a", max_retries=0)
+    r = client.messages.with_raw_response.create(
+        model="claude-haiku-4-5-20251001", max_tokens=16,
+        messages=[{"role": "user", "content": "background title"}])
+    assert r.headers["x-poolgate-worker"] == "claude"
+    assert fake_upstream.last.body["model"] == ANTHROPIC_MODEL
+    r = client.messages.with_raw_response.create(
+        model="some-model-nobody-serves", max_tokens=16,
+        messages=[{"role": "user", "content": "hi"}])
+    assert r.headers["x-poolgate-worker"] == "gpt"
+    listed = {m["id"] for m in httpx.get(globbed.url + "/v1/models",
+                                         headers={"x-api-key": "sk-a"}).json()["data"]}
+    assert listed == {ANTHROPIC_MODEL, "gpt-4o-mini"}  # a glob is not a model to list
+    metrics = httpx.get(globbed.url + "/metrics").text
+    assert "some-model-nobody-serves" not in metrics and "claude-haiku-4-5" not in metrics
