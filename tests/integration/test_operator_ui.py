@@ -297,6 +297,8 @@ async def test_usage_and_keys_panels_show_the_gateways_own_numbers(ui: Page, gat
                for r in rows)
     keys = {k["name"]: k for k in http.get("/internal/keys", headers=ADMIN).json()["keys"]}
 
+    await ui.page.clock.install()  # the page's timers run when the test says
+    await ui.page.reload()
     await ui.sign_in(ADMIN_TOKEN)
     chart = ui.page.locator("#usage-chart svg")
     await expect(chart.locator(f'rect[data-day="{today}"]')).to_have_count(2)
@@ -324,6 +326,17 @@ async def test_usage_and_keys_panels_show_the_gateways_own_numbers(ui: Page, gat
     await expect(key_rows.nth(2).locator("td")).to_have_text(
         ["team-c", "runtime", "all", "—", "60", "—", "—", "—", "0", "0"])
     await expect(ui.worker("p0")).to_have_attribute("data-state", "ready")
+
+    # one more request: the next usage poll (today only) shows it
+    asked: list[str] = []
+    ui.page.on("request", lambda request: asked.append(request.url)
+               if "/internal/usage" in request.url else None)
+    with openai.OpenAI(base_url=url + "/v1", api_key=KEYS["team-b"], max_retries=0) as oai:
+        oai.chat.completions.create(model="echo", messages=[{"role": "user", "content": "more"}])
+    await ui.page.clock.run_for(15_000)
+    await expect(table.nth(1).locator("td").nth(2)).to_have_text("3")
+    await expect(key_rows.nth(1).locator("td").nth(8)).to_have_text("3")
+    assert asked and all(f"since={midnight}&" in u for u in asked)
     shot = await _screenshot(ui.page, tmp_path, "operator-ui.png")
     assert shot.stat().st_size > 10_000
 
@@ -331,6 +344,10 @@ async def test_usage_and_keys_panels_show_the_gateways_own_numbers(ui: Page, gat
 def _utc_day(days_ago: int) -> str:
     today = datetime.datetime.now(datetime.timezone.utc).date()
     return (today - datetime.timedelta(days=days_ago)).isoformat()
+
+
+def _utc_day_of(unix: int) -> str:
+    return datetime.datetime.fromtimestamp(unix, datetime.timezone.utc).date().isoformat()
 
 
 def _usage_row(key: str, model: str, days_ago: int, requests: int, tokens_in: int,
@@ -362,12 +379,15 @@ async def test_usage_chart_and_keys_table_from_the_documented_shapes(ui: Page) -
 
     async def usage(route: Route) -> None:
         asked.append(route.request.url)
+        since = _utc_day_of(int(re.search(r"since=(\d+)", route.request.url).group(1)))
         await route.fulfill(json={"since": 0, "until": 0, "group_by": ["key", "model", "day"],
-                                  "rows": rows})
+                                  "rows": [r for r in rows if r["day"] >= since]})
 
     await ui.page.route(re.compile(r"/internal/usage\?"), usage)
     await ui.page.route(re.compile(r"/internal/keys$"),
                         lambda route: route.fulfill(json={"keys": keys}))
+    await ui.page.clock.install()  # the page's timers run when the test says
+    await ui.page.reload()
     await ui.sign_in(ADMIN_TOKEN)
 
     chart = ui.page.locator("#usage-chart svg")
@@ -398,6 +418,15 @@ async def test_usage_chart_and_keys_table_from_the_documented_shapes(ui: Page) -
         ["team-b", "runtime", "all", "—", "—", "—", "—", "—", "5", "250"])
     await expect(ui.page.locator("#usage-note")).to_be_hidden()
     await expect(ui.page.locator("#keys-note")).to_be_hidden()
+
+    # later polls ask for today only and keep the days before
+    rows[0]["requests"] = 20
+    await ui.page.clock.run_for(15_000)
+    await expect(today.nth(0).locator("td").nth(2)).to_have_text("20")
+    assert len(asked) == 2 and f"since={int(midnight.timestamp()) + 29 * 86400}&" in asked[1]
+    await expect(legend).to_have_text(["team-a · gpt-4o-mini — 60",
+                                       "team-b · claude-sonnet-4-6 — 12"])
+    await expect(chart.locator("rect")).to_have_count(4)
 
 
 async def test_usage_and_keys_panels_say_when_the_gateway_lacks_them(ui: Page) -> None:

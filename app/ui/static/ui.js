@@ -7,6 +7,7 @@
 (function () {
   const TOKEN_KEY = "poolgate.adminToken";
   const WORKERS_EVERY_MS = 3000, SLOW_EVERY_MS = 15000, DAY_S = 86400;
+  const HISTORY_EVERY_MS = 10 * 60 * 1000;
   const LOGGED_IN = new Set(["logged_in", "ok", "ready", "done"]);
   // The page lives at <prefix>/internal/ui: the JSON is next to it.
   const ROOT = location.pathname.replace(/\/ui\/?$/, "");
@@ -15,6 +16,7 @@
   let session = 0;          // bumped on sign-out: late answers of an old session are dropped
   let timers = [];
   let lastUsageRows = null;
+  let pastUsage = null;       // usage rows before today: {today, at, rows}
   const workerRows = new Map();
 
   class Unauthorized extends Error {}
@@ -58,6 +60,7 @@
     timers = [];
     sessionStorage.removeItem(TOKEN_KEY);
     workerRows.clear();
+    pastUsage = lastUsageRows = null;
     $("workers").tBodies[0].replaceChildren();
     $("panels").hidden = true;
     $("sign-out").hidden = true;
@@ -334,15 +337,24 @@
     body.replaceChildren(...trs);
   }
 
+  /** The 30 days before today change only when the day does: they are read
+   * at sign-in and every HISTORY_EVERY_MS (a scan of a month of ledger rows),
+   * and each poll reads today's rows alone. */
   function refreshUsage() {
     return guarded("Usage", async () => {
-      const since = Math.floor(Date.now() / 1000 / DAY_S) * DAY_S - 29 * DAY_S;
+      const todayStart = Math.floor(Date.now() / 1000 / DAY_S) * DAY_S;
+      const today = window.UsageChart.isoDay(new Date(todayStart * 1000));
+      const whole = !pastUsage || pastUsage.today !== today
+        || Date.now() - pastUsage.at > HISTORY_EVERY_MS;
+      const since = whole ? todayStart - 29 * DAY_S : todayStart;
       const answer = await api(`/usage?since=${since}&group_by=key,model,day`);
       $("usage-body").hidden = !answer.ok;
       $("usage-metric").parentElement.hidden = !answer.ok;
       if (!answer.ok) { unavailable($("usage-note"), "/internal/usage", answer); return; }
       show($("usage-note"), "");
-      lastUsageRows = answer.body.rows || [];
+      const rows = answer.body.rows || [];
+      if (whole) pastUsage = { today, at: Date.now(), rows: rows.filter((r) => r.day !== today) };
+      lastUsageRows = pastUsage.rows.concat(rows.filter((r) => r.day === today));
       drawUsage();
     });
   }
