@@ -428,6 +428,18 @@ async def test_usage_chart_and_keys_table_from_the_documented_shapes(ui: Page) -
                                        "team-b · claude-sonnet-4-6 — 12"])
     await expect(chart.locator("rect")).to_have_count(4)
 
+    # a hidden tab polls nothing, and catches up when shown again
+    hide = "v => { Object.defineProperty(document, 'hidden', {value: v, configurable: true});" \
+           " document.dispatchEvent(new Event('visibilitychange')); }"
+    await ui.page.evaluate(hide, True)
+    await ui.page.clock.run_for(60_000)
+    await asyncio.sleep(1)  # a poll, had there been one, would have reached us by now
+    assert len(asked) == 2
+    rows[0]["requests"] = 21
+    await ui.page.evaluate(hide, False)
+    await expect(today.nth(0).locator("td").nth(2)).to_have_text("21")
+    assert len(asked) == 3
+
 
 async def test_usage_and_keys_panels_say_when_the_gateway_lacks_them(ui: Page) -> None:
     """A gateway from before the usage ledger and keys API (played by the

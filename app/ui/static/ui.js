@@ -88,10 +88,11 @@
     $("panels").hidden = false;
     $("sign-out").hidden = false;
     renderWorkers(answer.body.workers || []);
-    refreshUsage();
-    refreshKeys();
-    timers.push(setInterval(refreshWorkers, WORKERS_EVERY_MS));
-    timers.push(setInterval(() => { refreshUsage(); refreshKeys(); }, SLOW_EVERY_MS));
+    refreshSlow();
+    // a tab nobody looks at asks nothing; it catches up when shown again
+    timers.push(setInterval(() => { if (!document.hidden) refreshWorkers(); },
+                            WORKERS_EVERY_MS));
+    timers.push(setInterval(() => { if (!document.hidden) refreshSlow(); }, SLOW_EVERY_MS));
   }
 
   /** Run a refresh; network trouble goes to the status line, 401 already signed out. */
@@ -374,6 +375,11 @@
     ], "No requests today.");
   }
 
+  function refreshSlow() {
+    refreshUsage();
+    refreshKeys();
+  }
+
   function refreshKeys() {
     return guarded("Keys", async () => {
       const answer = await api("/keys");
@@ -409,6 +415,9 @@
   });
   $("sign-out").addEventListener("click", () => signOut(""));
   $("usage-metric").addEventListener("change", drawUsage);
+  document.addEventListener("visibilitychange", () => {
+    if (!document.hidden && timers.length) { refreshWorkers(); refreshSlow(); }
+  });
 
   if (token()) signIn(); else signOut("");
 })();
