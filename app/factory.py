@@ -238,7 +238,7 @@ def _build_policies(gw: Gateway, routing: Any) -> None:
     def policy(name: str) -> Any:
         return make_policy(name, in_flight=gw.admission.in_flight, store=gw.bindings,
                            ttl=routing.binding_ttl, busy=busy, imbalance_abs=routing.imbalance_abs,
-                           imbalance_rel=routing.imbalance_rel)
+                           imbalance_rel=routing.imbalance_rel, owned=True)
 
     gw.policy = policy(routing.policy)
     gw.policies = {model: policy(name) for model, name in routing.models.items()}
