@@ -201,8 +201,7 @@ class LocalChat:
                              param=param)
         context = self.engine.context_length
         s = request.sampling
-        prompt_param = "input_ids" if request.prompt_ids is not None and request.dialect == "native" \
-            else "prompt" if request.prompt is not None or request.prompt_ids is not None else "messages"
+        prompt_param = _prompt_param(request)
         if prompt_len >= context:
             raise BadRequest(f"The prompt is {prompt_len} tokens; this model's context is {context} "
                              "tokens.", param=prompt_param)
@@ -233,7 +232,7 @@ class LocalChat:
             ids, forced = self.prompt_ids(request)
             params = self.params(request, len(ids))
         except EngineError as exc:
-            raise BadRequest(exc.message, param=exc.param) from None
+            raise exc.gateway_error(_prompt_param(request)) from None
         tok = self.engine.tokenizer
         special = getattr(tok, "special_ids", frozenset())
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -242,16 +241,18 @@ class LocalChat:
         parser = HermesParser(inside=forced[len(OPEN):] if forced else None) \
             if template_tools(request) and request.dialect != "native" else None
         state = _Calls()
-        yield Start(model=self.model_name)
-        yield Usage(input_tokens=len(ids))
-
         n = 0
         reason: FinishReason = "length"
         stop_sequence: str | None = None
         steps = self.engine.generate(ids, params)
         try:
             async with contextlib.aclosing(steps):
-                async for step in steps:
+                # the first step before the first event: an engine that cannot serve
+                # fails the request while the gateway may still retry it elsewhere
+                step = await anext(steps, None)
+                yield Start(model=self.model_name)
+                yield Usage(input_tokens=len(ids))
+                while step is not None:
                     n += 1
                     token = step.token_id
                     piece = step.piece if step.piece is not None else tok.token_bytes(token)
@@ -276,8 +277,9 @@ class LocalChat:
                     if hit is not None:
                         reason, stop_sequence = "stop_sequence", hit
                         break
+                    step = await anext(steps, None)
         except EngineError as exc:
-            raise BadRequest(exc.message, param=exc.param) from None
+            raise exc.gateway_error(_prompt_param(request)) from None
         if reason != "stop_sequence":
             tail, hit = stops.feed(decoder.decode(b"", final=True))
             tail += stops.flush() if hit is None else ""
@@ -298,6 +300,13 @@ class LocalChat:
         top = tuple((tok.token_bytes(i).decode("utf-8", "replace"), lp) for i, lp in step.top)
         return TokenLogprob(token=piece.decode("utf-8", "replace"), logprob=logprob, id=step.token_id,
                             bytes=tuple(piece), top=top, top_ids=tuple(i for i, _ in step.top))
+
+
+def _prompt_param(request: ChatRequest) -> str:
+    """The client's name for the prompt in its dialect."""
+    if request.prompt_ids is not None and request.dialect == "native":
+        return "input_ids"
+    return "prompt" if request.prompt is not None or request.prompt_ids is not None else "messages"
 
 
 class _Calls:
