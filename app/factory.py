@@ -90,7 +90,8 @@ def local_spec(w: Any, settings: Any) -> LocalSpec:
         threads=w.threads, gpu_ids=w.gpu_ids, engine_args=dict(w.engine_args),
         chat_template=template, python=w.python, env=dict(w.env),
         ready_timeout=w.ready_timeout or 600.0, health_interval=w.health_interval,
-        health_timeout=w.health_timeout, stop_timeout=w.stop_timeout)
+        health_timeout=w.health_timeout, stop_timeout=w.stop_timeout,
+        call_timeout=w.call_timeout, read_timeout=w.read_timeout)
 
 
 def make_worker(spec: Spec, environment: Mapping[str, str]) -> Any:

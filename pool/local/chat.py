@@ -30,7 +30,8 @@ from ..model import (
     TextDelta, TextPart, TokenLogprob, ToolCallDelta, ToolCallEnd, ToolCallPart, ToolCallStart,
     ToolResultPart, Usage,
 )
-from .engine import Engine, EngineError, GenParams
+from .engine import Engine, EngineError, GenParams, Step
+from .health import EngineWatch
 from .template import TemplateError
 from .toolcalls import OPEN, CallOut, HermesParser, TextOut, new_call_id
 
@@ -137,9 +138,11 @@ class StopMatcher:
 class LocalChat:
     """Serves canonical requests from one loaded engine."""
 
-    def __init__(self, engine: Engine, model_name: str) -> None:
+    def __init__(self, engine: Engine, model_name: str, watch: EngineWatch | None = None) -> None:
         self.engine = engine
         self.model_name = model_name
+        # the engine's progress: a stalled engine fails its waiting sequences (504)
+        self._next_step = watch.next_step if watch is not None else _next_step
 
     # --- the prompt ------------------------------------------------------------------------
 
@@ -249,7 +252,7 @@ class LocalChat:
             async with contextlib.aclosing(steps):
                 # the first step before the first event: an engine that cannot serve
                 # fails the request while the gateway may still retry it elsewhere
-                step = await anext(steps, None)
+                step = await self._next_step(steps)
                 yield Start(model=self.model_name)
                 yield Usage(input_tokens=len(ids))
                 while step is not None:
@@ -277,7 +280,7 @@ class LocalChat:
                     if hit is not None:
                         reason, stop_sequence = "stop_sequence", hit
                         break
-                    step = await anext(steps, None)
+                    step = await self._next_step(steps)
         except EngineError as exc:
             raise exc.gateway_error(_prompt_param(request)) from None
         if reason != "stop_sequence":
@@ -300,6 +303,10 @@ class LocalChat:
         top = tuple((tok.token_bytes(i).decode("utf-8", "replace"), lp) for i, lp in step.top)
         return TokenLogprob(token=piece.decode("utf-8", "replace"), logprob=logprob, id=step.token_id,
                             bytes=tuple(piece), top=top, top_ids=tuple(i for i, _ in step.top))
+
+
+async def _next_step(steps: AsyncIterator[Step]) -> Step | None:
+    return await anext(steps, None)
 
 
 def _prompt_param(request: ChatRequest) -> str:

@@ -124,6 +124,11 @@ class Engine(Protocol):
         must stop the engine's work for this sequence promptly."""
         ...
 
+    async def healthy(self) -> bool:
+        """Whether the engine can serve (its server answers, its scheduler
+        thread runs); cheap. The worker asks at its pings, bounded in time."""
+        ...
+
     async def aclose(self) -> None:
         """Free the model (stop threads, end engine subprocesses)."""
         ...
