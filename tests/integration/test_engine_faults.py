@@ -65,13 +65,17 @@ def fault(control: Path) -> Iterator[Any]:
 
 
 @pytest.fixture
-def oai(srv: ServerThread) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+def oai(srv: ServerThread) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0,
+                       timeout=60) as client:
+        yield client
 
 
 @pytest.fixture
-def claude(srv: ServerThread) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0)
+def claude(srv: ServerThread) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0,
+                             timeout=60) as client:
+        yield client
 
 
 def worker_info(srv: ServerThread, name: str) -> dict[str, Any]:

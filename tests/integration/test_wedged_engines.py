@@ -37,6 +37,13 @@ READ_TIMEOUT = 2.0
 CALL_TIMEOUT = 1.5
 
 
+@pytest.fixture
+def oai(srv: ServerThread) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0,
+                       timeout=30) as client:
+        yield client
+
+
 @pytest.fixture(scope="module")
 def control(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("wedge") / "control.json"
@@ -88,7 +95,7 @@ def wait_replaced(srv: ServerThread, name: str, before: dict[str, Any],
 
 
 def test_a_sigstopped_engine_server_makes_the_worker_unhealthy_and_replaced(
-        srv: ServerThread) -> None:
+        srv: ServerThread, oai: openai.OpenAI) -> None:
     before = worker_info(srv, "wedge")
     assert before["state"] == "ready"
     [server] = [p for p in descendants(before["pid"]) if "tests.fakes.sglang_server" in cmdline(p)
@@ -100,17 +107,15 @@ def test_a_sigstopped_engine_server_makes_the_worker_unhealthy_and_replaced(
     while alive(server):  # the old engine server goes with its worker
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    oai = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=30)
     answer = oai.chat.completions.create(model="wedge", messages=HELLO, max_tokens=3)
     assert answer.choices[0].finish_reason == "length"
 
 
 def test_a_silent_stream_times_out_and_the_wedged_worker_is_replaced(
-        srv: ServerThread, control: Path) -> None:
+        srv: ServerThread, oai: openai.OpenAI, control: Path) -> None:
     before = worker_info(srv, "wedge")
     control.write_text(json.dumps({"hang": True}))
     try:
-        oai = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=30)
         started = time.monotonic()
         with pytest.raises(openai.APIStatusError) as info:
             oai.chat.completions.create(model="wedge", messages=HELLO, max_tokens=3)
@@ -127,10 +132,15 @@ def test_a_silent_stream_times_out_and_the_wedged_worker_is_replaced(
 
 def test_calls_to_a_wedged_worker_fail_within_their_deadline(srv: ServerThread) -> None:
     info = worker_info(srv, "sleepy")
-    claude = anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0, timeout=30)
+    with anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0,
+                             timeout=30) as claude:
+        check_calls_time_out(srv, claude, info["pid"])
+
+
+def check_calls_time_out(srv: ServerThread, claude: anthropic.Anthropic, pid: int) -> None:
     exact = claude.messages.count_tokens(model="sleepy", messages=HELLO)  # type: ignore[arg-type]
     assert exact.input_tokens > 0
-    os.kill(info["pid"], signal.SIGSTOP)
+    os.kill(pid, signal.SIGSTOP)
     try:
         started = time.monotonic()
         with pytest.raises(anthropic.APIStatusError) as err:
@@ -144,6 +154,6 @@ def test_calls_to_a_wedged_worker_fail_within_their_deadline(srv: ServerThread) 
         assert time.monotonic() - started < CALL_TIMEOUT + 5
         assert stats.status_code == 504
     finally:
-        os.kill(info["pid"], signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)
     assert claude.messages.count_tokens(model="sleepy", messages=HELLO).input_tokens == \
         exact.input_tokens  # type: ignore[arg-type]
