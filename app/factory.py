@@ -97,7 +97,8 @@ def local_spec(w: Any, settings: Any) -> LocalSpec:
         chat_template=template, python=w.python, env=dict(w.env),
         sampling_defaults=sampling.model_dump(exclude_none=True) if sampling else {},
         ready_timeout=w.ready_timeout or 600.0, health_interval=w.health_interval,
-        health_timeout=w.health_timeout, stop_timeout=w.stop_timeout)
+        health_timeout=w.health_timeout, stop_timeout=w.stop_timeout,
+        call_timeout=w.call_timeout, read_timeout=w.read_timeout)
 
 
 def make_worker(spec: Spec, environment: Mapping[str, str]) -> Any:
