@@ -98,7 +98,8 @@ def local_spec(w: Any, settings: Any) -> LocalSpec:
         chat_template=template, python=w.python, env=dict(w.env),
         sampling_defaults=sampling.model_dump(exclude_none=True) if sampling else {},
         ready_timeout=w.ready_timeout or 600.0, health_interval=w.health_interval,
-        health_timeout=w.health_timeout, stop_timeout=w.stop_timeout)
+        health_timeout=w.health_timeout, stop_timeout=w.stop_timeout,
+        call_timeout=w.call_timeout, read_timeout=w.read_timeout)
 
 
 def make_worker(spec: Spec, environment: Mapping[str, str]) -> Any:
@@ -243,7 +244,7 @@ def _build_policies(gw: Gateway, routing: Any) -> None:
     def policy(name: str) -> Any:
         return make_policy(name, in_flight=gw.admission.in_flight, store=gw.bindings,
                            ttl=routing.binding_ttl, busy=busy, imbalance_abs=routing.imbalance_abs,
-                           imbalance_rel=routing.imbalance_rel)
+                           imbalance_rel=routing.imbalance_rel, owned=True)
 
     gw.policy = policy(routing.policy)
     gw.policies = {model: policy(name) for model, name in routing.models.items()}

@@ -180,6 +180,8 @@ class WorkerSettings(BaseModel):
     crash_loop_threshold: int = Field(5, gt=0)
     crash_loop_window: float = Field(60.0, gt=0)
     stop_timeout: float = Field(10.0, gt=0)
+    call_timeout: float = Field(30.0, gt=0)   # local: count_tokens / engine stats deadline
+    read_timeout: float = Field(120.0, gt=0)  # local: longest the engine may go without a token
     api_key_env: str | None = None
     api_key: SecretStr | None = None  # resolved from api_key_env
     models: tuple[str, ...] = ()  # a local worker defaults to the model file's name

@@ -155,8 +155,11 @@ class SessionAffinity:
                  ttl: float | None = None,
                  busy: Callable[[str], bool] | None = None,
                  in_flight: Callable[[str], int] | None = None,
-                 imbalance_abs: int = 2, imbalance_rel: float = 1.5) -> None:
+                 imbalance_abs: int = 2, imbalance_rel: float = 1.5,
+                 owned: bool = False) -> None:
         self._store = store
+        # session keys carry their API key's name first ("team-a:content:…")
+        self._owned = owned
         self._fallback = fallback
         self._ttl = ttl
         self._busy = busy
@@ -201,7 +204,7 @@ class SessionAffinity:
 
     def _lighter(self, session: str, home: Worker, workers: Sequence[Worker]) -> Worker | None:
         """The least loaded worker when ``home`` is too busy for an implicit session to wait."""
-        if self._in_flight is None or len(workers) == 1 or not session.startswith(_IMPLICIT):
+        if self._in_flight is None or len(workers) == 1 or not self._implicit(session):
             return None
         load = self._in_flight(home.name)
         if load <= self._imbalance_abs:
@@ -214,6 +217,11 @@ class SessionAffinity:
         if load - least_load > self._imbalance_abs and load > self._imbalance_rel * least_load:
             return least
         return None
+
+    def _implicit(self, session: str) -> bool:
+        if self._owned:
+            session = session.partition(":")[2]  # after the owner's name, which holds no ':'
+        return session.startswith(_IMPLICIT)
 
     async def _move(self, key: str, to: Worker) -> Worker:
         self._load_moves += 1
@@ -241,14 +249,15 @@ _MAX_MOVED = 10_000
 def make_policy(name: str, *, in_flight: Callable[[str], int],
                 store: BindingStore | None = None, ttl: float | None = None,
                 busy: Callable[[str], bool] | None = None, imbalance_abs: int = 2,
-                imbalance_rel: float = 1.5) -> RoutingPolicy:
+                imbalance_rel: float = 1.5, owned: bool = False) -> RoutingPolicy:
     """The policy a model's configuration names (``POLICIES``).
 
     ``in_flight(name)`` counts a worker's requests in flight (the admission
     guard's); ``store`` holds session bindings (required for
     ``session_affinity``; share one store across models — keys carry the
     model); ``busy(name)`` tells an eligible worker without a free slot;
-    ``imbalance_abs`` / ``imbalance_rel`` when implicit sessions yield to load.
+    ``imbalance_abs`` / ``imbalance_rel`` when implicit sessions yield to load;
+    ``owned``: session keys start with their API key's name.
     """
     if name == "least_in_flight":
         return LeastInFlight(in_flight)
@@ -257,5 +266,5 @@ def make_policy(name: str, *, in_flight: Callable[[str], int],
             raise ValueError("the session_affinity policy needs a binding store")
         return SessionAffinity(store, fallback=LeastInFlight(in_flight), ttl=ttl, busy=busy,
                                in_flight=in_flight, imbalance_abs=imbalance_abs,
-                               imbalance_rel=imbalance_rel)
+                               imbalance_rel=imbalance_rel, owned=owned)
     raise ValueError(f"unknown routing policy {name!r}; expected one of {', '.join(POLICIES)}")

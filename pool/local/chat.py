@@ -30,7 +30,8 @@ from ..model import (
     TextDelta, TextPart, TokenLogprob, ToolCallDelta, ToolCallEnd, ToolCallPart, ToolCallStart,
     ToolResultPart, Usage,
 )
-from .engine import Engine, EngineError, GenParams
+from .engine import Engine, EngineError, GenParams, Step
+from .health import EngineWatch
 from .sampling import SamplingDefaults
 from .template import TemplateError
 from .toolcalls import OPEN, CallOut, HermesParser, TextOut, new_call_id
@@ -143,10 +144,12 @@ def _first(*values: Any) -> Any:
 class LocalChat:
     """Serves canonical requests from one loaded engine."""
 
-    def __init__(self, engine: Engine, model_name: str,
+    def __init__(self, engine: Engine, model_name: str, watch: EngineWatch | None = None,
                  defaults: SamplingDefaults = SamplingDefaults()) -> None:
         self.engine = engine
         self.model_name = model_name
+        # the engine's progress: a stalled engine fails its waiting sequences (504)
+        self._next_step = watch.next_step if watch is not None else _next_step
         self.defaults = defaults
 
     # --- the prompt ------------------------------------------------------------------------
@@ -209,8 +212,7 @@ class LocalChat:
                              param=param)
         context = self.engine.context_length
         s = request.sampling
-        prompt_param = "input_ids" if request.prompt_ids is not None and request.dialect == "native" \
-            else "prompt" if request.prompt is not None or request.prompt_ids is not None else "messages"
+        prompt_param = _prompt_param(request)
         if prompt_len >= context:
             raise BadRequest(f"The prompt is {prompt_len} tokens; this model's context is {context} "
                              "tokens.", param=prompt_param)
@@ -245,7 +247,7 @@ class LocalChat:
             ids, forced = self.prompt_ids(request)
             params = self.params(request, len(ids))
         except EngineError as exc:
-            raise BadRequest(exc.message, param=exc.param) from None
+            raise exc.gateway_error(_prompt_param(request)) from None
         tok = self.engine.tokenizer
         special = getattr(tok, "special_ids", frozenset())
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -254,16 +256,18 @@ class LocalChat:
         parser = HermesParser(inside=forced[len(OPEN):] if forced else None) \
             if template_tools(request) and request.dialect != "native" else None
         state = _Calls()
-        yield Start(model=self.model_name)
-        yield Usage(input_tokens=len(ids))
-
         n = 0
         reason: FinishReason = "length"
         stop_sequence: str | None = None
         steps = self.engine.generate(ids, params)
         try:
             async with contextlib.aclosing(steps):
-                async for step in steps:
+                # the first step before the first event: an engine that cannot serve
+                # fails the request while the gateway may still retry it elsewhere
+                step = await self._next_step(steps)
+                yield Start(model=self.model_name)
+                yield Usage(input_tokens=len(ids))
+                while step is not None:
                     n += 1
                     token = step.token_id
                     piece = step.piece if step.piece is not None else tok.token_bytes(token)
@@ -288,8 +292,9 @@ class LocalChat:
                     if hit is not None:
                         reason, stop_sequence = "stop_sequence", hit
                         break
+                    step = await self._next_step(steps)
         except EngineError as exc:
-            raise BadRequest(exc.message, param=exc.param) from None
+            raise exc.gateway_error(_prompt_param(request)) from None
         if reason != "stop_sequence":
             tail, hit = stops.feed(decoder.decode(b"", final=True))
             tail += stops.flush() if hit is None else ""
@@ -310,6 +315,17 @@ class LocalChat:
         top = tuple((tok.token_bytes(i).decode("utf-8", "replace"), lp) for i, lp in step.top)
         return TokenLogprob(token=piece.decode("utf-8", "replace"), logprob=logprob, id=step.token_id,
                             bytes=tuple(piece), top=top, top_ids=tuple(i for i, _ in step.top))
+
+
+async def _next_step(steps: AsyncIterator[Step]) -> Step | None:
+    return await anext(steps, None)
+
+
+def _prompt_param(request: ChatRequest) -> str:
+    """The client's name for the prompt in its dialect."""
+    if request.prompt_ids is not None and request.dialect == "native":
+        return "input_ids"
+    return "prompt" if request.prompt is not None or request.prompt_ids is not None else "messages"
 
 
 class _Calls:

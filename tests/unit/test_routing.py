@@ -137,6 +137,17 @@ async def test_the_relative_threshold_keeps_busy_but_balanced_workers() -> None:
     assert await policy.choose(REQUEST, "user:alice", workers) is not home
 
 
+async def test_owned_session_keys_are_read_after_the_owner() -> None:
+    loads = {"w0": 0, "w1": 0, "w2": 0}
+    policy, _ = affinity(loads=loads, owned=True)
+    workers = pool_of(3)
+    for session, yields in (("team-a:content:abc", True), ("content:session:x", False)):
+        home = await policy.choose(REQUEST, session, workers)
+        loads[home.name] = 9
+        assert (await policy.choose(REQUEST, session, workers) is not home) is yields
+        loads[home.name] = 0
+
+
 async def test_explicit_sessions_do_not_yield_to_load() -> None:
     loads = {"w0": 0, "w1": 0, "w2": 0}
     policy, _ = affinity(loads=loads)

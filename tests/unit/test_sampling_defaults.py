@@ -16,7 +16,7 @@ from tests.unit.test_local_chat import ScriptedEngine, request
 
 
 def params(defaults: SamplingDefaults, sampling: Sampling = Sampling(), prompt_len: int = 5):
-    return LocalChat(ScriptedEngine([]), "m", defaults).params(request(sampling=sampling),
+    return LocalChat(ScriptedEngine([]), "m", defaults=defaults).params(request(sampling=sampling),
                                                                prompt_len)
 
 
