@@ -204,8 +204,8 @@ async def test_login_state_url_and_paste_code_box(ui: Page, tmp_path: Path) -> N
     from playwright.async_api import Route, expect
 
     lists: list[int] = []
-    p1_login: dict[str, Any] = {"state": "failed", "url": "javascript:alert(1)",
-                                "error": "bad password"}
+    p1_login: list[Any] = [{"state": "failed", "url": "javascript:alert(1)",
+                            "error": "bad password"}]
 
     async def with_login(route: Route) -> None:
         lists.append(1)
@@ -213,9 +213,10 @@ async def test_login_state_url_and_paste_code_box(ui: Page, tmp_path: Path) -> N
         data = await answer.json()
         logins = {"p0": {"state": "awaiting_code", "url": "https://login.example.test/device",
                          "user_code": "WDJB-MJHT"},
-                  "p1": p1_login}
+                  "p1": p1_login[0]}
         for worker in data["workers"]:
             worker["login"] = logins[worker["name"]]
+        data["workers"][0].update(kind="cli", cli="claude", account="ops@example.test")
         await route.fulfill(response=answer, json=data)
 
     posted: list[tuple[Any, str | None]] = []
@@ -230,6 +231,8 @@ async def test_login_state_url_and_paste_code_box(ui: Page, tmp_path: Path) -> N
     await ui.sign_in(ADMIN_TOKEN)
     p0, p1 = ui.worker("p0"), ui.worker("p1")
     await expect(ui.page.locator("#workers th", has_text="Login")).to_be_visible()
+    await expect(p0.locator("td").nth(1)).to_have_text("cli (claude)")
+    await expect(p0.locator(".login .account")).to_have_text("ops@example.test")
     await expect(p0.locator(".login")).to_contain_text("awaiting code")
     await expect(p0.locator("a.login-url")).to_have_attribute(
         "href", "https://login.example.test/device")
@@ -246,8 +249,7 @@ async def test_login_state_url_and_paste_code_box(ui: Page, tmp_path: Path) -> N
         "Sending the code failed (HTTP 404)")
     assert posted == [({"code": "4/0AbCdEf-code"}, f"Bearer {ADMIN_TOKEN}")]
     # a refused code stays in the box for another try, also across the next poll
-    p1_login.clear()
-    p1_login["state"] = "logged_in"
+    p1_login[0] = "ready"  # what cli workers report once logged in: a plain string
     polled = len(lists) + 1
     for _ in range(300):
         if len(lists) > polled:
@@ -257,7 +259,7 @@ async def test_login_state_url_and_paste_code_box(ui: Page, tmp_path: Path) -> N
     await expect(box).to_have_value("4/0AbCdEf-code")
     await expect(p0.locator(".login code")).to_have_text("WDJB-MJHT")
     # p1 logged in meanwhile: state shown, no box, no stale error
-    await expect(p1.locator(".login")).to_contain_text("logged in")
+    await expect(p1.locator(".login")).to_contain_text("ready")
     await expect(p1.locator(".login")).not_to_contain_text("bad password")
     await expect(p1.locator("form.login-code")).to_be_hidden()
     await _screenshot(ui.page, tmp_path, "operator-ui-login.png")

@@ -169,7 +169,8 @@
     for (const w of workers) {
       const row = workerRow(w.name);
       seen.add(w.name);
-      row.kind.textContent = w.kind + (w.engine ? ` (${w.engine})` : "");
+      const flavour = w.engine || w.cli;  // a local worker's engine, a cli worker's CLI
+      row.kind.textContent = w.kind + (flavour ? ` (${flavour})` : "");
       row.models.textContent = (w.models || []).join(", ");
       const state = w.crash_looping ? "crash_looping" : w.state;
       row.badge.className = "state " + state;
@@ -262,6 +263,7 @@
     parts.code.hidden = !info.code;
     parts.codeText.textContent = info.code ? String(info.code) : "";
     parts.error.textContent = info.error ? String(info.error) : "";
+    parts.account.textContent = w.account ? String(w.account) : "";
     parts.form.hidden = LOGGED_IN.has(String(info.state));  // nothing to paste once logged in
   }
 
@@ -275,6 +277,8 @@
     code.append("device code ");
     const codeText = document.createElement("code");
     code.append(codeText);
+    const account = document.createElement("div");
+    account.className = "msg account";
     const error = document.createElement("div");
     error.className = "msg";
     const form = document.createElement("form");
@@ -305,8 +309,8 @@
       send.disabled = false;
       refreshWorkers();
     });
-    row.login.append(state, link, code, error, form, result);
-    return { state, link, code, codeText, error, form };
+    row.login.append(state, account, link, code, error, form, result);
+    return { state, account, link, code, codeText, error, form };
   }
 
   // ---- usage and keys --------------------------------------------------
