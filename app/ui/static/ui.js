@@ -8,7 +8,6 @@
   const TOKEN_KEY = "poolgate.adminToken";
   const WORKERS_EVERY_MS = 3000, SLOW_EVERY_MS = 15000, DAY_S = 86400;
   const HISTORY_EVERY_MS = 10 * 60 * 1000;
-  const LOGGED_IN = new Set(["logged_in", "ok", "ready", "done"]);
   // The page lives at <prefix>/internal/ui: the JSON is next to it.
   const ROOT = location.pathname.replace(/\/ui\/?$/, "");
   const $ = (id) => document.getElementById(id);
@@ -178,14 +177,15 @@
       row.tr.dataset.state = w.state;
       row.inFlight.textContent = w.in_flight + (w.capacity != null ? " / " + w.capacity : "");
       row.restarts.textContent = w.restarts ?? 0;
-      renderLogin(row, w);
+      row.loginParts = window.WorkerLogin.render(row.login, row.loginParts, w,
+                                                 (code) => sendCode(w.name, code));
       if (!row.busy) {
         row.drain.disabled = w.state === "draining" || w.state === "stopped";
         row.resume.disabled = w.state !== "draining";
       }
       body.append(row.tr);  // keeps the server's order; moving a node keeps its state
     }
-    const anyLogin = workers.some((w) => loginInfo(w) !== null);
+    const anyLogin = workers.some((w) => window.WorkerLogin.info(w) !== null);
     $("workers").classList.toggle("no-login", !anyLogin);
     for (const [name, row] of workerRows) {
       if (!seen.has(name)) { row.tr.remove(); workerRows.delete(name); }
@@ -230,87 +230,20 @@
     }, 4000);
   }
 
-  // ---- login (cli workers; only when the JSON has these fields) --------
+  // ---- login (cli workers; drawn by login.js) ---------------------------
 
-  function loginInfo(w) {
-    const raw = w.login;
-    if (raw == null && w.login_url == null && w.device_code == null) return null;
-    const obj = raw && typeof raw === "object" ? raw : { state: raw };
-    return {
-      state: obj.state ?? obj.status ?? null,
-      url: obj.url ?? obj.login_url ?? obj.verification_uri ?? w.login_url ?? null,
-      code: obj.user_code ?? obj.device_code ?? obj.code ?? w.device_code ?? null,
-      error: obj.error ?? obj.message ?? null,
-    };
-  }
-
-  function safeUrl(url) {
-    try {
-      const u = new URL(String(url));
-      return u.protocol === "https:" || u.protocol === "http:" ? u.href : null;
-    } catch (_) { return null; }
-  }
-
-  function renderLogin(row, w) {
-    const info = loginInfo(w);
-    if (!info) { row.login.replaceChildren(); row.loginParts = null; return; }
-    if (!row.loginParts) row.loginParts = buildLogin(row);
-    const parts = row.loginParts;
-    parts.state.textContent = info.state ? String(info.state).replaceAll("_", " ") : "";
-    const href = info.url ? safeUrl(info.url) : null;
-    parts.link.hidden = !href;
-    if (href && parts.link.href !== href) { parts.link.href = href; parts.link.textContent = href; }
-    parts.code.hidden = !info.code;
-    parts.codeText.textContent = info.code ? String(info.code) : "";
-    parts.error.textContent = info.error ? String(info.error) : "";
-    parts.account.textContent = w.account ? String(w.account) : "";
-    parts.form.hidden = LOGGED_IN.has(String(info.state));  // nothing to paste once logged in
-  }
-
-  function buildLogin(row) {
-    const state = document.createElement("div");
-    const link = document.createElement("a");
-    link.target = "_blank";
-    link.rel = "noopener noreferrer";
-    link.className = "login-url";
-    const code = document.createElement("div");
-    code.append("device code ");
-    const codeText = document.createElement("code");
-    code.append(codeText);
-    const account = document.createElement("div");
-    account.className = "msg account";
-    const error = document.createElement("div");
-    error.className = "msg";
-    const form = document.createElement("form");
-    form.className = "login-code";
-    const input = document.createElement("input");
-    input.type = "text";
-    input.placeholder = "paste the code";
-    input.autocomplete = "off";
-    input.setAttribute("aria-label", `login code for ${row.name}`);
-    const send = document.createElement("button");
-    send.type = "submit";
-    send.textContent = "Send code";
-    form.append(input, send);
-    const result = document.createElement("div");
-    result.className = "msg";
-    form.addEventListener("submit", async (ev) => {
-      ev.preventDefault();
-      const code = input.value.trim();
-      if (!code) { result.textContent = "Paste the code the login page showed first."; return; }
-      send.disabled = true;
-      await guarded("Login code", async () => {
-        const answer = await api(`/workers/${encodeURIComponent(row.name)}/login/code`, {
-          method: "POST", headers: { "Content-Type": "application/json" },
-          body: JSON.stringify({ code }) });
-        result.textContent = answer.ok ? "Code sent." : errorText(answer, "Sending the code");
-        if (answer.ok) input.value = "";
-      });
-      send.disabled = false;
-      refreshWorkers();
+  /** POST a pasted login code; the line to show under the box. */
+  async function sendCode(name, code) {
+    let outcome = { ok: false, message: "" };
+    await guarded("Login code", async () => {
+      const answer = await api(`/workers/${encodeURIComponent(name)}/login/code`, {
+        method: "POST", headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ code }) });
+      outcome = { ok: answer.ok,
+                  message: answer.ok ? "Code sent." : errorText(answer, "Sending the code") };
     });
-    row.login.append(state, account, link, code, error, form, result);
-    return { state, account, link, code, codeText, error, form };
+    refreshWorkers();
+    return outcome;
   }
 
   // ---- usage and keys --------------------------------------------------
