@@ -17,18 +17,21 @@ from .. import worker_main
 from ..wire import request_from_dict
 from .chat import LocalChat
 from .engines import make_engine
+from .sampling import resolve_defaults
 
 
 async def _main(config: dict[str, Any]) -> None:
     engine = make_engine(config)
-    chat = LocalChat(engine, config.get("served_name") or "local")
+    chat = LocalChat(engine, config.get("served_name") or "local",
+                     resolve_defaults(config.get("sampling_defaults"), str(config["model"])))
 
     async def count_tokens(params: Any) -> int:
         return chat.count_tokens(request_from_dict(params))
 
     async def stats(params: Any) -> dict[str, Any]:
         return {"engine": engine.name, "active": getattr(engine, "active", None),
-                "context_length": engine.context_length}
+                "context_length": engine.context_length,
+                "sampling_defaults": chat.defaults.as_dict()}
 
     try:
         await worker_main.serve(chat.stream, setup=engine.start,

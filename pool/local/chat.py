@@ -31,6 +31,7 @@ from ..model import (
     ToolResultPart, Usage,
 )
 from .engine import Engine, EngineError, GenParams
+from .sampling import SamplingDefaults
 from .template import TemplateError
 from .toolcalls import OPEN, CallOut, HermesParser, TextOut, new_call_id
 
@@ -134,12 +135,19 @@ class StopMatcher:
 
 # --- the worker's answer ---------------------------------------------------------------------------
 
+def _first(*values: Any) -> Any:
+    """The first value that is set (the client's, then the worker's defaults)."""
+    return next(v for v in values if v is not None)
+
+
 class LocalChat:
     """Serves canonical requests from one loaded engine."""
 
-    def __init__(self, engine: Engine, model_name: str) -> None:
+    def __init__(self, engine: Engine, model_name: str,
+                 defaults: SamplingDefaults = SamplingDefaults()) -> None:
         self.engine = engine
         self.model_name = model_name
+        self.defaults = defaults
 
     # --- the prompt ------------------------------------------------------------------------
 
@@ -215,11 +223,15 @@ class LocalChat:
         stop_ids = frozenset(s.stop_token_ids) | (frozenset() if s.ignore_eos
                                                   else self.engine.tokenizer.eos_ids)
         want_logprobs = request.logprobs or request.dialect == "native"
+        d = self.defaults
+        max_tokens = s.max_tokens
+        if max_tokens is None:
+            max_tokens = room if d.max_tokens is None else min(d.max_tokens, room)
         return GenParams(
-            max_tokens=room if s.max_tokens is None else s.max_tokens,
-            temperature=1.0 if s.temperature is None else s.temperature,
-            top_p=1.0 if s.top_p is None else s.top_p,
-            top_k=s.top_k or 0,
+            max_tokens=max_tokens,
+            temperature=_first(s.temperature, d.temperature, 1.0),
+            top_p=_first(s.top_p, d.top_p, 1.0),
+            top_k=_first(s.top_k, d.top_k, 0),
             seed=s.seed,
             logprobs=want_logprobs,
             top_logprobs=request.top_logprobs or 0 if want_logprobs else 0,

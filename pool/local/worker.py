@@ -38,6 +38,8 @@ class LocalSpec:
     gpu_ids: tuple[int, ...] | None = None
     engine_args: Mapping[str, Any] = field(default_factory=dict)
     chat_template: str | None = None
+    # what a request gets for sampling it leaves out, over the model's own recommendation
+    sampling_defaults: Mapping[str, Any] = field(default_factory=dict)
     python: str | None = None  # the interpreter whose environment has the engine
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
     ready_timeout: float = 120.0
@@ -50,7 +52,8 @@ class LocalSpec:
         return {"engine": self.engine, "model": self.model, "served_name": self.models[0],
                 "context_length": self.context_length, "capacity": self.capacity,
                 "threads": self.threads, "gpu_ids": list(self.gpu_ids) if self.gpu_ids else None,
-                "engine_args": dict(self.engine_args), "chat_template": self.chat_template}
+                "engine_args": dict(self.engine_args), "chat_template": self.chat_template,
+                "sampling_defaults": dict(self.sampling_defaults)}
 
     def process_spec(self) -> ProcessSpec:
         command = (self.python or sys.executable, "-m", "pool.local", "--config",
