@@ -22,7 +22,8 @@ import math
 from typing import Awaitable, Callable, Sequence
 
 from .errors import Overloaded
-from .worker import Worker
+from .waitqueue import GLOBAL, KEY, WORKERS, WaitQueue, Waiter
+from .worker import Worker, WorkerState
 
 __all__ = ["AdmissionGuard", "Lease", "KeyLimitExceeded", "DEFAULT_CAPACITY"]
 
@@ -41,6 +42,12 @@ class KeyLimitExceeded(Overloaded):
 
 def _capacity(worker: Worker) -> int:
     return getattr(worker, "capacity", DEFAULT_CAPACITY)
+
+
+def _ready(worker: Worker) -> bool:
+    # Checked at grant time, not only when the request arrived: a worker drained
+    # (or gone unhealthy) while a request queued must not be granted to it.
+    return getattr(worker, "state", WorkerState.READY) is WorkerState.READY
 
 
 class Lease:
@@ -63,7 +70,7 @@ class Lease:
         guard = self._guard
         if guard is not None:
             self._guard = None
-            guard._give_back(self.key, self.worker.name)
+            guard._give_back(self.key, self.worker)
             guard._wake()
 
     def __enter__(self) -> Lease:
@@ -71,17 +78,6 @@ class Lease:
 
     def __exit__(self, *exc_info: object) -> None:
         self.release()
-
-
-class _Waiter:
-    __slots__ = ("key", "workers", "future", "hold", "timer")
-
-    def __init__(self, key: str, workers: Sequence[Worker], future: asyncio.Future[None]) -> None:
-        self.key = key
-        self.workers = workers
-        self.future = future
-        self.hold: Worker | None = None
-        self.timer: asyncio.TimerHandle | None = None
 
 
 class AdmissionGuard:
@@ -97,9 +93,7 @@ class AdmissionGuard:
         self._total = 0
         self._by_key: dict[str, int] = {}
         self._by_worker: dict[str, int] = {}
-        # an insertion-ordered dict used as a queue: O(1) removal on cancel or expiry,
-        # and a scan can take waiters from the middle without reordering the rest
-        self._waiters: dict[_Waiter, None] = {}
+        self._queue = WaitQueue()
         self._admitted = 0
         self._rejected = {"global": 0, "worker": 0, "key": 0}
         self._wait_count = 0
@@ -115,27 +109,35 @@ class AdmissionGuard:
         # Every change that frees capacity grants queued requests first, so a newcomer
         # that finds a slot here takes none that a queued request could use.
         hold = self._reserve(key, workers)
-        if hold is None:
-            hold, waited = await self._wait(key, workers)
+        if isinstance(hold, str):
+            hold, waited = await self._wait(key, workers, hold)
         try:
             chosen = await choose(self._free_for(workers, hold))
             name = chosen.name
             if name != hold.name:
                 counts = self._by_worker
-                if counts.get(name, 0) < _capacity(chosen):
+                if counts.get(name, 0) < _capacity(chosen) and _ready(chosen):
                     counts[name] = counts.get(name, 0) + 1
                     self._drop_worker(hold.name)
+                    self._queue.released(None, hold)
                 else:
-                    # it filled up while ``choose`` was awaiting: keep the worker we held
+                    # it filled up (or was drained) while ``choose`` was awaiting:
+                    # keep the worker we held
                     chosen = hold
         except BaseException:
-            self._give_back(key, hold.name)
+            self._give_back(key, hold)
             self._wake()
             raise
         if chosen is not hold:
             self._wake()  # the held worker's slot is free again
         self._admitted += 1
         return Lease(self, chosen, key, waited)
+
+    def refresh(self) -> None:
+        """A worker became ready again (resumed, restarted): let the waiters
+        that were parked on busy or unready workers look again."""
+        self._queue.unpark_all()
+        self._wake()
 
     def in_flight(self, worker_name: str) -> int:
         return self._by_worker.get(worker_name, 0)
@@ -149,7 +151,7 @@ class AdmissionGuard:
             "in_flight": self._total,
             "by_key": dict(self._by_key),
             "by_worker": dict(self._by_worker),
-            "waiting": len(self._waiters),
+            "waiting": self._queue.waiting,
             "admitted": self._admitted,
             "rejected": dict(self._rejected),
             "wait_count": self._wait_count,
@@ -158,33 +160,35 @@ class AdmissionGuard:
 
     # --- slots ---------------------------------------------------------------------------
 
-    def _reserve(self, key: str, workers: Sequence[Worker]) -> Worker | None:
-        """Take the global and key slots and hold a free worker, or take nothing."""
+    def _reserve(self, key: str, workers: Sequence[Worker]) -> Worker | str:
+        """Take the global and key slots and hold a free, ready worker; or take
+        nothing and say which limit refused (``GLOBAL``, ``KEY``, ``WORKERS``)."""
         if self._global_limit is not None and self._total >= self._global_limit:
-            return None
+            return GLOBAL
         by_key = self._by_key
         held_by_key = by_key.get(key, 0)
         if self._key_limit is not None and held_by_key >= self._key_limit:
-            return None
+            return KEY
         counts = self._by_worker
         for worker in workers:
             name = worker.name
             n = counts.get(name, 0)
-            if n < _capacity(worker):
+            if n < _capacity(worker) and _ready(worker):
                 counts[name] = n + 1
                 by_key[key] = held_by_key + 1
                 self._total += 1
                 return worker
-        return None
+        return WORKERS
 
-    def _give_back(self, key: str, worker_name: str) -> None:
+    def _give_back(self, key: str, worker: Worker) -> None:
         self._total -= 1
         n = self._by_key[key] - 1
         if n:
             self._by_key[key] = n
         else:
             del self._by_key[key]
-        self._drop_worker(worker_name)
+        self._drop_worker(worker.name)
+        self._queue.released(key, worker)
 
     def _drop_worker(self, name: str) -> None:
         n = self._by_worker[name] - 1
@@ -197,31 +201,32 @@ class AdmissionGuard:
         """The workers with room, counting ``hold`` as free (its slot is ours)."""
         counts = self._by_worker
         for worker in workers:
-            if worker is not hold and counts.get(worker.name, 0) >= _capacity(worker):
+            if worker is not hold and (counts.get(worker.name, 0) >= _capacity(worker)
+                                       or not _ready(worker)):
                 break
         else:
             return workers  # all free: no copy on the hot path
         return [w for w in workers
-                if w is hold or counts.get(w.name, 0) < _capacity(w)]
+                if w is hold or (counts.get(w.name, 0) < _capacity(w) and _ready(w))]
 
     # --- waiting -------------------------------------------------------------------------
 
-    async def _wait(self, key: str, workers: Sequence[Worker]) -> tuple[Worker, float]:
+    async def _wait(self, key: str, workers: Sequence[Worker],
+                    reason: str) -> tuple[Worker, float]:
         # with no eligible worker there is nothing to wait for: readiness does not wake the queue
         if self._max_wait <= 0 or not workers:
             raise self._reject(key, workers)
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(key, workers, loop.create_future())
-        self._waiters[waiter] = None
+        waiter = self._queue.add(key, workers, loop.create_future(), reason)
         started = loop.time()
         waiter.timer = loop.call_at(started + self._max_wait, self._expire, waiter)
         try:
             await waiter.future
         except BaseException:
             waiter.timer.cancel()
-            self._waiters.pop(waiter, None)
+            self._queue.forget(waiter)
             if waiter.hold is not None:  # granted, then cancelled before it could run
-                self._give_back(key, waiter.hold.name)
+                self._give_back(key, waiter.hold)
                 self._wake()
             raise
         finally:
@@ -231,31 +236,16 @@ class AdmissionGuard:
             raise self._reject(key, workers)
         return waiter.hold, loop.time() - started
 
-    def _expire(self, waiter: _Waiter) -> None:
+    def _expire(self, waiter: Waiter) -> None:
         if waiter.hold is None and not waiter.future.done():
-            self._waiters.pop(waiter, None)
+            self._queue.forget(waiter)
             waiter.future.set_result(None)
 
     def _wake(self) -> None:
-        """Grant slots to waiters in arrival order, skipping those that still cannot go."""
-        if not self._waiters:
-            return
-        granted: list[_Waiter] = []
-        limit = self._global_limit
-        for waiter in self._waiters:
-            if limit is not None and self._total >= limit:
-                break
-            if waiter.future.done():  # cancelled; its task removes it
-                continue
-            hold = self._reserve(waiter.key, waiter.workers)
-            if hold is not None:
-                waiter.hold = hold
-                granted.append(waiter)
-        for waiter in granted:
-            del self._waiters[waiter]
-            if waiter.timer is not None:
-                waiter.timer.cancel()
-            waiter.future.set_result(None)
+        """Grant slots to waiters in arrival order, skipping those that still
+        cannot go (see :mod:`pool.waitqueue`: O(1) amortised per release)."""
+        if self._queue:
+            self._queue.grant(self._reserve)
 
     def _reject(self, key: str, workers: Sequence[Worker]) -> Overloaded:
         if self._key_limit is not None and self._by_key.get(key, 0) >= self._key_limit:
