@@ -120,6 +120,12 @@ class ProcessWorker:
         return self._in_flight
 
     @property
+    def buffered(self) -> int:
+        """Events from the child not yet taken by their requests' consumers."""
+        child = self._child()
+        return child.buffered if child is not None else 0
+
+    @property
     def supervisor(self) -> Supervisor:
         return self._supervisor
 
