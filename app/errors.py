@@ -66,6 +66,9 @@ def error_body(exc: GatewayError, dialect: str) -> dict[str, Any]:
 
 
 def error_headers(exc: GatewayError) -> dict[str, str]:
+    extra = getattr(exc, "headers", None)  # rate limits: Retry-After and the limit headers
+    if extra:
+        return dict(extra)
     if exc.retry_after is not None:
         return {"retry-after": str(max(1, round(exc.retry_after)))}
     return {}

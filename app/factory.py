@@ -16,6 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from auth.keys import KeyRing, TokenGate
+from auth.limits import MemoryLimits
 from pool.errors import GatewayError, InternalError, NotFound
 from pool.admission import AdmissionGuard
 from pool.pool import Pool
@@ -32,7 +33,9 @@ from .http import error_response
 from .middleware import GatewayMiddleware
 from .observability import Metrics
 from .pool_metrics import PoolCollector
-from .routes import chat, models, ops, responses
+from .routes import chat, keys as key_routes, models, ops, responses
+from .state import apply_policy, open_state
+from .teams import Teams, policy_from_settings
 
 __all__ = ["create_app", "worker_specs"]
 
@@ -105,7 +108,9 @@ def make_worker(spec: Spec, environment: Mapping[str, str]) -> Any:
 def create_app(settings: Any) -> Starlette:
     server = settings.server
     store = settings.responses
-    keys = KeyRing({name: _secret(key) or "" for name, key in server.api_keys.items()})
+    secrets = {name: _secret(key) or "" for name, key in server.api_keys.items()}
+    secrets.update((name, _secret(key.secret) or "") for name, key in server.keys.items())
+    keys = KeyRing(secrets)
     gw = Gateway(settings=settings, metrics=Metrics(),
                  admin=TokenGate(_secret(server.admin_token)),
                  metrics_gate=TokenGate(_secret(server.metrics_token)),
@@ -119,13 +124,18 @@ def create_app(settings: Any) -> Starlette:
                                              max_items=settings.routing.max_bindings),
                  cooldown_seconds=settings.routing.cooldown_seconds,
                  log_requests=server.log_level in ("debug", "info"),
-                 stream_grace=server.stream_grace, ping_interval=server.ping_interval)
+                 stream_grace=server.stream_grace, ping_interval=server.ping_interval,
+                 keyring=keys, config_keys=frozenset(secrets),
+                 teams=Teams((), MemoryLimits()))
+    for name, key in server.keys.items():
+        apply_policy(gw, policy_from_settings(name, key))
     _build_policies(gw, settings.routing)
     gw.metrics.registry.register(PoolCollector(gw.metrics_snapshot))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
+            await open_state(gw, server.state_dir, stack)
             # in a thread: finding the default model may download it (blocking urlopen)
             specs = await asyncio.to_thread(worker_specs, settings)
             if not specs and settings.server.demo:
@@ -161,6 +171,11 @@ def create_app(settings: Any) -> Starlette:
         Route("/internal/workers/{name}/engine", ops.worker_engine, methods=["GET"]),
         Route("/internal/workers/{name}/{action}", ops.worker_action, methods=["POST"]),
         Route("/internal/stats", ops.internal_stats, methods=["GET"]),
+        Route("/internal/usage", key_routes.usage, methods=["GET"]),
+        Route("/internal/keys", key_routes.list_keys, methods=["GET"]),
+        Route("/internal/keys", key_routes.create_key, methods=["POST"]),
+        Route("/internal/keys/{name}", key_routes.update_key, methods=["PATCH"]),
+        Route("/internal/keys/{name}", key_routes.delete_key, methods=["DELETE"]),
     ]
     app = Starlette(
         routes=routes,

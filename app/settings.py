@@ -25,6 +25,8 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSetti
 from pydantic_settings.exceptions import SettingsError
 from pydantic_settings.sources.utils import parse_env_vars
 
+from .key_settings import KeySettings, missing_key_secrets, resolve_key_secrets
+
 __all__ = [
     "CONFIG_ENV", "API_KEYS_ENV", "ConfigError", "ServerSettings", "WorkerSettings", "Settings",
     "load_settings", "check_config", "is_loopback_host",
@@ -32,6 +34,7 @@ __all__ = [
 
 CONFIG_ENV = "POOLGATE_CONFIG"
 API_KEYS_ENV = "POOLGATE_API_KEYS"
+STATE_DIR_ENV = "POOLGATE_STATE_DIR"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SECTIONS = ("server", "responses", "routing")  # tables whose keys merge field by field across layers
@@ -65,6 +68,8 @@ class ServerSettings(BaseModel):
     host: str = Field("127.0.0.1", min_length=1)
     port: int = Field(8000, ge=0, le=65535)  # 0: let the OS pick (tests)
     api_keys: dict[str, SecretStr] = Field(default_factory=dict)
+    keys: dict[str, KeySettings] = Field(default_factory=dict)  # [server.keys.<name>]: key + policy
+    state_dir: str | None = None  # the usage ledger and run-time keys; None: memory only
     admin_token_env: str | None = "POOLGATE_ADMIN_TOKEN"
     admin_token: SecretStr | None = None  # resolved from admin_token_env
     metrics_token_env: str | None = "POOLGATE_METRICS_TOKEN"
@@ -104,6 +109,19 @@ class ServerSettings(BaseModel):
             seen[value] = name
         return keys
 
+    @model_validator(mode="after")
+    def _check_policy_keys(self) -> ServerSettings:
+        for name, key in self.keys.items():
+            if not _NAME.match(name):
+                raise ValueError(f"key name {name!r} must be letters, digits, '.', '_' or '-'")
+            if name in self.api_keys:
+                raise ValueError(f"key {name!r} is both in api_keys and in keys")
+        secrets = [s.get_secret_value() for s in self.api_keys.values()]
+        secrets += [k.secret.get_secret_value() for k in self.keys.values() if k.secret]
+        if len(set(secrets)) != len(secrets):
+            raise ValueError("two api keys have the same secret")
+        return self
+
     def plain_api_keys(self) -> dict[str, str]:
         """name -> secret, for ``auth.keys.KeyRing``."""
         return {name: secret.get_secret_value() for name, secret in self.api_keys.items()}
@@ -111,7 +129,7 @@ class ServerSettings(BaseModel):
     @property
     def needs_insecure_opt_in(self) -> bool:
         """Listening beyond loopback with no API keys: refused unless explicitly allowed."""
-        return not self.api_keys and not is_loopback_host(self.host)
+        return not self.api_keys and not self.keys and not is_loopback_host(self.host)
 
 
 class WorkerSettings(BaseModel):
@@ -337,6 +355,7 @@ def load_settings(config_path: str | None, environ: Mapping[str, str], overrides
     data = _merge(data, _env_layer(environ, problems))
     data = _merge(data, overrides or {})
     problems.extend(_missing_worker_secrets(data, environ))
+    problems.extend(missing_key_secrets(data.get("server"), environ))
     try:
         settings = Settings.model_validate(data)
     except ValidationError as exc:
@@ -384,6 +403,9 @@ def _env_layer(environ: Mapping[str, str], problems: list[str]) -> dict:
         keys = _parse_api_keys(raw_keys, problems)
         if keys is not None:
             data["server"] = {**data.get("server", {}), "api_keys": keys}
+    state_dir = environ.get(STATE_DIR_ENV)
+    if state_dir:
+        data["server"] = {**data.get("server", {}), "state_dir": state_dir}
     return data
 
 
@@ -444,8 +466,14 @@ def _resolve_secrets(settings: Settings, environ: Mapping[str, str]) -> Settings
         w.model_copy(update={"api_key": SecretStr(environ[w.api_key_env])}) if w.api_key_env else w
         for w in settings.workers
     )
-    resolved = settings.model_copy(update={"server": server.model_copy(update=update),
-                                           "workers": workers})
+    if server.keys:
+        update["keys"] = resolve_key_secrets(server.keys, environ)  # type: ignore[assignment]
+    # model_validate, not model_copy: the secrets just read must be checked for clashes
+    try:
+        server = ServerSettings.model_validate({**server.model_dump(), **update})
+    except ValidationError as exc:
+        raise ConfigError([_format_error(err) for err in exc.errors()]) from None
+    resolved = settings.model_copy(update={"server": server, "workers": workers})
     resolved._environment = dict(environ)
     return resolved
 

@@ -18,7 +18,7 @@ from ..gateway import Gateway
 from ..http import error_response, json_response
 
 __all__ = ["root", "healthz", "readyz", "metrics", "internal_workers", "worker_action",
-           "worker_engine", "internal_stats"]
+           "worker_engine", "internal_stats", "admin_denied"]
 
 log = structlog.get_logger("poolgate.admin")
 
@@ -51,7 +51,7 @@ async def metrics(request: Request) -> Response:
     return Response(body, media_type=content_type)
 
 
-def _admin_denied(gw: Gateway, request: Request) -> Response | None:
+def admin_denied(gw: Gateway, request: Request) -> Response | None:
     if gw.admin.closed:
         # Closed, not merely unauthorised: say nothing about what is behind it.
         return error_response(NotFound("Admin endpoints are disabled: no admin token is set."),
@@ -92,7 +92,7 @@ def _engine_info(w: Any) -> dict[str, Any]:
 
 async def internal_workers(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
-    denied = _admin_denied(gw, request)
+    denied = admin_denied(gw, request)
     if denied is not None:
         return denied
     now = time.time()
@@ -104,7 +104,7 @@ async def worker_action(request: Request) -> Response:
     """``POST /internal/workers/{name}/drain`` (no new requests, in-flight ones
     finish), ``/resume`` (take requests again) and ``/restart``."""
     gw: Gateway = request.app.state.gateway
-    denied = _admin_denied(gw, request)
+    denied = admin_denied(gw, request)
     if denied is not None:
         return denied
     action = request.path_params["action"]
@@ -133,7 +133,7 @@ async def worker_engine(request: Request) -> Response:
     """``GET /internal/workers/{name}/engine``: a local worker's engine, as it
     sees itself (engine name, sequences generating now, context length)."""
     gw: Gateway = request.app.state.gateway
-    denied = _admin_denied(gw, request)
+    denied = admin_denied(gw, request)
     if denied is not None:
         return denied
     try:
@@ -148,7 +148,7 @@ async def worker_engine(request: Request) -> Response:
 
 async def internal_stats(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
-    denied = _admin_denied(gw, request)
+    denied = admin_denied(gw, request)
     if denied is not None:
         return denied
     return json_response(gw.stats())
