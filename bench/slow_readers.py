@@ -67,6 +67,17 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the process group we started (the worker goes with it), then SIGKILL."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -201,12 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(0.2)
             result = asyncio.run(measure(port, gateway.pid, a))
         finally:
-            os.killpg(gateway.pid, signal.SIGTERM)
-            try:
-                gateway.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(gateway.pid, signal.SIGKILL)
-                gateway.wait()
+            stop(gateway)
             log.close()
     result["root"] = str(a.root)
     print(json.dumps(result, indent=2))
