@@ -20,7 +20,7 @@ _OPENAI = {
     "invalid_request": ("invalid_request_error", None),
     "authentication": ("authentication_error", "invalid_api_key"),
     "permission": ("permission_error", None),
-    "not_found": ("invalid_request_error", "model_not_found"),
+    "not_found": ("invalid_request_error", "not_found"),  # an unknown model says model_not_found itself
     "request_too_large": ("invalid_request_error", "request_too_large"),
     "rate_limit": ("rate_limit_error", "rate_limit_exceeded"),
     "overloaded": ("rate_limit_error", "rate_limit_exceeded"),

@@ -34,6 +34,7 @@ from .middleware import GatewayMiddleware
 from .observability import Metrics
 from .pool_metrics import PoolCollector
 from .routes import chat, keys as key_routes, models, ops, responses
+from .settings import EMBEDDED_SAMPLING
 from .state import apply_policy, open_state
 from .teams import Teams, policy_from_settings
 
@@ -81,8 +82,10 @@ def worker_specs(settings: Any) -> list[Spec]:
 
 def local_spec(w: Any, settings: Any) -> LocalSpec:
     model = w.model
+    sampling = w.sampling_defaults
     if model is None:  # the embedded default (llamacpp only; settings checked that)
         model = find_default_model(os.path.expanduser(settings.server.cache_dir))
+        sampling = sampling or EMBEDDED_SAMPLING
     template = None
     if w.chat_template is not None:
         with open(w.chat_template, encoding="utf-8") as fh:
@@ -92,8 +95,10 @@ def local_spec(w: Any, settings: Any) -> LocalSpec:
         context_length=w.context_length, capacity=w.capacity, max_in_flight=w.max_in_flight,
         threads=w.threads, gpu_ids=w.gpu_ids, engine_args=dict(w.engine_args),
         chat_template=template, python=w.python, env=dict(w.env),
+        sampling_defaults=sampling.model_dump(exclude_none=True) if sampling else {},
         ready_timeout=w.ready_timeout or 600.0, health_interval=w.health_interval,
-        health_timeout=w.health_timeout, stop_timeout=w.stop_timeout)
+        health_timeout=w.health_timeout, stop_timeout=w.stop_timeout,
+        call_timeout=w.call_timeout, read_timeout=w.read_timeout)
 
 
 def make_worker(spec: Spec, environment: Mapping[str, str]) -> Any:
@@ -140,7 +145,8 @@ def create_app(settings: Any) -> Starlette:
             specs = await asyncio.to_thread(worker_specs, settings)
             if not specs and settings.server.demo:
                 specs = await _start_demo(stack)
-            gw.pool = Pool([make_worker(spec, settings.environment) for spec in specs])
+            gw.pool = Pool([make_worker(spec, settings.environment) for spec in specs],
+                           default_model=settings.routing.default_model)
             await gw.pool.start()
             stack.push_async_callback(gw.pool.aclose)
             probes = asyncio.ensure_future(gw.pool.probe_forever(server.health_interval))
@@ -233,7 +239,8 @@ def _build_policies(gw: Gateway, routing: Any) -> None:
 
     def policy(name: str) -> Any:
         return make_policy(name, in_flight=gw.admission.in_flight, store=gw.bindings,
-                           ttl=routing.binding_ttl, busy=busy)
+                           ttl=routing.binding_ttl, busy=busy, imbalance_abs=routing.imbalance_abs,
+                           imbalance_rel=routing.imbalance_rel, owned=True)
 
     gw.policy = policy(routing.policy)
     gw.policies = {model: policy(name) for model, name in routing.models.items()}

@@ -133,7 +133,7 @@ class Gateway:
     def finish(self, record: RequestRecord) -> None:
         """The end of every HTTP request: one access log line, the metrics."""
         if record.dialect is not None:
-            model = record.model if record.model and self.pool.knows(record.model) else "unknown"
+            model = self.pool.model_label(record.model)
             self.metrics.observe_request(
                 dialect=record.dialect, model=model,
                 worker=record.worker or "none", key=record.key, status=record.status,

@@ -132,6 +132,19 @@ class ServerSettings(BaseModel):
         return not self.api_keys and not self.keys and not is_loopback_host(self.host)
 
 
+class SamplingDefaultsSettings(BaseModel):
+    """A local worker's ``sampling_defaults``: what a request gets for what it
+    leaves out (the client's values always win; these win over the model's own
+    ``generation_config.json`` / GGUF ``general.sampling.*``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    max_tokens: int | None = Field(None, gt=0)
+
+
 class WorkerSettings(BaseModel):
     """One ``[[workers]]`` entry."""
 
@@ -155,6 +168,9 @@ class WorkerSettings(BaseModel):
     gpu_ids: tuple[int, ...] | None = None  # CUDA devices (CUDA_VISIBLE_DEVICES)
     engine_args: dict[str, Any] = Field(default_factory=dict)  # engine-specific settings
     chat_template: str | None = None  # a Jinja chat template file replacing the model's own
+    # what requests get for sampling they leave out; None: the model's own (embedded default:
+    # its model card's temperature 0.2, top_p 0.9, and short answers)
+    sampling_defaults: SamplingDefaultsSettings | None = None
     python: str | None = None  # the interpreter whose environment has the engine
     ready_timeout: float | None = Field(None, gt=0)  # default 30 s (process), 600 s (local)
     health_interval: float = Field(5.0, gt=0)
@@ -164,6 +180,8 @@ class WorkerSettings(BaseModel):
     crash_loop_threshold: int = Field(5, gt=0)
     crash_loop_window: float = Field(60.0, gt=0)
     stop_timeout: float = Field(10.0, gt=0)
+    call_timeout: float = Field(30.0, gt=0)   # local: count_tokens / engine stats deadline
+    read_timeout: float = Field(120.0, gt=0)  # local: longest the engine may go without a token
     api_key_env: str | None = None
     api_key: SecretStr | None = None  # resolved from api_key_env
     models: tuple[str, ...] = ()  # a local worker defaults to the model file's name
@@ -255,6 +273,8 @@ def default_model_name(model: str | None) -> str:
 
 
 DEFAULT_LOCAL_MODEL = "smollm2-135m-instruct"
+# SmolLM2's model card recommends temperature 0.2 and top_p 0.9; a demo answer stays short.
+EMBEDDED_SAMPLING = SamplingDefaultsSettings(temperature=0.2, top_p=0.9, max_tokens=256)
 
 
 DEFAULT_WORKER = WorkerSettings(name="local", kind="local", engine="llamacpp", capacity=4,
@@ -268,8 +288,15 @@ class RoutingSettings(BaseModel):
 
     policy: Literal["session_affinity", "least_in_flight"] = "session_affinity"
     models: dict[str, Literal["session_affinity", "least_in_flight"]] = Field(default_factory=dict)
+    # a model name nothing serves (nor matches an alias or a glob alias such as
+    # "claude-*") goes to this served model instead of a 404; None: a 404
+    default_model: str | None = None
     binding_ttl: float = Field(3600.0, gt=0)
     max_bindings: int = Field(100_000, gt=0)
+    # an implicit session (content hash, `user`) leaves a worker holding more than
+    # imbalance_abs requests more than the least loaded AND imbalance_rel times as many
+    imbalance_abs: int = Field(2, ge=0)
+    imbalance_rel: float = Field(1.5, ge=1)
     cooldown_seconds: float = Field(5.0, ge=0)
 
 
@@ -330,6 +357,15 @@ class Settings(BaseSettings):
                         f"workers[{i}] serves {name!r} as {target!r} but workers[{first[1]}] serves it as {first[0]!r}"
                     )
         return workers
+
+    @model_validator(mode="after")
+    def _check_default_model(self) -> Settings:
+        default = self.routing.default_model
+        if default is not None and self.workers and not any(
+                default in w.models or default in w.aliases for w in self.workers):
+            raise ValueError(f"routing.default_model {default!r} is not a model or alias any "
+                             "worker serves")
+        return self
 
     def model_names(self) -> frozenset[str]:
         """Every model and alias some worker serves (the label set for metrics)."""

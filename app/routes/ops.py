@@ -13,6 +13,7 @@ from starlette.responses import Response
 
 from auth.keys import extract_key
 from pool.errors import AuthenticationFailed, GatewayError, NotFound
+from pool.worker import WorkerState
 
 from ..gateway import Gateway
 from ..http import error_response, json_response
@@ -29,7 +30,12 @@ async def root(request: Request) -> Response:
 
 
 async def healthz(request: Request) -> Response:
-    return json_response({"status": "ok"})
+    """Alive, with the pool at a glance (the seed gateway's summary); O(workers), no I/O."""
+    gw: Gateway = request.app.state.gateway
+    workers = gw.pool.workers
+    ready = sum(1 for w in workers if w.state is WorkerState.READY)
+    return json_response({"status": "ok", "workers": {"ready": ready, "total": len(workers)},
+                          "in_flight": sum(gw.pool.in_flight.values())})
 
 
 async def readyz(request: Request) -> Response:

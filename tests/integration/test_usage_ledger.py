@@ -165,6 +165,10 @@ secret_env = "TEAM_A_KEY"
 [server.keys.team-b]
 secret_env = "TEAM_B_KEY"
 
+[server.keys.team-d]
+secret_env = "TEAM_D_KEY"
+budget_tokens = {{ day = 10 }}
+
 [[workers]]
 name = "up"
 dialect = "openai"
@@ -172,7 +176,7 @@ url = "{fake_upstream.url}"
 api_key_env = "UPSTREAM_KEY"
 models = ["{OPENAI_MODEL}"]
 """)
-    env = {**os.environ, "TEAM_A_KEY": "sk-a", "TEAM_B_KEY": "sk-b",
+    env = {**os.environ, "TEAM_A_KEY": "sk-a", "TEAM_B_KEY": "sk-b", "TEAM_D_KEY": "sk-d",
            "UPSTREAM_KEY": UPSTREAM_KEY, "POOLGATE_ADMIN_TOKEN": ADMIN_TOKEN}
     env.pop("POOLGATE_STATE_DIR", None)
     base = f"http://127.0.0.1:{port}"
@@ -182,6 +186,7 @@ models = ["{OPENAI_MODEL}"]
             for key, n in (("sk-a", 3), ("sk-b", 2)):
                 for _ in range(n):
                     assert _chat(http, key, OPENAI_MODEL).status_code == 200
+            assert _chat(http, "sk-d", OPENAI_MODEL).status_code == 200  # spends the budget
             created = http.post("/internal/keys", json={"name": "team-c", "rpm": 5},
                                 headers=ADMIN)
             assert created.status_code == 201
@@ -191,12 +196,16 @@ models = ["{OPENAI_MODEL}"]
         proc = _start(config, env, port)
         with httpx.Client(base_url=base, timeout=30) as http:
             rows = _usage(http, group_by="key")["rows"]
-            assert {r["key"]: r["requests"] for r in rows} == {"team-a": 3, "team-b": 2}
+            assert {r["key"]: r["requests"] for r in rows} == {"team-a": 3, "team-b": 2,
+                                                                "team-d": 1}
             assert all(r["output_tokens"] > 0 for r in rows)
             # the run-time key survived too, hashed, and still works
             keys = {k["name"]: k for k in http.get("/internal/keys", headers=ADMIN).json()["keys"]}
             assert keys["team-c"]["source"] == "runtime" and keys["team-c"]["rpm"] == 5
             assert keys["team-a"]["usage_today"]["requests"] == 3
+            # today's budget starts at what the ledger has: still spent after the restart
+            spent = _chat(http, "sk-d", OPENAI_MODEL)
+            assert spent.status_code == 429 and spent.json()["error"]["code"] == "budget_exceeded"
             secret = created.json()["secret"]
             assert _chat(http, secret, OPENAI_MODEL).status_code == 200
         state = (tmp_path / "state" / "poolgate.sqlite3").read_bytes()
