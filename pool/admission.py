@@ -22,12 +22,13 @@ import math
 from typing import Awaitable, Callable, Sequence
 
 from .errors import Overloaded
-from .waitqueue import GLOBAL, KEY, WORKERS, WaitQueue, Waiter
+from .waitqueue import GLOBAL, KEY, UNREADY, WORKERS, WaitQueue, Waiter
 from .worker import Worker, WorkerState
 
 __all__ = ["AdmissionGuard", "Lease", "KeyLimitExceeded", "DEFAULT_CAPACITY"]
 
 DEFAULT_CAPACITY = 64
+RECHECK = 0.25  # seconds between looks at workers that were not ready for a waiter
 
 Choose = Callable[[Sequence[Worker]], Awaitable[Worker]]
 
@@ -95,6 +96,7 @@ class AdmissionGuard:
         self._by_key: dict[str, int] = {}
         self._by_worker: dict[str, int] = {}
         self._queue = WaitQueue()
+        self._recheck: asyncio.TimerHandle | None = None
         self._admitted = 0
         self._rejected = {"global": 0, "worker": 0, "key": 0}
         self._wait_count = 0
@@ -175,7 +177,8 @@ class AdmissionGuard:
 
     def _reserve(self, key: str, workers: Sequence[Worker]) -> Worker | str:
         """Take the global and key slots and hold a free, ready worker; or take
-        nothing and say which limit refused (``GLOBAL``, ``KEY``, ``WORKERS``)."""
+        nothing and say which limit refused (``GLOBAL``, ``KEY``, ``WORKERS``, or
+        ``UNREADY``: a worker with room is not ready)."""
         if self._global_limit is not None and self._total >= self._global_limit:
             return GLOBAL
         by_key = self._by_key
@@ -184,15 +187,19 @@ class AdmissionGuard:
         if key_limit is not None and held_by_key >= key_limit:
             return KEY
         counts = self._by_worker
+        unready = False
         for worker in workers:
             name = worker.name
             n = counts.get(name, 0)
-            if n < _capacity(worker) and _ready(worker):
+            if n < _capacity(worker):
+                if not _ready(worker):
+                    unready = True
+                    continue
                 counts[name] = n + 1
                 by_key[key] = held_by_key + 1
                 self._total += 1
                 return worker
-        return WORKERS
+        return UNREADY if unready else WORKERS
 
     def _give_back(self, key: str, worker: Worker) -> None:
         self._total -= 1
@@ -232,6 +239,7 @@ class AdmissionGuard:
             raise self._reject(key, workers)
         loop = asyncio.get_running_loop()
         waiter = self._queue.add(key, workers, loop.create_future(), reason)
+        self._watch_unready()
         started = loop.time()
         waiter.timer = loop.call_at(started + self._max_wait, self._expire, waiter)
         try:
@@ -260,6 +268,18 @@ class AdmissionGuard:
         cannot go (see :mod:`pool.waitqueue`: O(1) amortised per release)."""
         if self._queue:
             self._queue.grant(self._reserve)
+            self._watch_unready()
+
+    def _watch_unready(self) -> None:
+        """While requests wait for a worker to become ready (resumed, restarted:
+        nothing we are told of), look again every ``RECHECK`` seconds."""
+        if self._recheck is None and self._queue.unready:
+            self._recheck = asyncio.get_running_loop().call_later(RECHECK, self._look_again)
+
+    def _look_again(self) -> None:
+        self._recheck = None
+        self._queue.unpark_unready()
+        self._wake()
 
     def _reject(self, key: str, workers: Sequence[Worker]) -> Overloaded:
         key_limit = self._limit_of(key)

@@ -27,10 +27,12 @@ from typing import Callable, Sequence
 
 from .worker import Worker
 
-__all__ = ["Waiter", "WaitQueue", "GLOBAL", "KEY", "WORKERS"]
+__all__ = ["Waiter", "WaitQueue", "GLOBAL", "KEY", "WORKERS", "UNREADY"]
 
-# why a head could not be granted
-GLOBAL, KEY, WORKERS = "global", "key", "workers"
+# why a head could not be granted; UNREADY: a worker with room is not ready (drained,
+# restarting): no release may come to lift that, so such groups are also looked at
+# again on a timer (see AdmissionGuard)
+GLOBAL, KEY, WORKERS, UNREADY = "global", "key", "workers", "unready"
 
 _COMPACT_AT = 32  # dead waiters in a group before it is rebuilt without them
 
@@ -83,6 +85,7 @@ class WaitQueue:
         self._heap: list[tuple[int, int, _Group]] = []
         self._by_key: dict[str, list[tuple[_Group, int]]] = {}
         self._by_worker: dict[int, list[tuple[_Group, int]]] = {}
+        self._unready: list[tuple[_Group, int]] = []
         self._seq = itertools.count()
         self._tie = itertools.count()
         self.waiting = 0
@@ -131,10 +134,20 @@ class WaitQueue:
             if parked:
                 self._unpark(parked)
 
+    @property
+    def unready(self) -> bool:
+        """Whether some group waits for a worker to become ready."""
+        return bool(self._unready)
+
+    def unpark_unready(self) -> None:
+        """Put the groups waiting for a worker to become ready back in the heap."""
+        parked, self._unready = self._unready, []
+        self._unpark(parked)
+
     def unpark_all(self) -> None:
         """Put every parked group back in the heap (O(groups): for rare events)."""
-        parked = [*self._by_key.values(), *self._by_worker.values()]
-        self._by_key, self._by_worker = {}, {}
+        parked = [*self._by_key.values(), *self._by_worker.values(), self._unready]
+        self._by_key, self._by_worker, self._unready = {}, {}, []
         for entries in parked:
             self._unpark(entries)
 
@@ -203,6 +216,8 @@ class WaitQueue:
         if reason == KEY:
             _append(self._by_key, group.key, entry)
         else:
+            if reason == UNREADY:
+                self._unready.append(entry)
             for worker in group.workers:
                 _append(self._by_worker, id(worker), entry)
 

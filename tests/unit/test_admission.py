@@ -551,3 +551,25 @@ async def test_a_waiter_for_a_drained_worker_waits_for_another():
     assert lease.worker is p1
     lease.release()
     assert_idle(g)
+
+
+async def test_a_waiter_is_served_when_its_worker_becomes_ready_again():
+    # no slot is released when a drained or restarting worker becomes ready: the
+    # guard looks again on its own instead of letting the waiter run out its wait
+    from pool.worker import WorkerState
+
+    class Stateful:
+        def __init__(self, name: str) -> None:
+            self.name, self.capacity, self.state = name, 1, WorkerState.STARTING
+
+    p0 = Stateful("p0")
+    g = guard(max_wait=60)
+    queued = asyncio.create_task(g.acquire(key="k", workers=[p0], choose=first))
+    await until_waiting(g, 1)
+    await asyncio.sleep(0.3)
+    assert not queued.done()
+    p0.state = WorkerState.READY
+    lease = await asyncio.wait_for(queued, 10)
+    assert lease.worker is p0
+    lease.release()
+    assert_idle(g)
