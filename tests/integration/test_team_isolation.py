@@ -14,6 +14,7 @@ from tests.support.server import ServerThread
 from .conftest import CLIENT_KEY, OPENAI_MODEL, UPSTREAM_KEY
 
 TEAM_B_KEY = "sk-team-b"  # the second key of the shared gateway (conftest)
+TEAM_C_KEY = "sk-team-c"
 UNKNOWN = "resp_0000000000000000deadbeef"
 
 
@@ -94,12 +95,13 @@ def affinity_gateway(fake_upstream):
                                    api_key=UPSTREAM_KEY, url=fake_upstream.url)
                     for i in range(2))
     app = create_app(Settings(server=ServerSettings(
-        api_keys={"team-a": CLIENT_KEY, "team-b": TEAM_B_KEY}), workers=workers))
+        api_keys={"team-a": CLIENT_KEY, "team-b": TEAM_B_KEY, "team-c": TEAM_C_KEY}),
+        workers=workers))
     with ServerThread(app) as srv:
         yield srv.url, app.state.gateway
 
 
-def test_two_keys_with_one_session_id_get_two_bindings(affinity_gateway):
+def test_three_keys_with_one_session_id_get_three_bindings(affinity_gateway):
     url, gw = affinity_gateway
     body = {"model": "m", "messages": [{"role": "user", "content": "same conversation"}]}
     session = {"x-session-id": "shared-session-1"}
@@ -110,16 +112,17 @@ def test_two_keys_with_one_session_id_get_two_bindings(affinity_gateway):
         assert r.status_code == 200, r.text
         return r
 
-    ask(CLIENT_KEY)
-    ask(TEAM_B_KEY)
+    teams = (CLIENT_KEY, TEAM_B_KEY, TEAM_C_KEY)
+    for key in teams:
+        ask(key)
     stats = gw.stats()["routing"]["default"]
-    # the second team's first turn is a new binding, not a hit on the first team's
-    assert (stats["binds"], stats["hits"]) == (2, 0)
-    assert gw.bindings.stats()["items"] == 2
-    ask(CLIENT_KEY)
-    ask(TEAM_B_KEY)
+    # each team's first turn is a new binding, not a hit on another team's
+    assert (stats["binds"], stats["hits"]) == (3, 0)
+    assert gw.bindings.stats()["items"] == 3
+    for key in teams:
+        ask(key)
     stats = gw.stats()["routing"]["default"]
-    assert (stats["binds"], stats["hits"]) == (2, 2)
+    assert (stats["binds"], stats["hits"]) == (3, 3)
 
 
 def test_with_auth_off_everyone_is_anonymous_and_shares(fake_upstream):
