@@ -64,6 +64,7 @@ class Gateway:
         deadline), and the worker the model's policy picks among the free ones
         (``prefer`` first when it is free)."""
         workers, routed = self.pool.eligible(chat, exclude)
+        policy = self.policies.get(routed.model, self.policy)
 
         async def choose(free: Sequence[Worker]) -> Worker:
             if len(free) == 1:  # nothing to decide: skip the session key and the policy
@@ -73,10 +74,10 @@ class Gateway:
                     if worker.name == prefer:
                         return worker
             session, _source = owned_session_key(key, routed, headers)
-            policy = self.policies.get(routed.model, self.policy)
             return await policy.choose(routed, session, free)
 
         lease = await self.admission.acquire(key=key, workers=workers, choose=choose)
+        policy.placed(routed, lease.worker)
         self.pool.acquire(lease.worker)
         self.metrics.in_flight_started(lease.worker.name)
         return lease, routed
@@ -101,8 +102,10 @@ class Gateway:
         """What ``/internal/stats`` shows: admission, routing, bindings, stores."""
         routing = {"default": self.policy.stats(),
                    **{model: p.stats() for model, p in self.policies.items()}}
+        prefix = {model: p.prefix_stats() for model, p in
+                  (("default", self.policy), *self.policies.items()) if hasattr(p, "prefix_stats")}
         return {"in_flight": dict(self.pool.in_flight), "admission": self.admission.stats(),
-                "routing": routing, "bindings": self.bindings.stats(),
+                "routing": routing, "prefix": prefix, "bindings": self.bindings.stats(),
                 "responses": self.responses.stats()}
 
     def metrics_snapshot(self) -> dict[str, Any]:
@@ -115,7 +118,8 @@ class Gateway:
                    for w in self.pool.workers]
         stats = self.stats()
         return {"workers": workers, "admission": stats["admission"],
-                "routing": stats["routing"], "bindings": stats["bindings"]}
+                "routing": stats["routing"], "prefix": stats["prefix"],
+                "bindings": stats["bindings"]}
 
     def metrics_upstream_error(self, worker: str, kind: str) -> None:
         self.metrics.observe_upstream_error(worker=worker, kind=kind)
