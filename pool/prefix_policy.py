@@ -12,8 +12,10 @@ For ``local`` and ``remote`` model workers (engines with a prefix cache):
    ``imbalance_abs`` requests more than the least loaded one and more than
    ``imbalance_rel`` times as many, the least loaded takes it (a
    ``load_move``; the same thresholds as affinity's);
-4. no prefix long enough: the least loaded worker (a ``prefix_miss``; ties
-   broken by hashing the prompt's first block, so equal prompts agree).
+4. no prefix long enough (a ``prefix_miss``): the worker remembering the
+   fewest blocks (SGLang's "smallest tree": a new prompt evicts nobody's),
+   then the least loaded (ties broken by hashing the prompt's first block), and
+   the load test of 3 applies to that choice too.
 
 Whatever was chosen — also when admission left only one free worker and no
 policy ran — the gateway reports it with :meth:`PrefixCacheAware.placed`, and
@@ -60,17 +62,28 @@ class PrefixCacheAware:
         depth, holders = self.index.longest(chain, [w.name for w in workers])
         if depth < self._min_blocks:
             self._misses += 1
-            tie = chain[0].hex() if chain else session
-            return self._fallback.pick(tie, workers)
-        held = [w for w in workers if w.name in holders]
-        best = min(held, key=lambda w: self._in_flight(w.name))
+            best = self._roomiest(chain, workers)
+        else:
+            held = [w for w in workers if w.name in holders]
+            best = min(held, key=lambda w: self._in_flight(w.name))
+            self._matched_chars += depth * self._block
         moved = lighter(best, workers, self._in_flight, *self._imbalance)
         if moved is not None:
             self._load_moves += 1
             return moved
-        self._hits += 1
-        self._matched_chars += depth * self._block
+        if depth >= self._min_blocks:
+            self._hits += 1
         return best
+
+    def _roomiest(self, chain: list[bytes], workers: Sequence[Worker]) -> Worker:
+        """For a prompt nobody holds: the worker remembering the fewest blocks
+        (SGLang's "smallest tree": the most cache to spare, and a new prompt
+        does not evict another's), then the least loaded; ties by the prompt's
+        first block, so equal prompts agree."""
+        sizes = self.index.sizes()
+        fewest = min(sizes.get(w.name, 0) for w in workers)
+        roomy = [w for w in workers if sizes.get(w.name, 0) == fewest]
+        return self._fallback.pick(chain[0].hex() if chain else None, roomy)
 
     def placed(self, request: ChatRequest, worker: Worker) -> None:
         """``request`` went to ``worker``: its prompt's blocks are now (likely) cached there."""

@@ -92,6 +92,7 @@ import http.client
 import logging
 import secrets
 import time
+from dataclasses import replace
 from typing import Any, AsyncIterator, Iterable, Sequence
 
 import aiohttp
@@ -506,6 +507,9 @@ class LlamaCppEngine:
             "top_k": max(0, int(params.top_k)),
             "ignore_eos": bool(eog) and not (eog & params.stop_ids),
             "post_sampling_probs": False,
+            # timings in every chunk: the first one then says how much of the prompt
+            # came from the slot's cache (``cache_n``), reported as cached tokens
+            "timings_per_token": True,
         }
         if params.logprobs or params.top_logprobs or self.exact_ids:
             # n_probs brings the exact bytes llama.cpp sent ("bytes"), beside the logprobs
@@ -662,6 +666,7 @@ class _StreamDecoder:
         self.count = 0          # tokens accounted for (steps made)
         self.tail = b""         # the last bytes llama.cpp sent (for the cut-character test)
         self.lost = 0           # tokens that could not be rebuilt
+        self.cache_told = False  # the prompt's cached tokens reported (on the first step)
 
     def feed(self, chunk: dict[str, Any]) -> list[Step]:
         ids = [int(t) for t in chunk.get("tokens") or ()]
@@ -684,6 +689,11 @@ class _StreamDecoder:
             steps.append(self._step(token, entry))
         self.count += len(ids)
         self.tail = (self.tail + text)[-3:]
+        if not self.cache_told and steps:
+            self.cache_told = True
+            cached = (chunk.get("timings") or {}).get("cache_n")
+            if isinstance(cached, int):
+                steps[0] = replace(steps[0], cached_prompt=cached)
         return steps
 
     def _step(self, token: int, entry: dict[str, Any] | None) -> Step:
