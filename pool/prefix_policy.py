@@ -19,7 +19,8 @@ For ``local`` and ``remote`` model workers (engines with a prefix cache):
 
 Whatever was chosen — also when admission left only one free worker and no
 policy ran — the gateway reports it with :meth:`PrefixCacheAware.placed`, and
-the prompt's blocks are recorded for that worker. ``cli`` workers keep no
+the prompt's blocks are recorded for that worker; a worker seen restarted
+(its ``restarts`` grew) starts with nothing remembered. ``cli`` workers keep no
 prefix cache we could use: a model served by them is routed by affinity alone.
 """
 
@@ -49,6 +50,7 @@ class PrefixCacheAware:
         self.index = PrefixIndex(max_blocks=max_blocks, max_age=max_age)
         # the request choose() just hashed, and its chain (held, not its id: ids are reused)
         self._last: tuple[ChatRequest | None, list[bytes]] = (None, [])
+        self._restarts: dict[str, int] = {}  # worker -> restarts when last seen
         self._hits = self._misses = self._load_moves = self._sessions = 0
         self._matched_chars = 0
 
@@ -58,6 +60,7 @@ class PrefixCacheAware:
                 _is_cli(w) for w in workers):
             self._sessions += 1
             return await self._affinity.choose(request, session, workers)
+        self._forget_restarted(workers)
         chain = self._chain(request)
         depth, holders = self.index.longest(chain, [w.name for w in workers])
         if depth < self._min_blocks:
@@ -74,6 +77,15 @@ class PrefixCacheAware:
         if depth >= self._min_blocks:
             self._hits += 1
         return best
+
+    def _forget_restarted(self, workers: Sequence[Worker]) -> None:
+        """A restarted worker's engine starts with an empty cache: forget what it held."""
+        seen = self._restarts
+        for worker in workers:
+            restarts = getattr(worker, "restarts", 0)
+            if seen.setdefault(worker.name, restarts) != restarts:
+                seen[worker.name] = restarts
+                self.index.forget(worker.name)
 
     def _roomiest(self, chain: list[bytes], workers: Sequence[Worker]) -> Worker:
         """For a prompt nobody holds: the worker remembering the fewest blocks

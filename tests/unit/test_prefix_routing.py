@@ -19,10 +19,11 @@ BLOCK = 16
 SYSTEM = "You are a careful assistant. " * 20  # 580 characters: 36 blocks of 16
 
 
-@dataclass(frozen=True)
+@dataclass
 class W:
     name: str
     kind: str = "remote"
+    restarts: int = 0
 
 
 class Clock:
@@ -206,3 +207,18 @@ def test_cli_workers_are_routed_by_affinity_and_not_indexed():
 def test_unknown_policy_names_are_refused_and_prefix_cache_needs_a_store():
     with pytest.raises(ValueError, match="prefix_cache"):
         make_policy("prefix_cache", in_flight=lambda n: 0)
+
+
+def test_a_restarted_worker_is_remembered_as_empty():
+    async def go() -> None:
+        p = policy({})
+        workers = [W("w0", "local"), W("w1", "local")]
+        home = await route(p, chat(("user", "a")), workers)
+        assert await route(p, chat(("user", "b")), workers) == home
+        assert p.stats()["prefix_hits"] == 1
+        restarted = next(w for w in workers if w.name == home)
+        restarted.restarts += 1
+        await route(p, chat(("user", "c")), workers)
+        assert p.stats()["prefix_misses"] == 2  # its cache went with the old process
+
+    asyncio.run(go())
