@@ -1,0 +1,390 @@
+"""The Qwen Code driver: one ``qwen`` process per conversation, stream-json.
+
+``qwen --auth-type openai --input-format stream-json -o stream-json
+--include-partial-messages --model M`` reads user messages and control
+requests on stdin, one JSON per line, and runs one turn at a time. What the
+driver does about Qwen's habits (all verified on 0.15.10):
+
+* ``initialize`` goes first (without it a tool needing approval hangs with no
+  ``can_use_tool``); the CLI answers with its session id.
+* ``memory.enableManagedAutoMemory = false`` is written into the home's
+  ``.qwen/settings.json``; otherwise every prompt costs a second upstream call.
+* Chat mode: every built-in tool excluded and ``--system-prompt`` replacing the
+  agent prompt (1.8 KB requests instead of 64 KB). Agent mode: ``--approval-mode
+  yolo``, and any ``can_use_tool`` is allowed.
+* ``interrupt`` ends the whole process, so the driver SIGKILLs it instead (it
+  may ignore SIGTERM) and the next turn respawns with ``--resume <sid>``.
+* No credentials: the CLI prints a ``result`` error ("Missing API key ...")
+  and exits 1; an upstream 401 comes back as assistant text (see
+  :mod:`pool.cli.qwen_events`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import weakref
+from pathlib import Path
+from typing import Any, AsyncIterator, Mapping, Sequence
+
+import structlog
+
+from .content import turn_blocks
+from .driver import DriverConfig, DriverError
+from .events import (
+    TERMINAL, CliEvent, CliHealth, ConversationSetup, LoginRequired, SessionStarted, ToolAnswer,
+    Turn, TurnFailed,
+)
+from .qwen_events import QwenTurnParser, UsageTotals, is_login_error
+from .stdio import JsonLineProcess
+
+__all__ = ["QwenDriver", "QwenConversation", "CHAT_EXCLUDED_TOOLS"]
+
+log = structlog.get_logger("pool.cli.qwen")
+
+#: every built-in tool of Qwen Code 0.15.x (unknown names are ignored by the CLI)
+CHAT_EXCLUDED_TOOLS = (
+    "tool_search", "agent", "task", "task_stop", "send_message", "skill", "list_directory",
+    "read_file", "read_many_files", "grep_search", "glob", "edit", "write_file",
+    "run_shell_command", "todo_write", "ask_user_question", "web_fetch", "web_search",
+    "monitor", "save_memory", "exit_plan_mode", "lsp",
+)
+DEFAULT_CHAT_SYSTEM = "You are a helpful assistant."
+_OPTIONS = {"auth_type", "approval_mode", "extra_args"}
+_HANDSHAKE_TIMEOUT = 60.0
+_SETTINGS = {
+    "memory": {"enableManagedAutoMemory": False},
+    "general": {"enableAutoUpdate": False},
+    "privacy": {"usageStatisticsEnabled": False},
+    "telemetry": {"enabled": False},
+}
+
+
+def _merge(into: dict[str, Any], defaults: Mapping[str, Any]) -> bool:
+    changed = False
+    for key, value in defaults.items():
+        if isinstance(value, Mapping):
+            node = into.get(key)
+            if not isinstance(node, dict):
+                into[key] = node = {}
+                changed = True
+            changed |= _merge(node, value)
+        elif into.get(key) != value:
+            into[key] = value
+            changed = True
+    return changed
+
+
+class QwenDriver:
+    """One Qwen Code account (``home`` is its ``HOME``)."""
+
+    cli = "qwen"
+    can_load_history = False
+    concurrent_turns = False
+
+    def __init__(self, config: DriverConfig) -> None:
+        unknown = sorted(set(config.options) - _OPTIONS)
+        if unknown:
+            raise DriverError(f"cli_options.{unknown[0]}: not an option of the qwen driver "
+                              f"(one of {', '.join(sorted(_OPTIONS))})")
+        self.config = config
+        self.auth_type = str(config.options.get("auth_type", "openai"))
+        extra = config.options.get("extra_args", [])
+        if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
+            raise DriverError("cli_options.extra_args: must be a list of strings")
+        self.extra_args: tuple[str, ...] = tuple(extra)
+        self.approval_mode = str(config.options.get(
+            "approval_mode", "yolo" if config.mode == "agent" else "default"))
+        self.home = Path(config.home)
+        self.binary: str | None = None
+        self.version: str | None = None
+        self.logged_out_reason: str | None = None
+        self._conversations: weakref.WeakSet[QwenConversation] = weakref.WeakSet()
+
+    # --- the process environment ---
+
+    def env(self) -> dict[str, str]:
+        env = dict(self.config.env)
+        env.update(HOME=str(self.home), QWEN_CODE_NO_RELAUNCH="true", QWEN_DISABLE_AUTO_TITLE="1",
+                   QWEN_CODE_DISABLE_PRECONNECT="1", NO_COLOR="1", TERM="dumb")
+        return env
+
+    def _settings_path(self) -> Path:
+        return self.home / ".qwen" / "settings.json"
+
+    def _read_settings(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self._settings_path().read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def write_settings(self) -> None:
+        """Turn managed auto-memory, auto-update and telemetry off, keeping
+        whatever else the account's settings hold (its API key, say)."""
+        path = self._settings_path()
+        settings = self._read_settings()
+        defaults: dict[str, Any] = dict(_SETTINGS)
+        if not isinstance(settings.get("security", {}).get("auth", {}).get("selectedType"), str):
+            defaults["security"] = {"auth": {"selectedType": self.auth_type}}
+        if _merge(settings, defaults) or not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(settings, indent=2))
+            os.chmod(tmp, 0o600)
+            tmp.replace(path)
+
+    def _has_credentials(self) -> bool:
+        """For ``openai`` auth: a key in the environment, settings.json or an .env file."""
+        if self.auth_type != "openai":
+            return True  # other auth types are only known by the first turn
+        if self.config.env.get("OPENAI_API_KEY"):
+            return True
+        if self._read_settings().get("security", {}).get("auth", {}).get("apiKey"):
+            return True
+        for dotenv in (self.home / ".qwen" / ".env", self.home / ".env"):
+            try:
+                if any(line.strip().startswith("OPENAI_API_KEY=") and line.split("=", 1)[1].strip()
+                       for line in dotenv.read_text().splitlines()):
+                    return True
+            except OSError:
+                continue
+        return False
+
+    def _find_binary(self) -> str:
+        if self.config.command:
+            return self.config.command[0]
+        found = shutil.which("qwen", path=self.config.env.get("PATH"))
+        if found is None:
+            raise DriverError("qwen: the binary was not found on PATH (set command)")
+        return found
+
+    def command(self) -> list[str]:
+        """The argv prefix (``command`` may carry extra arguments)."""
+        assert self.binary is not None
+        rest = list(self.config.command[1:]) if self.config.command else []
+        return [self.binary, *rest]
+
+    # --- CliDriver ---
+
+    async def start(self) -> CliHealth:
+        self.binary = self._find_binary()
+        self.home.mkdir(parents=True, exist_ok=True)
+        Path(self.config.cwd).mkdir(parents=True, exist_ok=True)
+        self.write_settings()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self.command(), "--version", env=self.env(), cwd=self.config.cwd,
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(proc.communicate(), _HANDSHAKE_TIMEOUT)
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise DriverError(f"qwen: cannot run {self.binary}: {exc!r}") from None
+        if proc.returncode != 0:
+            raise DriverError(f"qwen --version exited {proc.returncode}: "
+                              f"{err.decode(errors='replace').strip()[-300:]}")
+        self.version = out.decode(errors="replace").strip().splitlines()[-1] if out.strip() else None
+        log.info("cli.qwen.started", worker=self.config.name, version=self.version)
+        return await self.health()
+
+    async def health(self) -> CliHealth:
+        login = "ready"
+        if self.logged_out_reason is not None or not self._has_credentials():
+            login = "logged_out"
+        detail: dict[str, Any] = {"auth_type": self.auth_type,
+                                  "conversations": sum(1 for c in self._conversations if c.alive)}
+        if self.logged_out_reason:
+            detail["reason"] = self.logged_out_reason
+        return CliHealth(login=login, version=self.version, account=None, detail=detail)
+
+    async def open(self, setup: ConversationSetup) -> QwenConversation:
+        conversation = QwenConversation(self, setup)
+        self._conversations.add(conversation)
+        return conversation
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(c.close() for c in list(self._conversations)),
+                             return_exceptions=True)
+
+    def note_terminal(self, event: CliEvent) -> None:
+        """Remember a logged-out account until its credentials change (a restart)."""
+        if isinstance(event, LoginRequired):
+            self.logged_out_reason = event.message
+        elif not isinstance(event, TurnFailed):
+            self.logged_out_reason = None
+
+
+class QwenConversation:
+    """One ``qwen`` process (respawned with ``--resume`` after an interrupt)."""
+
+    def __init__(self, driver: QwenDriver, setup: ConversationSetup) -> None:
+        self.driver = driver
+        self.setup = setup
+        self._proc: JsonLineProcess | None = None
+        self._session_id: str | None = None
+        self._totals: UsageTotals = {}
+        self._closed = False
+        self._resumable = True   # false after a crash: the session on disk is suspect
+        self._interrupted = False
+        self._requests = 0
+
+    @property
+    def session_id(self) -> str | None:
+        return self._session_id
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._proc.running else None
+
+    @property
+    def alive(self) -> bool:
+        if self._closed:
+            return False
+        if self._proc is None or self._proc.running:
+            return True
+        return self._resumable and self._session_id is not None
+
+    def argv(self) -> list[str]:
+        d, setup = self.driver, self.setup
+        argv = [*d.command(), "--auth-type", d.auth_type, "--input-format", "stream-json",
+                "-o", "stream-json", "--include-partial-messages", "--model", setup.model,
+                "--approval-mode", d.approval_mode]
+        if d.config.mode == "chat":
+            argv += ["--exclude-tools", ",".join(CHAT_EXCLUDED_TOOLS),
+                     "--system-prompt", setup.system or DEFAULT_CHAT_SYSTEM]
+        elif setup.system:
+            argv += ["--append-system-prompt", setup.system]
+        if self._session_id is not None:
+            argv += ["--resume", self._session_id]
+        return argv + list(d.extra_args)
+
+    def _control_id(self) -> str:
+        self._requests += 1
+        return f"pg{self._requests}"
+
+    async def _spawn(self) -> CliEvent | None:
+        """Start the process and handshake; a terminal event when that failed."""
+        self._interrupted = False
+        try:
+            proc = await JsonLineProcess.spawn(self.argv(), env=self.driver.env(),
+                                               cwd=self.driver.config.cwd)
+        except OSError as exc:
+            return TurnFailed("upstream", f"qwen: cannot start: {exc.strerror or exc!r}")
+        self._proc = proc
+        request_id = self._control_id()
+        await proc.send({"type": "control_request", "request_id": request_id,
+                         "request": {"subtype": "initialize", "hooks": None}})
+        try:
+            async with asyncio.timeout(_HANDSHAKE_TIMEOUT):
+                while (obj := await proc.read()) is not None:
+                    if obj.get("type") == "control_response":
+                        response = obj.get("response") or {}
+                        if response.get("request_id") == request_id:
+                            sid = (response.get("response") or {}).get("session_id")
+                            self._session_id = str(sid) if sid else self._session_id
+                            return None
+                    elif obj.get("type") == "result" and obj.get("is_error"):
+                        return self._startup_failure(obj)
+        except TimeoutError:
+            proc.kill()
+            return TurnFailed("timeout", "qwen: no answer to initialize")
+        await proc.wait()
+        return self._exit_failure(proc)
+
+    def _startup_failure(self, result: Mapping[str, Any]) -> CliEvent:
+        error = result.get("error")
+        message = (error.get("message") if isinstance(error, dict) else None) or "startup failed"
+        self._resumable = False
+        if is_login_error(message):
+            return LoginRequired(f"qwen: {message}")
+        return TurnFailed("upstream", f"qwen: {message}")
+
+    def _exit_failure(self, proc: JsonLineProcess) -> CliEvent:
+        if self._interrupted:
+            return TurnFailed("interrupted", "qwen: interrupted")
+        self._resumable = False
+        tail = proc.stderr_tail()
+        return TurnFailed("upstream", f"qwen exited with code {proc.returncode}"
+                          + (f": {tail}" if tail else ""))
+
+    async def _answer_control(self, obj: Mapping[str, Any]) -> None:
+        """Answer the CLI's own control requests (tool permissions)."""
+        assert self._proc is not None
+        request = obj.get("request") or {}
+        response: dict[str, Any]
+        if request.get("subtype") == "can_use_tool":
+            if self.driver.config.mode == "agent":
+                body = {"behavior": "allow", "updatedInput": request.get("input") or {}}
+            else:
+                body = {"behavior": "deny", "message": "tools are off in chat mode"}
+            response = {"subtype": "success", "request_id": obj.get("request_id"), "response": body}
+        else:
+            response = {"subtype": "error", "request_id": obj.get("request_id"),
+                        "error": f"unsupported control request {request.get('subtype')!r}"}
+        await self._proc.send({"type": "control_response", "response": response})
+
+    async def send(self, turn: Turn) -> AsyncIterator[CliEvent]:
+        if self.setup.tools:
+            yield TurnFailed("invalid_request",
+                             "tools: the qwen cli worker cannot call client-defined tools")
+            return
+        if self._closed:
+            yield TurnFailed("upstream", "qwen: conversation closed")
+            return
+        finished = False
+        try:
+            async for event in self._run(turn):
+                if isinstance(event, TERMINAL):
+                    finished = True
+                    self.driver.note_terminal(event)
+                yield event
+        finally:
+            if not finished and self._proc is not None:
+                # the caller went away mid-turn: the only way to stop Qwen is to end it
+                self._interrupted = True
+                self._proc.kill()
+
+    async def _run(self, turn: Turn) -> AsyncIterator[CliEvent]:
+        if self._proc is None or not self._proc.running:
+            failure = await self._spawn()
+            if failure is not None:
+                yield failure
+                return
+        proc = self._proc
+        assert proc is not None
+        if self._session_id:
+            yield SessionStarted(self._session_id, self.setup.model)
+        parser = QwenTurnParser(self._totals)
+        await proc.send({"type": "user", "message": {"role": "user", "content": turn_blocks(turn)}})
+        while (obj := await proc.read()) is not None:
+            kind = obj.get("type")
+            if kind == "control_request":
+                await self._answer_control(obj)
+                continue
+            for event in parser.feed(obj):
+                if isinstance(event, SessionStarted):
+                    if event.session_id == self._session_id:
+                        continue
+                    self._session_id = event.session_id
+                yield event
+            if parser.done:
+                self._totals = parser.totals
+                return
+        await proc.wait()
+        yield self._exit_failure(proc)
+
+    async def answer_tools(self, answers: Sequence[ToolAnswer]) -> AsyncIterator[CliEvent]:
+        yield TurnFailed("invalid_request", "qwen: no tool call is held")
+
+    async def interrupt(self) -> None:
+        """Qwen's own ``interrupt`` ends the process anyway; SIGKILL is certain."""
+        if self._proc is not None and self._proc.running:
+            self._interrupted = True
+            self._proc.kill()
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._proc is not None:
+            await self._proc.close()
