@@ -32,11 +32,12 @@ import structlog
 from .content import dig, turn_blocks
 from .driver import DriverConfig, DriverError
 from .events import (
-    TERMINAL, CliEvent, CliHealth, ConversationSetup, LoginRequired, SessionStarted, TextChunk,
+    CliEvent, CliHealth, ConversationSetup, LoginRequired, SessionStarted, TextChunk,
     ThinkingChunk, ToolAnswer, ToolExecuted, ToolOutput, Turn, TurnFailed, TurnFinished, TurnUsage,
 )
 from .jsonrpc_options import JsonRpcOptions
 from .stdio import JsonLineProcess
+from .turns import guarded
 
 __all__ = ["JsonRpcDriver", "JsonRpcConversation", "RpcError"]
 
@@ -330,16 +331,9 @@ class JsonRpcConversation:
         return events
 
     async def send(self, turn: Turn) -> AsyncIterator[CliEvent]:
-        finished = False
-        try:
-            async for event in self._run(turn):
-                if isinstance(event, TERMINAL):
-                    finished = True
-                    self.driver.note_terminal(event)
-                yield event
-        finally:
-            if not finished:
-                await self.interrupt()
+        async for event in guarded(self._run(turn), on_terminal=self.driver.note_terminal,
+                                   on_abandon=self.interrupt):
+            yield event
 
     async def _run(self, turn: Turn) -> AsyncIterator[CliEvent]:
         if not self.alive:

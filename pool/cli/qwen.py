@@ -34,11 +34,12 @@ import structlog
 from .content import turn_blocks
 from .driver import DriverConfig, DriverError
 from .events import (
-    TERMINAL, CliEvent, CliHealth, ConversationSetup, LoginRequired, SessionStarted, ToolAnswer,
+    CliEvent, CliHealth, ConversationSetup, LoginRequired, SessionStarted, ToolAnswer,
     Turn, TurnFailed,
 )
 from .qwen_events import QwenTurnParser, UsageTotals, is_login_error
 from .stdio import JsonLineProcess
+from .turns import guarded
 
 __all__ = ["QwenDriver", "QwenConversation", "CHAT_EXCLUDED_TOOLS"]
 
@@ -333,18 +334,10 @@ class QwenConversation:
         if self._closed:
             yield TurnFailed("upstream", "qwen: conversation closed")
             return
-        finished = False
-        try:
-            async for event in self._run(turn):
-                if isinstance(event, TERMINAL):
-                    finished = True
-                    self.driver.note_terminal(event)
-                yield event
-        finally:
-            if not finished and self._proc is not None:
-                # the caller went away mid-turn: the only way to stop Qwen is to end it
-                self._interrupted = True
-                self._proc.kill()
+        # a caller that leaves mid-turn: the only way to stop Qwen is to end it
+        async for event in guarded(self._run(turn), on_terminal=self.driver.note_terminal,
+                                   on_abandon=self.interrupt):
+            yield event
 
     async def _run(self, turn: Turn) -> AsyncIterator[CliEvent]:
         if self._proc is None or not self._proc.running:
