@@ -7,7 +7,7 @@ from typing import Any
 from ..model import ImagePart, Message, TextPart, ToolResultPart
 from .events import Turn
 
-__all__ = ["turn_text", "turn_blocks", "dig"]
+__all__ = ["turn_text", "turn_blocks", "message_text", "dig"]
 
 
 def _part_text(part: Any) -> str | None:
@@ -18,13 +18,14 @@ def _part_text(part: Any) -> str | None:
     return None
 
 
-def _message_text(message: Message) -> str:
+def message_text(message: Message) -> str:
+    """The text of a message's text parts and tool results, one per line."""
     return "\n".join(t for t in (_part_text(p) for p in message.parts) if t)
 
 
 def turn_text(turn: Turn) -> str:
     """The turn as one prompt string (images dropped: say so in the caller's docs)."""
-    return "\n\n".join(t for t in (_message_text(m) for m in turn.messages) if t)
+    return "\n\n".join(t for t in (message_text(m) for m in turn.messages) if t)
 
 
 def _image_block(part: ImagePart) -> dict[str, Any]:

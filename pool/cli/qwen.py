@@ -14,6 +14,8 @@ driver does about Qwen's habits (all verified on 0.15.10):
   yolo``, and any ``can_use_tool`` is allowed.
 * ``interrupt`` ends the whole process, so the driver SIGKILLs it instead (it
   may ignore SIGTERM) and the next turn respawns with ``--resume <sid>``.
+* A conversation opened with history gets it as a transcript written in
+  Qwen's own session format and ``--resume`` (nothing is flattened).
 * No credentials: the CLI prints a ``result`` error ("Missing API key ...")
   and exits 1; an upstream 401 comes back as assistant text (see
   :mod:`pool.cli.qwen_events`).
@@ -38,6 +40,7 @@ from .events import (
     Turn, TurnFailed,
 )
 from .qwen_events import QwenTurnParser, UsageTotals, is_login_error
+from .qwen_transcript import write_transcript
 from .stdio import JsonLineProcess
 from .turns import guarded
 
@@ -82,7 +85,7 @@ class QwenDriver:
     """One Qwen Code account (``home`` is its ``HOME``)."""
 
     cli = "qwen"
-    can_load_history = False
+    can_load_history = True   # a transcript written for --resume (pool/cli/qwen_transcript.py)
     concurrent_turns = False
 
     def __init__(self, config: DriverConfig) -> None:
@@ -202,6 +205,9 @@ class QwenDriver:
 
     async def open(self, setup: ConversationSetup) -> QwenConversation:
         conversation = QwenConversation(self, setup)
+        if setup.history:
+            conversation.resume_from(write_transcript(self.home, self.config.cwd, setup.history,
+                                                      version=self.version))
         self._conversations.add(conversation)
         return conversation
 
@@ -234,6 +240,10 @@ class QwenConversation:
     @property
     def session_id(self) -> str | None:
         return self._session_id
+
+    def resume_from(self, session_id: str) -> None:
+        """Start the process with ``--resume session_id`` (a written transcript)."""
+        self._session_id = session_id
 
     @property
     def pid(self) -> int | None:

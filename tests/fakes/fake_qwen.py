@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 import urllib.error
@@ -83,10 +84,11 @@ class Session:
         self.key = os.environ.get("OPENAI_API_KEY") or \
             self.settings.get("security", {}).get("auth", {}).get("apiKey")
         self.base = os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1").rstrip("/")
-        chats = home / ".qwen" / "projects" / str(cwd).replace("/", "-") / "chats"
+        chats = home / ".qwen" / "projects" / re.sub(r"[^a-zA-Z0-9]", "-", str(cwd)) / "chats"
         chats.mkdir(parents=True, exist_ok=True)
         self.cwd = cwd
         self.history: list[dict] = []
+        self.parent: str | None = None
         self.totals = {"input_tokens": 0, "output_tokens": 0, "cache_read_input_tokens": 0}
         resume = args.get("resume") or args.get("r")
         self.id = resume or str(uuid.uuid4())
@@ -96,14 +98,31 @@ class Session:
                 sys.stderr.write(f'No saved session found with title "{resume}".\n')
                 sys.exit(1)
             for line in self.transcript.read_text().splitlines():
-                record = json.loads(line)
-                if record["type"] == "usage":
-                    self.totals = record["totals"]
-                else:
-                    self.history.append(record["message"])
+                self.load(json.loads(line))
         self.tools = [t for t in TOOLS if t not in args["exclude"]]
 
-    def record(self, record: dict) -> None:
+    def load(self, record: dict) -> None:
+        """One transcript record (Qwen's format: Gemini-style role/parts)."""
+        if record.get("type") not in ("user", "assistant"):
+            return
+        text = "".join(p.get("text", "") for p in record["message"].get("parts", []))
+        role = "user" if record["type"] == "user" else "assistant"
+        self.history.append({"role": role, "content": [{"type": "text", "text": text}]
+                             if role == "user" else text})
+        usage = record.get("usageMetadata") or {}
+        self.totals["input_tokens"] += usage.get("promptTokenCount", 0)
+        self.totals["output_tokens"] += usage.get("candidatesTokenCount", 0)
+        self.parent = record.get("uuid")
+
+    def record(self, kind: str, text: str, usage: dict | None = None) -> None:
+        record = {"uuid": str(uuid.uuid4()), "parentUuid": self.parent, "sessionId": self.id,
+                  "type": kind, "cwd": str(self.cwd), "version": VERSION,
+                  "message": {"role": "user" if kind == "user" else "model",
+                              "parts": [{"text": text}]}}
+        if usage:
+            record["usageMetadata"] = {"promptTokenCount": usage["input_tokens"],
+                                       "candidatesTokenCount": usage["output_tokens"]}
+        self.parent = record["uuid"]
         with self.transcript.open("a") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -147,7 +166,7 @@ class Session:
         text_in = content if isinstance(content, str) else \
             "\n".join(b.get("text", "") for b in content if isinstance(b, dict))
         self.history.append({"role": "user", "content": content})
-        self.record({"type": "user", "message": {"role": "user", "content": content}})
+        self.record("user", text_in)
         mid = str(uuid.uuid4())
         self.wrap({"type": "message_start", "message": {"id": mid, "role": "assistant",
                                                          "model": self.model, "content": []}})
@@ -191,8 +210,7 @@ class Session:
                                     "total_tokens": sum(turn_usage.values())}}})
         self.wrap({"type": "message_stop"})
         self.history.append({"role": "assistant", "content": text})
-        self.record({"type": "assistant", "message": {"role": "assistant", "content": text}})
-        self.record({"type": "usage", "totals": self.totals})
+        self.record("assistant", text, turn_usage)
         if self.settings.get("memory", {}).get("enableManagedAutoMemory", True):
             with self.post(self.request_body(stream=False)):
                 pass  # the managed auto-memory extraction pass
