@@ -21,7 +21,9 @@ test can see what the agent was sent. Two dialects, to prove the
 
 No ``OPENAI_API_KEY``: ``session/new`` fails with -32000 "Authentication
 required" (as ACP agents do); an upstream 401 fails the prompt the same way.
-Test switch: a prompt containing ``[[crash]]`` exits 1 after the first chunk.
+Test switches: a prompt containing ``[[crash]]`` exits 1 after the first chunk;
+``FAKE_AGENT_LOG=<file>`` appends ``{"pid", "argv"}`` at start and ``{"pid",
+"stdin"}`` for every message received.
 """
 
 from __future__ import annotations
@@ -43,6 +45,13 @@ DIALECTS = {
 }
 AUTH_REQUIRED = -32000
 _out = threading.Lock()
+
+
+def log(entry: dict) -> None:
+    path = os.environ.get("FAKE_AGENT_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"pid": os.getpid(), **entry}) + "\n")
 
 
 def send(obj: dict) -> None:
@@ -173,11 +182,13 @@ def main() -> None:
     if "--dialect" in sys.argv:
         dialect = sys.argv[sys.argv.index("--dialect") + 1]
     agent = Agent(dialect)
+    log({"argv": sys.argv[1:]})
     for line in sys.stdin:
         try:
             msg = json.loads(line)
         except ValueError:
             continue
+        log({"stdin": msg})
         if isinstance(msg, dict) and "method" in msg:
             agent.handle(msg)
 

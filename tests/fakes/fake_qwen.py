@@ -20,8 +20,9 @@ Run as ``python fake_qwen.py --auth-type openai --input-format stream-json
 * ``--resume`` of an unknown id: "No saved session found ..." and exit 1;
 * transcripts in ``$HOME/.qwen/projects/<cwd>/chats/<sid>.jsonl``.
 
-Test switch (not in the real CLI): a prompt containing ``[[crash]]`` makes the
-process exit 1 after the first text delta.
+Test switches (not in the real CLI): a prompt containing ``[[crash]]`` makes the
+process exit 1 after the first text delta; ``FAKE_QWEN_LOG=<file>`` appends
+``{"pid", "argv"}`` at start and ``{"pid", "stdin"}`` for every input line.
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ VERSION = "0.15.10"
 TOOLS = ("list_directory", "read_file", "grep_search", "glob", "edit", "write_file",
          "run_shell_command", "todo_write", "web_fetch")
 _write_lock = threading.Lock()
+
+
+def log(entry: dict) -> None:
+    path = os.environ.get("FAKE_QWEN_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"pid": os.getpid(), **entry}) + "\n")
 
 
 def emit(obj: dict) -> None:
@@ -220,6 +228,7 @@ class Session:
 
 
 def main() -> None:
+    log({"argv": sys.argv[1:]})
     args = parse_args(sys.argv[1:])
     home = Path(os.environ.get("HOME", "."))
     session = Session(args, home, Path.cwd())
@@ -239,6 +248,7 @@ def main() -> None:
                 message = json.loads(line)
             except ValueError:
                 continue
+            log({"stdin": message})
             request = message.get("request") or {}
             if message.get("type") == "control_request":
                 rid = message.get("request_id")
