@@ -36,7 +36,7 @@ from .events import (
     ThinkingChunk, ToolAnswer, ToolExecuted, ToolOutput, Turn, TurnFailed, TurnFinished, TurnUsage,
 )
 from .jsonrpc_options import JsonRpcOptions
-from .stdio import JsonLineProcess
+from .proc import JsonLineProcess
 from .turns import guarded
 
 __all__ = ["JsonRpcDriver", "JsonRpcConversation", "RpcError"]
@@ -92,19 +92,25 @@ class _Agent:
     def _message(self, body: dict[str, Any]) -> dict[str, Any]:
         return {"jsonrpc": "2.0", **body} if self.o.jsonrpc_field else body
 
-    async def notify(self, method: str, params: Mapping[str, Any]) -> None:
-        await self.proc.send(self._message({"method": method, "params": dict(params)}))
+    def _send(self, body: dict[str, Any]) -> bool:
+        try:
+            self.proc.send(self._message(body))
+        except (BrokenPipeError, ConnectionResetError):
+            return False  # it died: the reader sees EOF and fails what is waiting
+        return True
+
+    def notify(self, method: str, params: Mapping[str, Any]) -> None:
+        self._send({"method": method, "params": dict(params)})
 
     def call_nowait(self, method: str, params: Mapping[str, Any]) -> asyncio.Future[Any]:
         """Send a request; the future resolves to its result or raises RpcError."""
         rid = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._calls[rid] = future
-        if not self.running:
+        if not self.running or not self._send({"id": rid, "method": method,
+                                                "params": dict(params)}):
+            self._calls.pop(rid, None)
             future.set_exception(RpcError(None, "the agent is not running"))
-            return future
-        asyncio.ensure_future(self.proc.send(
-            self._message({"id": rid, "method": method, "params": dict(params)})))
         return future
 
     async def call(self, method: str, params: Mapping[str, Any],
@@ -113,9 +119,9 @@ class _Agent:
 
     async def _read(self) -> None:
         try:
-            while (msg := await self.proc.read()) is not None:
+            async for msg in self.proc.lines():
                 if "method" in msg:
-                    await self._incoming(msg)
+                    self._incoming(msg)
                 elif isinstance(msg.get("id"), int):
                     self._response(msg)
         finally:
@@ -138,7 +144,7 @@ class _Agent:
         else:
             future.set_result(msg.get("result"))
 
-    async def _incoming(self, msg: Mapping[str, Any]) -> None:
+    def _incoming(self, msg: Mapping[str, Any]) -> None:
         params = msg.get("params") or {}
         if msg.get("method") == self.o.notification and "id" not in msg:
             queue = self.sessions.get(str(dig(params, self.o.notification_session_path)))
@@ -148,11 +154,10 @@ class _Agent:
         if "id" not in msg:
             return  # a notification nobody asked about
         if msg.get("method") == self.o.permission_request:
-            await self.proc.send(self._message({"id": msg["id"],
-                                                "result": self._permission(params)}))
+            self._send({"id": msg["id"], "result": self._permission(params)})
             return
-        await self.proc.send(self._message({"id": msg["id"], "error": {
-            "code": -32601, "message": f"the gateway does not handle {msg.get('method')}"}}))
+        self._send({"id": msg["id"], "error": {
+            "code": -32601, "message": f"the gateway does not handle {msg.get('method')}"}})
 
     def _permission(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """ACP permission requests: allow once in agent mode, else cancel."""
@@ -191,20 +196,16 @@ class JsonRpcDriver:
                 return self._agent
             if self._agent is not None:
                 await self._agent.proc.close(grace=0.5)
-            try:
-                proc = await JsonLineProcess.spawn(self.config.command or (), env=self.env(),
-                                                   cwd=self.config.cwd)
-            except OSError as exc:
-                raise DriverError(f"jsonrpc: cannot start {self.config.command[0]}: "  # type: ignore[index]
-                                  f"{exc.strerror or exc!r}") from None
+            proc = await JsonLineProcess.spawn(self.config.command or (), env=self.env(),
+                                               cwd=self.config.cwd, label="jsonrpc agent")
             agent = _Agent(proc, self.options, self.config.mode)
             if self.options.initialize:
                 try:
                     info = await agent.call(self.options.initialize, self.options.initialize_params)
                 except (RpcError, asyncio.TimeoutError) as exc:
                     await proc.close(grace=0.5)
-                    raise DriverError(f"jsonrpc: {self.options.initialize} failed: {exc}"
-                                      f" {proc.stderr_tail(2)}".strip()) from None
+                    raise DriverError(f"jsonrpc: {self.options.initialize} failed: {exc}; "
+                                      f"{proc.why_exited()}") from None
                 agent_info = info.get("agentInfo") if isinstance(info, Mapping) else None
                 if isinstance(agent_info, Mapping):
                     self.agent_name = agent_info.get("name")
@@ -272,8 +273,7 @@ class JsonRpcConversation:
         if exc.code == self.o.auth_error_code:
             return LoginRequired(f"jsonrpc: {exc}")
         if exc.code is None:  # the process went away
-            tail = self.agent.proc.stderr_tail(2)
-            return TurnFailed("upstream", f"jsonrpc: {exc}" + (f": {tail}" if tail else ""))
+            return TurnFailed("upstream", f"jsonrpc: {exc}; {self.agent.proc.why_exited()}")
         return TurnFailed("upstream", f"jsonrpc: {exc} (code {exc.code})")
 
     async def _start_session(self) -> CliEvent | None:
@@ -351,8 +351,16 @@ class JsonRpcConversation:
                   self.o.prompt_field: self._prompt_blocks(turn)}
         reply = self.agent.call_nowait(self.o.send_prompt, params)
         reply.add_done_callback(self._replied)
+        idle = self.driver.config.idle_timeout
         while True:
-            item = await self._queue.get()
+            try:
+                async with asyncio.timeout(idle):
+                    item = await self._queue.get()
+            except TimeoutError:
+                log.warning("cli.jsonrpc_stalled", session=self._session_id, seconds=idle)
+                await self.interrupt()
+                yield TurnFailed("timeout", f"jsonrpc: the agent said nothing for {idle:g} s")
+                return
             if item is reply:
                 try:
                     result = reply.result()
@@ -363,9 +371,8 @@ class JsonRpcConversation:
                     yield event
                 return
             if item is _EOF:
-                await self.agent.proc.wait()
-                yield TurnFailed("upstream", f"jsonrpc: the agent exited with code "
-                                 f"{self.agent.proc.returncode} during the turn")
+                await self.agent.proc.proc.wait()
+                yield TurnFailed("upstream", f"{self.agent.proc.why_exited()} during the turn")
                 return
             if isinstance(item, Mapping) and (event := self._update(item)) is not None:
                 yield event
@@ -381,7 +388,7 @@ class JsonRpcConversation:
     async def interrupt(self) -> None:
         self._interrupted = True
         if self.o.cancel and self._session_id is not None and self.agent.running:
-            await self.agent.notify(self.o.cancel, {self.o.session_field: self._session_id})
+            self.agent.notify(self.o.cancel, {self.o.session_field: self._session_id})
 
     async def close(self) -> None:
         if self._closed:

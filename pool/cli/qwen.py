@@ -24,9 +24,9 @@ driver does about Qwen's habits (all verified on 0.15.10):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
-import shutil
 import weakref
 from pathlib import Path
 from typing import Any, AsyncIterator, Mapping, Sequence
@@ -41,7 +41,7 @@ from .events import (
 )
 from .qwen_events import QwenTurnParser, UsageTotals, is_login_error
 from .qwen_transcript import write_transcript
-from .stdio import JsonLineProcess
+from .proc import JsonLineProcess, find_binary
 from .turns import guarded
 
 __all__ = ["QwenDriver", "QwenConversation", "CHAT_EXCLUDED_TOOLS"]
@@ -102,7 +102,7 @@ class QwenDriver:
         self.approval_mode = str(config.options.get(
             "approval_mode", "yolo" if config.mode == "agent" else "default"))
         self.home = Path(config.home)
-        self.binary: str | None = None
+        self.command: list[str] = []   # the binary and its fixed arguments, set by start()
         self.version: str | None = None
         self.logged_out_reason: str | None = None
         self._conversations: weakref.WeakSet[QwenConversation] = weakref.WeakSet()
@@ -157,35 +157,21 @@ class QwenDriver:
                 continue
         return False
 
-    def _find_binary(self) -> str:
-        if self.config.command:
-            return self.config.command[0]
-        found = shutil.which("qwen", path=self.config.env.get("PATH"))
-        if found is None:
-            raise DriverError("qwen: the binary was not found on PATH (set command)")
-        return found
-
-    def command(self) -> list[str]:
-        """The argv prefix (``command`` may carry extra arguments)."""
-        assert self.binary is not None
-        rest = list(self.config.command[1:]) if self.config.command else []
-        return [self.binary, *rest]
-
     # --- CliDriver ---
 
     async def start(self) -> CliHealth:
-        self.binary = self._find_binary()
+        self.command = find_binary(self.config.command, "qwen", self.config.env)
         self.home.mkdir(parents=True, exist_ok=True)
         Path(self.config.cwd).mkdir(parents=True, exist_ok=True)
         self.write_settings()
         try:
             proc = await asyncio.create_subprocess_exec(
-                *self.command(), "--version", env=self.env(), cwd=self.config.cwd,
+                *self.command, "--version", env=self.env(), cwd=self.config.cwd,
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE)
             out, err = await asyncio.wait_for(proc.communicate(), _HANDSHAKE_TIMEOUT)
         except (OSError, asyncio.TimeoutError) as exc:
-            raise DriverError(f"qwen: cannot run {self.binary}: {exc!r}") from None
+            raise DriverError(f"qwen: cannot run {self.command[0]}: {exc!r}") from None
         if proc.returncode != 0:
             raise DriverError(f"qwen --version exited {proc.returncode}: "
                               f"{err.decode(errors='replace').strip()[-300:]}")
@@ -230,6 +216,7 @@ class QwenConversation:
         self.driver = driver
         self.setup = setup
         self._proc: JsonLineProcess | None = None
+        self._lines: AsyncIterator[dict[str, Any]] | None = None
         self._session_id: str | None = None
         self._totals: UsageTotals = {}
         self._closed = False
@@ -245,6 +232,24 @@ class QwenConversation:
         """Start the process with ``--resume session_id`` (a written transcript)."""
         self._session_id = session_id
 
+    async def _read(self, timeout: float) -> dict[str, Any] | None:
+        """The CLI's next JSON line; None at EOF. TimeoutError after ``timeout`` s of silence."""
+        assert self._lines is not None
+        async with asyncio.timeout(timeout):
+            return await anext(self._lines, None)
+
+    def _send(self, message: Mapping[str, Any]) -> None:
+        assert self._proc is not None
+        try:
+            self._proc.send(message)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # it died: the read that follows sees EOF and says why
+
+    def _kill(self) -> None:
+        if self._proc is not None and self._proc.running:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.proc.kill()
+
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None and self._proc.running else None
@@ -259,7 +264,7 @@ class QwenConversation:
 
     def argv(self) -> list[str]:
         d, setup = self.driver, self.setup
-        argv = [*d.command(), "--auth-type", d.auth_type, "--input-format", "stream-json",
+        argv = [*d.command, "--auth-type", d.auth_type, "--input-format", "stream-json",
                 "-o", "stream-json", "--include-partial-messages", "--model", setup.model,
                 "--approval-mode", d.approval_mode]
         if d.config.mode == "chat":
@@ -280,28 +285,27 @@ class QwenConversation:
         self._interrupted = False
         try:
             proc = await JsonLineProcess.spawn(self.argv(), env=self.driver.env(),
-                                               cwd=self.driver.config.cwd)
-        except OSError as exc:
-            return TurnFailed("upstream", f"qwen: cannot start: {exc.strerror or exc!r}")
-        self._proc = proc
+                                               cwd=self.driver.config.cwd, label="qwen")
+        except DriverError as exc:
+            return TurnFailed("upstream", f"qwen: {exc}")
+        self._proc, self._lines = proc, proc.lines()
         request_id = self._control_id()
-        await proc.send({"type": "control_request", "request_id": request_id,
-                         "request": {"subtype": "initialize", "hooks": None}})
+        self._send({"type": "control_request", "request_id": request_id,
+                    "request": {"subtype": "initialize", "hooks": None}})
         try:
-            async with asyncio.timeout(_HANDSHAKE_TIMEOUT):
-                while (obj := await proc.read()) is not None:
-                    if obj.get("type") == "control_response":
-                        response = obj.get("response") or {}
-                        if response.get("request_id") == request_id:
-                            sid = (response.get("response") or {}).get("session_id")
-                            self._session_id = str(sid) if sid else self._session_id
-                            return None
-                    elif obj.get("type") == "result" and obj.get("is_error"):
-                        return self._startup_failure(obj)
+            while (obj := await self._read(_HANDSHAKE_TIMEOUT)) is not None:
+                if obj.get("type") == "control_response":
+                    response = obj.get("response") or {}
+                    if response.get("request_id") == request_id:
+                        sid = (response.get("response") or {}).get("session_id")
+                        self._session_id = str(sid) if sid else self._session_id
+                        return None
+                elif obj.get("type") == "result" and obj.get("is_error"):
+                    return self._startup_failure(obj)
         except TimeoutError:
-            proc.kill()
+            self._kill()
             return TurnFailed("timeout", "qwen: no answer to initialize")
-        await proc.wait()
+        await proc.proc.wait()
         return self._exit_failure(proc)
 
     def _startup_failure(self, result: Mapping[str, Any]) -> CliEvent:
@@ -316,9 +320,7 @@ class QwenConversation:
         if self._interrupted:
             return TurnFailed("interrupted", "qwen: interrupted")
         self._resumable = False
-        tail = proc.stderr_tail()
-        return TurnFailed("upstream", f"qwen exited with code {proc.returncode}"
-                          + (f": {tail}" if tail else ""))
+        return TurnFailed("upstream", proc.why_exited())
 
     async def _answer_control(self, obj: Mapping[str, Any]) -> None:
         """Answer the CLI's own control requests (tool permissions)."""
@@ -334,7 +336,7 @@ class QwenConversation:
         else:
             response = {"subtype": "error", "request_id": obj.get("request_id"),
                         "error": f"unsupported control request {request.get('subtype')!r}"}
-        await self._proc.send({"type": "control_response", "response": response})
+        self._send({"type": "control_response", "response": response})
 
     async def send(self, turn: Turn) -> AsyncIterator[CliEvent]:
         if self.setup.tools:
@@ -360,8 +362,19 @@ class QwenConversation:
         if self._session_id:
             yield SessionStarted(self._session_id, self.setup.model)
         parser = QwenTurnParser(self._totals)
-        await proc.send({"type": "user", "message": {"role": "user", "content": turn_blocks(turn)}})
-        while (obj := await proc.read()) is not None:
+        self._send({"type": "user", "message": {"role": "user", "content": turn_blocks(turn)}})
+        idle = self.driver.config.idle_timeout
+        while True:
+            try:
+                obj = await self._read(idle)
+            except TimeoutError:
+                log.warning("cli.qwen_stalled", pid=proc.pid, seconds=idle)
+                self._resumable = False
+                self._kill()
+                yield TurnFailed("timeout", f"qwen said nothing for {idle:g} s")
+                return
+            if obj is None:
+                break
             kind = obj.get("type")
             if kind == "control_request":
                 await self._answer_control(obj)
@@ -375,7 +388,7 @@ class QwenConversation:
             if parser.done:
                 self._totals = parser.totals
                 return
-        await proc.wait()
+        await proc.proc.wait()
         yield self._exit_failure(proc)
 
     async def answer_tools(self, answers: Sequence[ToolAnswer]) -> AsyncIterator[CliEvent]:
@@ -385,7 +398,7 @@ class QwenConversation:
         """Qwen's own ``interrupt`` ends the process anyway; SIGKILL is certain."""
         if self._proc is not None and self._proc.running:
             self._interrupted = True
-            self._proc.kill()
+            self._kill()
 
     async def close(self) -> None:
         self._closed = True
