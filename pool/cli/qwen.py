@@ -379,14 +379,16 @@ class QwenConversation:
             if kind == "control_request":
                 await self._answer_control(obj)
                 continue
-            for event in parser.feed(obj):
+            events = parser.feed(obj)
+            if parser.done:  # before yielding: the consumer may stop at the terminal event
+                self._totals = parser.totals
+            for event in events:
                 if isinstance(event, SessionStarted):
                     if event.session_id == self._session_id:
                         continue
                     self._session_id = event.session_id
                 yield event
             if parser.done:
-                self._totals = parser.totals
                 return
         await proc.proc.wait()
         yield self._exit_failure(proc)
