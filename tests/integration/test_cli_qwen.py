@@ -179,9 +179,13 @@ def test_an_account_without_a_key_is_logged_out_and_another_serves(tmp_path, ups
     with _gateway(nokey) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
         info = wait_for(lambda: (w := _workers(http)["qwen-nokey"])["login"] and w)
         assert info["login"] == "logged_out"
-        with _oai(srv) as oai, pytest.raises(openai.APIStatusError) as err:
-            oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
-        assert err.value.status_code == 503 and "logged out" in err.value.message
+        with anthropic.Anthropic(base_url=srv.url, api_key="sk-team-a", max_retries=0) as ant, \
+                pytest.raises(anthropic.APIStatusError) as err:
+            ant.messages.create(model=MODEL, max_tokens=16,
+                                messages=[{"role": "user", "content": "hi"}])
+        # the pool's "no ready worker" answer (Anthropic: 529 overloaded), saying why
+        assert err.value.status_code in (503, 529)
+        assert "qwen account of worker qwen-nokey is logged out" in str(err.value)
     wrong = fake_cli_worker("qwen", "qwen-wrong", tmp_path / "wrong", upstream.url, log_a,
                             api_key="sk-revoked")
     good = fake_cli_worker("qwen", "qwen-good", tmp_path / "good", upstream.url, log_b, api_key=KEY)
