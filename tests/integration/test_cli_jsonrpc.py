@@ -8,21 +8,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import anthropic
 import httpx
 import openai
 import pytest
 
-from app.factory import create_app
-from app.settings import ServerSettings, Settings
 from tests.fakes.upstreams import FakeUpstream
 from tests.support.cli_accounts import wait_for
-from tests.support.cli_fakes import LINGMA_OPTIONS, fake_cli_worker, processes, stdin_of
-from tests.support.server import ServerThread
+from tests.support.cli_fakes import (LINGMA_OPTIONS, anthropic_client, fake_cli_worker,
+                                     openai_client, processes, serve, stdin_of, worker_info)
 
 pytestmark = pytest.mark.slow
 
-ADMIN = {"authorization": "Bearer admin-token"}
 KEY = "sk-agent-account-a"
 MODEL = "agent-model"
 
@@ -40,27 +36,12 @@ def _worker(tmp_path: Path, upstream: FakeUpstream, name: str = "agent-a", *,
                            models=(MODEL,), **extra), log
 
 
-def _serve(*workers):
-    settings = Settings(server=ServerSettings(admin_token="admin-token",
-                                              api_keys={"team-a": "sk-team-a"}),
-                        workers=tuple(workers))
-    return ServerThread(create_app(settings))
-
-
 @pytest.fixture
 def one(tmp_path: Path, upstream: FakeUpstream):
     worker, log = _worker(tmp_path, upstream)
-    with _serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
-        wait_for(lambda: _workers(http)["agent-a"]["state"] == "ready")
+    with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
+        wait_for(lambda: worker_info(http)["agent-a"]["state"] == "ready")
         yield srv, http, log
-
-
-def _workers(http: httpx.Client) -> dict[str, dict]:
-    return {w["name"]: w for w in http.get("/internal/workers", headers=ADMIN).json()["workers"]}
-
-
-def _oai(srv) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-team-a", max_retries=0)
 
 
 def _calls(log: Path, method: str) -> list[dict]:
@@ -69,12 +50,12 @@ def _calls(log: Path, method: str) -> list[dict]:
 
 def test_a_turn_and_a_streamed_turn_with_acp_defaults(one):
     srv, http, log = one
-    with _oai(srv) as oai:
+    with openai_client(srv) as oai:
         out = oai.chat.completions.create(model=MODEL, messages=[
             {"role": "user", "content": "hello agent"}])
     assert out.choices[0].message.content.endswith("hello agent")
     assert out.usage.prompt_tokens > 0 and out.usage.completion_tokens > 0
-    with anthropic.Anthropic(base_url=srv.url, api_key="sk-team-a", max_retries=0) as ant, \
+    with anthropic_client(srv) as ant, \
             ant.messages.stream(model=MODEL, max_tokens=64, messages=[
                 {"role": "user", "content": "streamed words here"}]) as stream:
         chunks = list(stream.text_stream)
@@ -86,14 +67,14 @@ def test_a_turn_and_a_streamed_turn_with_acp_defaults(one):
     new = _calls(log, "session/new")
     assert len(new) == 2 and new[0]["params"]["cwd"].endswith("workspace")
     assert len(processes(log)) == 1  # one agent process, a session per conversation
-    info = _workers(http)["agent-a"]
+    info = worker_info(http)["agent-a"]
     assert (info["cli"], info["version"], info["login"]) == ("jsonrpc", "1.2.3", "ready")
 
 
 def test_method_names_and_paths_come_from_cli_options(tmp_path, upstream):
     worker, log = _worker(tmp_path, upstream, args=("--dialect", "lingma"),
                           cli_options=LINGMA_OPTIONS)
-    with _serve(worker) as srv, _oai(srv) as oai:
+    with serve(worker) as srv, openai_client(srv) as oai:
         out = oai.chat.completions.create(model=MODEL, messages=[
             {"role": "user", "content": "lingma style"}])
     assert out.choices[0].message.content.endswith("lingma style")
@@ -104,7 +85,7 @@ def test_method_names_and_paths_come_from_cli_options(tmp_path, upstream):
 def test_second_turn_sends_only_the_new_turn_to_the_same_session(one, upstream):
     srv, http, log = one
     history = [{"role": "user", "content": "first question"}]
-    with _oai(srv) as oai:
+    with openai_client(srv) as oai:
         first = oai.chat.completions.create(model=MODEL, messages=history)
         history += [{"role": "assistant", "content": first.choices[0].message.content},
                     {"role": "user", "content": "second question"}]
@@ -132,7 +113,7 @@ def test_a_client_that_leaves_cancels_the_prompt(one, upstream):
     cancel = wait_for(lambda: _calls(log, "session/cancel"), timeout=10)
     assert cancel[0]["params"]["sessionId"] == _calls(log, "session/prompt")[0]["params"]["sessionId"]
     assert wait_for(lambda: upstream.disconnects >= 1, timeout=10)
-    with _oai(srv) as oai:
+    with openai_client(srv) as oai:
         out = oai.chat.completions.create(model=MODEL, messages=[
             {"role": "user", "content": "next one"}])
     assert out.choices[0].message.content.endswith("next one")
@@ -148,7 +129,7 @@ def test_a_crash_mid_turn_is_an_error_frame_then_a_new_agent_serves(one):
     assert r.status_code == 200 and any('"content"' in f for f in frames[:-2])
     assert '"error"' in frames[-2] and frames[-1] == "data: [DONE]"
     assert "exited" in json.loads(frames[-2][6:])["error"]["message"]
-    with _oai(srv) as oai:
+    with openai_client(srv) as oai:
         out = oai.chat.completions.create(model=MODEL, messages=[
             {"role": "user", "content": "after the crash"}])
     assert out.choices[0].message.content.endswith("after the crash")
@@ -157,18 +138,18 @@ def test_a_crash_mid_turn_is_an_error_frame_then_a_new_agent_serves(one):
 
 def test_an_agent_that_wants_a_login_marks_the_account_logged_out(tmp_path, upstream):
     worker, log = _worker(tmp_path, upstream, api_key=None)
-    with _serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
-        wait_for(lambda: _workers(http)["agent-a"]["state"] == "ready")
-        with _oai(srv) as oai, pytest.raises(openai.APIStatusError) as err:
+    with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
+        wait_for(lambda: worker_info(http)["agent-a"]["state"] == "ready")
+        with openai_client(srv) as oai, pytest.raises(openai.APIStatusError) as err:
             oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
         assert err.value.status_code == 503 and "logged out" in err.value.message
-        info = wait_for(lambda: (w := _workers(http)["agent-a"])["login"] == "logged_out" and w)
+        info = wait_for(lambda: (w := worker_info(http)["agent-a"])["login"] == "logged_out" and w)
         assert info["state"] == "unhealthy"
 
 
 def test_client_tools_are_refused_naming_the_parameter(one):
     srv, http, log = one
-    with _oai(srv) as oai, pytest.raises(openai.BadRequestError) as err:
+    with openai_client(srv) as oai, pytest.raises(openai.BadRequestError) as err:
         oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
                                     tools=[{"type": "function", "function": {
                                         "name": "get_weather", "parameters": {"type": "object"}}}])

@@ -9,19 +9,15 @@ from pathlib import Path
 
 import anthropic
 import httpx
-import openai
 import pytest
 
-from app.factory import create_app
-from app.settings import ServerSettings, Settings
 from tests.fakes.upstreams import FakeUpstream
 from tests.support.cli_accounts import user_lines, wait_for
-from tests.support.cli_fakes import fake_cli_worker, pid_alive, processes, stdin_of
-from tests.support.server import ServerThread
+from tests.support.cli_fakes import (anthropic_client, fake_cli_worker, openai_client, pid_alive,
+                                     processes, serve, stdin_of, worker_info)
 
 pytestmark = pytest.mark.slow
 
-ADMIN = {"authorization": "Bearer admin-token"}
 KEY = "sk-qwen-account-a"
 MODEL = "qwen-coder"
 
@@ -32,28 +28,13 @@ def upstream():
         yield fake
 
 
-def _gateway(*workers):
-    settings = Settings(server=ServerSettings(admin_token="admin-token",
-                                              api_keys={"team-a": "sk-team-a"}),
-                        workers=tuple(workers))
-    return ServerThread(create_app(settings))
-
-
 @pytest.fixture
 def one(tmp_path: Path, upstream: FakeUpstream):
     log = tmp_path / "qwen.log"
     worker = fake_cli_worker("qwen", "qwen-a", tmp_path / "a", upstream.url, log, api_key=KEY)
-    with _gateway(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
-        wait_for(lambda: _workers(http)["qwen-a"]["state"] == "ready")
+    with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
+        wait_for(lambda: worker_info(http)["qwen-a"]["state"] == "ready")
         yield srv, http, log, tmp_path / "a"
-
-
-def _oai(srv) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-team-a", max_retries=0)
-
-
-def _workers(http: httpx.Client) -> dict[str, dict]:
-    return {w["name"]: w for w in http.get("/internal/workers", headers=ADMIN).json()["workers"]}
 
 
 def _posts(upstream: FakeUpstream) -> list:
@@ -62,13 +43,13 @@ def _posts(upstream: FakeUpstream) -> list:
 
 def test_a_turn_and_a_streamed_turn(one, upstream):
     srv, http, log, home = one
-    with _oai(srv) as oai:
+    with openai_client(srv) as oai:
         out = oai.chat.completions.create(model=MODEL, messages=[
             {"role": "system", "content": "Be terse."}, {"role": "user", "content": "hello qwen"}])
     assert out.choices[0].message.content == "echo: hello qwen"
     assert out.choices[0].finish_reason == "stop"
     assert out.usage.prompt_tokens > 0 and out.usage.completion_tokens == 3
-    with anthropic.Anthropic(base_url=srv.url, api_key="sk-team-a", max_retries=0) as ant, \
+    with anthropic_client(srv) as ant, \
             ant.messages.stream(model=MODEL, max_tokens=64, messages=[
                 {"role": "user", "content": "streamed words here"}]) as stream:
         chunks = list(stream.text_stream)
@@ -87,14 +68,14 @@ def test_a_turn_and_a_streamed_turn(one, upstream):
     assert argv[argv.index("--model") + 1] == MODEL and "--include-partial-messages" in argv
     # initialize goes first, before any prompt
     assert stdin_of(log)[0]["request"]["subtype"] == "initialize"
-    info = _workers(http)["qwen-a"]
+    info = worker_info(http)["qwen-a"]
     assert (info["cli"], info["version"], info["login"]) == ("qwen", "0.15.10", "ready")
 
 
 def test_second_turn_sends_only_the_new_turn_to_the_same_process(one, upstream):
     srv, http, log, _ = one
     history = [{"role": "user", "content": "first question"}]
-    with _oai(srv) as oai:
+    with openai_client(srv) as oai:
         first = oai.chat.completions.create(model=MODEL, messages=history)
         history += [{"role": "assistant", "content": first.choices[0].message.content},
                     {"role": "user", "content": "second question"}]
@@ -113,7 +94,7 @@ def test_second_turn_sends_only_the_new_turn_to_the_same_process(one, upstream):
 
 def test_history_it_never_saw_is_resumed_from_a_written_transcript(one, upstream):
     srv, http, log, _ = one
-    with _oai(srv) as oai:
+    with openai_client(srv) as oai:
         out = oai.chat.completions.create(model=MODEL, messages=[
             {"role": "user", "content": "my name is Ada"},
             {"role": "assistant", "content": "Hello Ada"},
@@ -141,7 +122,7 @@ def test_a_client_that_leaves_ends_the_process_and_the_next_turn_resumes(one, up
     pid = processes(log)[0]["pid"]
     wait_for(lambda: not pid_alive(pid), timeout=10)
     assert wait_for(lambda: upstream.disconnects >= 1, timeout=10)
-    with _oai(srv) as oai:
+    with openai_client(srv) as oai:
         out = oai.chat.completions.create(model=MODEL, messages=[
             {"role": "user", "content": "earlier"}, {"role": "assistant", "content": "echo: earlier"},
             {"role": "user", "content": "back again"}])
@@ -160,7 +141,7 @@ def test_a_crash_mid_turn_is_an_error_frame_then_the_worker_serves_again(one, up
     assert any('"content"' in f for f in frames[:-2])  # text came before the crash
     assert '"error"' in frames[-2] and frames[-1] == "data: [DONE]"
     assert "exited" in json.loads(frames[-2][6:])["error"]["message"]
-    with anthropic.Anthropic(base_url=srv.url, api_key="sk-team-a", max_retries=0) as ant:
+    with anthropic_client(srv) as ant:
         with pytest.raises(anthropic.APIStatusError) as err:
             with ant.messages.stream(model=MODEL, max_tokens=64, messages=[
                     {"role": "user", "content": "[[crash]] boom again"}]) as s:
@@ -176,10 +157,10 @@ def test_an_account_without_a_key_is_logged_out_and_another_serves(tmp_path, ups
     log_a, log_b = tmp_path / "a.log", tmp_path / "b.log"
     nokey = fake_cli_worker("qwen", "qwen-nokey", tmp_path / "nokey", upstream.url, log_a,
                             api_key=None)
-    with _gateway(nokey) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
-        info = wait_for(lambda: (w := _workers(http)["qwen-nokey"])["login"] and w)
+    with serve(nokey) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
+        info = wait_for(lambda: (w := worker_info(http)["qwen-nokey"])["login"] and w)
         assert info["login"] == "logged_out"
-        with anthropic.Anthropic(base_url=srv.url, api_key="sk-team-a", max_retries=0) as ant, \
+        with anthropic_client(srv) as ant, \
                 pytest.raises(anthropic.APIStatusError) as err:
             ant.messages.create(model=MODEL, max_tokens=16,
                                 messages=[{"role": "user", "content": "hi"}])
@@ -189,13 +170,13 @@ def test_an_account_without_a_key_is_logged_out_and_another_serves(tmp_path, ups
     wrong = fake_cli_worker("qwen", "qwen-wrong", tmp_path / "wrong", upstream.url, log_a,
                             api_key="sk-revoked")
     good = fake_cli_worker("qwen", "qwen-good", tmp_path / "good", upstream.url, log_b, api_key=KEY)
-    with _gateway(wrong, good) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
-        wait_for(lambda: all(w["state"] == "ready" for w in _workers(http).values()))
-        with _oai(srv) as oai:
+    with serve(wrong, good) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
+        wait_for(lambda: all(w["state"] == "ready" for w in worker_info(http).values()))
+        with openai_client(srv) as oai:
             answers = [oai.chat.completions.create(model=MODEL, messages=[
                 {"role": "user", "content": f"question {i}"}]).choices[0].message.content
                 for i in range(4)]
         # the upstream's 401 never reaches a client as text; that account drops out
         assert answers == [f"echo: question {i}" for i in range(4)]
-        info = wait_for(lambda: (w := _workers(http)["qwen-wrong"])["login"] == "logged_out" and w)
+        info = wait_for(lambda: (w := worker_info(http)["qwen-wrong"])["login"] == "logged_out" and w)
         assert info["state"] != "ready"

@@ -9,8 +9,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from app.settings import WorkerSettings
+import anthropic
+import httpx
+import openai
+
+from app.factory import create_app
+from app.settings import ServerSettings, Settings, WorkerSettings
 from tests.support.cli_accounts import read_log
+from tests.support.server import ServerThread
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_QWEN = REPO / "tests" / "fakes" / "fake_qwen.py"
@@ -66,3 +72,28 @@ def pid_alive(pid: int) -> bool:
 def processes(log: Path) -> list[dict[str, Any]]:
     """Every conversation process the CLI was started as (``--version`` probes left out)."""
     return [e for e in read_log(log) if "argv" in e and "--version" not in e["argv"]]
+
+
+ADMIN = {"authorization": "Bearer admin-token"}
+CLIENT_KEY = "sk-team-a"
+
+
+def serve(*workers: WorkerSettings) -> ServerThread:
+    """A real poolgate with these workers (admin token ``admin-token``, one client key)."""
+    settings = Settings(server=ServerSettings(admin_token="admin-token",
+                                              api_keys={"team-a": CLIENT_KEY}),
+                        workers=tuple(workers))
+    return ServerThread(create_app(settings))
+
+
+def worker_info(http: httpx.Client) -> dict[str, dict[str, Any]]:
+    """``/internal/workers`` by worker name."""
+    return {w["name"]: w for w in http.get("/internal/workers", headers=ADMIN).json()["workers"]}
+
+
+def openai_client(srv: ServerThread) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key=CLIENT_KEY, max_retries=0)
+
+
+def anthropic_client(srv: ServerThread) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=srv.url, api_key=CLIENT_KEY, max_retries=0)
