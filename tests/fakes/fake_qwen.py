@@ -150,9 +150,8 @@ class Session:
             *self.history]}
         if stream:
             body["stream_options"] = {"include_usage": True}
-        if self.tools:
-            body["tools"] = [{"type": "function", "function": {
-                "name": t, "description": t, "parameters": {"type": "object"}}} for t in self.tools]
+        body["tools"] = [{"type": "function", "function": {  # [] when all are excluded, as Qwen
+            "name": t, "description": t, "parameters": {"type": "object"}}} for t in self.tools]
         return body
 
     def post(self, body: dict):

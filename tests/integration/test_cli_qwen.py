@@ -62,7 +62,7 @@ def test_a_turn_and_a_streamed_turn(one, upstream):
     assert settings["memory"]["enableManagedAutoMemory"] is False
     # chat mode: every built-in tool excluded, the client's system prompt
     first = _posts(upstream)[0].body
-    assert "tools" not in first and first["messages"][0]["content"] == "Be terse."
+    assert first["tools"] == [] and first["messages"][0]["content"] == "Be terse."
     argv = processes(log)[0]["argv"]
     assert "read_file" in argv[argv.index("--exclude-tools") + 1].split(",")
     assert argv[argv.index("--model") + 1] == MODEL and "--include-partial-messages" in argv

@@ -1,0 +1,70 @@
+"""The real Qwen Code 0.15.10 (npm, in .cache/npm) as a cli worker behind a
+real poolgate, against a fake OpenAI upstream, driven by the real SDKs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.settings import WorkerSettings
+from tests.fakes.upstreams import FakeUpstream
+from tests.integration.clis import QWEN_CODE, ensure_cli
+from tests.support.cli_accounts import wait_for
+from tests.support.cli_fakes import ADMIN, anthropic_client, openai_client, serve, worker_info
+
+pytestmark = [pytest.mark.cli, pytest.mark.slow]
+
+KEY = "sk-qwen-real-account"
+MODEL = "qwen3-coder-plus"
+
+
+@pytest.fixture(scope="module")
+def qwen_bin() -> str:
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not installed: cannot install Qwen Code")
+    path = ensure_cli(*QWEN_CODE)
+    assert path is not None
+    return path
+
+
+def test_real_qwen_turns_through_poolgate(tmp_path: Path, qwen_bin: str):
+    with FakeUpstream(api_key=KEY, models=(MODEL,)) as upstream:
+        worker = WorkerSettings(
+            name="qwen-real", kind="cli", cli="qwen", models=(MODEL,), home=str(tmp_path / "acct"),
+            command=(qwen_bin,), ready_timeout=60, health_interval=2.0, health_timeout=5.0,
+            env={"OPENAI_BASE_URL": upstream.url, "OPENAI_API_KEY": KEY,
+                 "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=60) as http:
+            info = wait_for(lambda: (w := worker_info(http)["qwen-real"])["state"] == "ready" and w,
+                            timeout=60)
+            assert (info["cli"], info["version"], info["login"]) == ("qwen", "0.15.10", "ready")
+            history = [{"role": "system", "content": "Answer briefly."},
+                       {"role": "user", "content": "hello real qwen"}]
+            with openai_client(srv) as oai:
+                out = oai.chat.completions.create(model=MODEL, messages=history, timeout=60)
+            assert out.choices[0].message.content == "echo: hello real qwen"
+            assert out.choices[0].finish_reason == "stop" and out.usage.completion_tokens == 4
+            history.append({"role": "assistant", "content": out.choices[0].message.content})
+            with anthropic_client(srv) as ant, ant.messages.stream(
+                    model=MODEL, max_tokens=64, system="Answer briefly.",
+                    messages=[{"role": m["role"], "content": m["content"]} for m in history[1:]]
+                    + [{"role": "user", "content": "streamed second turn"}]) as stream:
+                chunks = list(stream.text_stream)
+                final = stream.get_final_message()
+            assert "".join(chunks) == "echo: streamed second turn" and len(chunks) > 1
+            assert final.stop_reason == "end_turn" and final.usage.output_tokens == 4
+            stats = http.get("/internal/stats", headers=ADMIN).json()["cli_sessions"]
+            assert stats["workers"]["qwen-real"]["hits"] == 1  # the second turn went on warm
+        posts = [r.body for r in upstream.requests if r.body is not None]
+        # one upstream call per turn (managed auto-memory off), one growing conversation,
+        # chat mode: no tools, the client's system prompt first
+        assert len(posts) == 2
+        assert not posts[0].get("tools")  # Qwen sends "tools": [] when every tool is excluded
+        assert posts[0]["messages"][0]["content"].startswith("Answer briefly.")
+        texts = [json.dumps(m["content"]) for m in posts[1]["messages"]]
+        assert "hello real qwen" in texts[-3] and "streamed second turn" in texts[-1]
