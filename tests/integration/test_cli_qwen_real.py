@@ -32,16 +32,32 @@ def qwen_bin() -> str:
     return path
 
 
+def _worker(home: Path, qwen_bin: str, upstream: FakeUpstream, **extra) -> WorkerSettings:
+    return WorkerSettings(
+        name="qwen-real", kind="cli", cli="qwen", models=(MODEL,), home=str(home),
+        command=(qwen_bin,), ready_timeout=60, health_interval=2.0, health_timeout=5.0,
+        env={"OPENAI_BASE_URL": upstream.url, "OPENAI_API_KEY": KEY,
+             "PATH": os.environ.get("PATH", "/usr/bin:/bin")}, **extra)
+
+
+def _ready(http: httpx.Client) -> dict:
+    return wait_for(lambda: (w := worker_info(http)["qwen-real"])["state"] == "ready" and w,
+                    timeout=60)
+
+
+def _cli_pids(gateway_pid_of_worker: int) -> list[int]:
+    """The processes the worker child started (its qwen conversations)."""
+    found = []
+    for task in Path(f"/proc/{gateway_pid_of_worker}/task").iterdir():
+        found += [int(p) for p in (task / "children").read_text().split()]
+    return found
+
+
 def test_real_qwen_turns_through_poolgate(tmp_path: Path, qwen_bin: str):
     with FakeUpstream(api_key=KEY, models=(MODEL,)) as upstream:
-        worker = WorkerSettings(
-            name="qwen-real", kind="cli", cli="qwen", models=(MODEL,), home=str(tmp_path / "acct"),
-            command=(qwen_bin,), ready_timeout=60, health_interval=2.0, health_timeout=5.0,
-            env={"OPENAI_BASE_URL": upstream.url, "OPENAI_API_KEY": KEY,
-                 "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
-        with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=60) as http:
-            info = wait_for(lambda: (w := worker_info(http)["qwen-real"])["state"] == "ready" and w,
-                            timeout=60)
+        with serve(_worker(tmp_path / "acct", qwen_bin, upstream)) as srv, \
+                httpx.Client(base_url=srv.url, timeout=60) as http:
+            info = _ready(http)
             assert (info["cli"], info["version"], info["login"]) == ("qwen", "0.15.10", "ready")
             history = [{"role": "system", "content": "Answer briefly."},
                        {"role": "user", "content": "hello real qwen"}]
@@ -68,3 +84,52 @@ def test_real_qwen_turns_through_poolgate(tmp_path: Path, qwen_bin: str):
         assert posts[0]["messages"][0]["content"].startswith("Answer briefly.")
         texts = [json.dumps(m["content"]) for m in posts[1]["messages"]]
         assert "hello real qwen" in texts[-3] and "streamed second turn" in texts[-1]
+
+
+def test_real_qwen_disconnect_ends_the_process_and_the_next_turn_resumes(tmp_path: Path,
+                                                                          qwen_bin: str):
+    with FakeUpstream(api_key=KEY, models=(MODEL,)) as upstream:
+        with serve(_worker(tmp_path / "acct", qwen_bin, upstream)) as srv, \
+                httpx.Client(base_url=srv.url, timeout=60) as http:
+            child = _ready(http)["pid"]
+            body = {"model": MODEL, "stream": True, "messages": [
+                {"role": "user", "content": "[[hang-after:2]] one two three four"}]}
+            with http.stream("POST", "/v1/chat/completions", json=body,
+                             headers={"authorization": "Bearer sk-team-a"}) as r:
+                for line in r.iter_lines():
+                    if '"content"' in line:
+                        break  # the first text arrived: the client leaves
+            assert wait_for(lambda: upstream.disconnects >= 1, timeout=15)
+            wait_for(lambda: not _cli_pids(child), timeout=15)  # the qwen process ended
+            with openai_client(srv) as oai:
+                out = oai.chat.completions.create(model=MODEL, timeout=60, messages=[
+                    {"role": "user", "content": "earlier"},
+                    {"role": "assistant", "content": "echo: earlier"},
+                    {"role": "user", "content": "back again"}])
+            assert out.choices[0].message.content == "echo: back again"
+            # resumed from a transcript, not flattened into one prompt
+            last = [r.body for r in upstream.requests if r.body is not None][-1]["messages"]
+            assert [m["role"] for m in last[-3:]] == ["user", "assistant", "user"]
+            assert "earlier" in json.dumps(last[-3]["content"])
+
+
+def test_real_qwen_agent_mode_runs_its_own_tools(tmp_path: Path, qwen_bin: str):
+    home = tmp_path / "acct"
+    (home / "workspace").mkdir(parents=True)
+    notes = home / "workspace" / "notes.txt"
+    notes.write_text("the secret is 42\n")
+    with FakeUpstream(api_key=KEY, models=(MODEL,)) as upstream:
+        with serve(_worker(home, qwen_bin, upstream, mode="agent")) as srv, \
+                httpx.Client(base_url=srv.url, timeout=60) as http:
+            _ready(http)
+            with openai_client(srv) as oai:
+                out = oai.chat.completions.create(model=MODEL, timeout=60, messages=[
+                    {"role": "user", "content":
+                     f'[[tool:read_file {{"file_path": "{notes}"}}]] read my notes'}])
+        text = out.choices[0].message.content
+        # the tool ran inside the CLI: shown to the client, nothing for it to answer
+        assert "read_file" in text and "the secret is 42" in text
+        assert text.endswith("tool said: the secret is 42")
+        assert out.choices[0].finish_reason == "stop"
+        first = [r.body for r in upstream.requests if r.body is not None][0]
+        assert "read_file" in [t["function"]["name"] for t in first["tools"]]
