@@ -220,7 +220,9 @@ class CliHost:
                                            ev.cache_creation_tokens)):
                     usage[i] += value or 0
             elif kind is RateLimited:
-                self.cooldown_until = ev.reset_at or time.time() + _RATE_LIMIT_DEFAULT
+                until = ev.reset_at or time.time() + _RATE_LIMIT_DEFAULT
+                if not self._cooling() or until > (self.cooldown_until or 0):
+                    self.cooldown_until = until
                 log.warning("cli.rate_limited", worker=self.config.name,
                             cooldown_until=self.cooldown_until)
             elif kind is Retrying:

@@ -389,3 +389,57 @@ def test_all_accounts_logged_out_is_a_503_naming_why(tmp_path, upstream):
         assert err.value.status_code in (503, 529)
         assert "claude account of worker claude-a is logged out" in str(err.value)
     assert user_lines(log) == []  # never sent to the CLI
+
+
+def test_a_rate_limited_account_cools_down_until_its_reset_and_another_serves(tmp_path, upstream):
+    limited = fake_claude_worker("claude-a", claude_home(tmp_path / "a", TOKEN),
+                                 upstream.anthropic_url, tmp_path / "a.log",
+                                 env={"FAKE_CLAUDE_FAULT": "rate-limited"})
+    fine = fake_claude_worker("claude-b", claude_home(tmp_path / "b", TOKEN),
+                              upstream.anthropic_url, tmp_path / "b.log")
+    with _gateway(limited, fine) as srv, httpx.Client(base_url=srv.url, timeout=30) as http, \
+            _oai(srv) as oai:
+        for n in range(12):
+            out = oai.chat.completions.with_raw_response.create(
+                model=MODEL, messages=[{"role": "user", "content": f"question {n}"}])
+            assert out.headers["x-poolgate-worker"] == "claude-b"
+            assert out.parse().choices[0].message.content == f"echo: question {n}"
+            if user_lines(tmp_path / "a.log"):
+                break
+        assert len(user_lines(tmp_path / "a.log")) == 1  # tried once, then left alone
+        for n in range(6):  # cooling down: not even tried
+            oai.chat.completions.create(model=MODEL, messages=[
+                {"role": "user", "content": f"later {n}"}])
+        assert len(user_lines(tmp_path / "a.log")) == 1
+        info = _workers(http)["claude-a"]
+        assert info["state"] == "ready" and info["login"] == "ready"
+        assert info["cooldown_until"] > time.time() + 1700  # the reset the CLI reported
+
+
+def test_a_rate_limit_with_no_other_account_is_a_retry_after(tmp_path, upstream):
+    worker = fake_claude_worker("claude-a", claude_home(tmp_path / "a", TOKEN),
+                                upstream.anthropic_url, tmp_path / "a.log",
+                                env={"FAKE_CLAUDE_FAULT": "rate-limited"})
+    with _gateway(worker) as srv, _ant(srv) as ant:
+        with pytest.raises(anthropic.APIStatusError) as err:
+            ant.messages.create(model=MODEL, max_tokens=10,
+                                messages=[{"role": "user", "content": "hi"}])
+    assert err.value.status_code in (429, 529)
+    assert int(err.value.response.headers["retry-after"]) > 1700
+
+
+def test_agent_mode_lets_the_cli_run_its_tools_and_shows_them(tmp_path, upstream):
+    log = tmp_path / "claude.log"
+    worker = fake_claude_worker("claude-a", claude_home(tmp_path / "a", TOKEN),
+                                upstream.anthropic_url, log, mode="agent")
+    with _gateway(worker) as srv, _oai(srv) as oai:
+        out = oai.chat.completions.create(model=MODEL, messages=[
+            {"role": "user", "content": '[[tool:Read {"path": "notes.txt"}]]'}])
+    message = out.choices[0].message
+    assert out.choices[0].finish_reason == "stop" and not message.tool_calls  # nothing to answer
+    assert '[Read {"path":"notes.txt"}]' in message.content  # the call the CLI ran...
+    assert "[error: No such tool available: Read]" in message.content  # ...its result
+    assert message.content.endswith("tool said: No such tool available: Read")
+    argv = spawns(log)[0]["argv"]
+    assert "--tools" not in argv and argv[argv.index("--permission-mode") + 1] == "default"
+    assert [t["name"] for t in upstream.requests[0].body["tools"]] == ["Read"]
