@@ -443,3 +443,22 @@ def test_agent_mode_lets_the_cli_run_its_tools_and_shows_them(tmp_path, upstream
     argv = spawns(log)[0]["argv"]
     assert "--tools" not in argv and argv[argv.index("--permission-mode") + 1] == "default"
     assert [t["name"] for t in upstream.requests[0].body["tools"]] == ["Read"]
+
+
+def test_max_tokens_and_effort_reach_the_cli_and_a_change_rebuilds(one, upstream):
+    srv, http, log = one
+    history = [{"role": "user", "content": "one two three four five six"}]
+    with _ant(srv) as ant:
+        first = ant.messages.create(model=MODEL, max_tokens=3, messages=history)
+        assert first.stop_reason == "max_tokens" and first.content[0].text == "echo: one two "
+        history += [{"role": "assistant", "content": first.content[0].text},
+                    {"role": "user", "content": "more"}]
+        ant.messages.create(model=MODEL, max_tokens=50, messages=history)
+    assert [r.body["max_tokens"] for r in upstream.requests if r.body] == [3, 50]
+    expected = {"hits": 0, "misses": 1, "rebuilds": 1}  # another max_tokens: another process
+    assert _counts(http, "claude-a", expected) == expected
+    with _oai(srv) as oai:
+        oai.chat.completions.create(model=MODEL, reasoning_effort="low",
+                                    messages=[{"role": "user", "content": "x"}])
+    argv = spawns(log)[-1]["argv"]
+    assert argv[argv.index("--effort") + 1] == "low"
