@@ -462,3 +462,26 @@ def test_max_tokens_and_effort_reach_the_cli_and_a_change_rebuilds(one, upstream
                                     messages=[{"role": "user", "content": "x"}])
     argv = spawns(log)[-1]["argv"]
     assert argv[argv.index("--effort") + 1] == "low"
+
+
+def test_kill_9_of_the_worker_child_restarts_it_and_leaves_no_cli_behind(one, upstream):
+    srv, http, log = one
+    child = _workers(http)["claude-a"]["pid"]
+    lines = []
+    with http.stream("POST", "/v1/chat/completions", headers={"authorization": "Bearer sk-team-a"},
+                     json={"model": MODEL, "stream": True, "messages": [
+                         {"role": "user", "content": "[[hang-after:4]] go on"}]}) as r:
+        for line in r.iter_lines():
+            lines.append(line)
+            if '"content":"echo:' in line.replace(" ", ""):
+                os.kill(child, signal.SIGKILL)
+    data = [line[6:] for line in lines if line.startswith("data: ")]
+    assert data[-1] == "[DONE]" and any('"error"' in d for d in data[:-1])
+    cli_pid = spawns(log)[0]["pid"]
+    wait_for(lambda: not _alive(cli_pid), timeout=10)  # no orphaned CLI
+    info = wait_for(lambda: (w := _workers(http)["claude-a"])["state"] == "ready"
+                    and w["pid"] != child and w)
+    assert info["restarts"] == 1 and info["conversations"] == 0
+    with _oai(srv) as oai:
+        out = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "back"}])
+    assert out.choices[0].message.content == "echo: back"
