@@ -485,3 +485,53 @@ def test_kill_9_of_the_worker_child_restarts_it_and_leaves_no_cli_behind(one, up
     with _oai(srv) as oai:
         out = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "back"}])
     assert out.choices[0].message.content == "echo: back"
+
+
+def test_thinking_streams_with_its_signature_and_the_next_turn_reuses_the_session(one, upstream):
+    srv, http, log = one
+    messages = [{"role": "user", "content": "[[think]] ponder this"}]
+    with _ant(srv) as ant:
+        first = ant.messages.create(model=MODEL, max_tokens=2000, messages=messages,
+                                    thinking={"type": "enabled", "budget_tokens": 1024})
+        kinds = [b.type for b in first.content]
+        assert kinds == ["thinking", "text"]
+        assert first.content[0].thinking and first.content[0].signature
+        # the client sends the thinking block back, as Anthropic asks: still the same session
+        messages += [{"role": "assistant", "content": [b.model_dump() for b in first.content]},
+                     {"role": "user", "content": "and next"}]
+        second = ant.messages.create(model=MODEL, max_tokens=2000, messages=messages,
+                                     thinking={"type": "enabled", "budget_tokens": 1024})
+    assert second.content[-1].text == "echo: and next"
+    expected = {"hits": 1, "misses": 1, "rebuilds": 0}
+    assert _counts(http, "claude-a", expected) == expected
+    assert len(spawns(log)) == 1
+
+
+def test_responses_api_turns_chained_by_previous_response_id_reuse_the_session(one, upstream):
+    srv, http, log = one
+    with _oai(srv) as oai:
+        first = oai.responses.create(model=MODEL, input="first via responses")
+        assert first.output_text == "echo: first via responses"
+        second = oai.responses.create(model=MODEL, input="second via responses",
+                                      previous_response_id=first.id)
+    assert second.output_text == "echo: second via responses"
+    assert [m["message"]["content"] for m in user_lines(log)] == [
+        "first via responses", "second via responses"]
+    expected = {"hits": 1, "misses": 1, "rebuilds": 0}
+    assert _counts(http, "claude-a", expected) == expected
+
+
+def test_a_stopped_worker_child_fails_its_pings_and_is_replaced_without_orphans(one, upstream):
+    srv, http, log = one
+    with _oai(srv) as oai:
+        oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "warm"}])
+    child = _workers(http)["claude-a"]["pid"]
+    cli_pid = spawns(log)[0]["pid"]
+    os.kill(child, signal.SIGSTOP)  # hung: alive for the OS, silent to pings
+    info = wait_for(lambda: (w := _workers(http)["claude-a"])["state"] == "ready"
+                    and w["pid"] != child and w, timeout=20)
+    assert info["restarts"] == 1 and info["last_exit"]["reason"] == "hung"
+    wait_for(lambda: not _alive(cli_pid), timeout=10)
+    with _oai(srv) as oai:
+        out = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "new"}])
+    assert out.choices[0].message.content == "echo: new"
