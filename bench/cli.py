@@ -2,16 +2,17 @@
 """CLI workers: what does poolgate add to a turn, what does a cold start cost,
 and how much memory does a warm conversation hold?
 
-**Warm turn.** One conversation of ``--turns`` user turns, driven twice
-against the same fake OpenAI upstream (``tests/fakes/upstreams.py``, in this
-process): *direct*, the CLI spawned here with the very argv and environment
-the driver uses, one JSON line in and the stream read to the end of the turn;
-and *poolgate*, the same turns as streamed OpenAI chat requests (history plus
-the new turn, so session reuse sends only the new turn) through ``poolgate
-serve`` with a ``kind = "cli"`` worker, to ``data: [DONE]``. Turn 1 is the cold
-one and left out; the fake upstream waits ``--upstream-ms`` (50) before each
-answer, as a model would; the rest give the median, the ratio poolgate ÷ direct
-(target ≤ 1.1) and the milliseconds added (target ≤ 15).
+**Warm turn.** Two conversations of ``--turns`` user turns against the same
+fake OpenAI upstream (``tests/fakes/upstreams.py``, in this process), turn by
+turn alternating so both see the same load: *direct*, the CLI spawned here
+with the very argv, environment and settings the driver uses, one JSON line in
+and its output read to the end of the turn; and *poolgate*, the same turns as
+streamed OpenAI chat requests (history plus the new turn, so session reuse
+sends only the new turn) through ``poolgate serve`` with a ``kind = "cli"``
+worker, read to ``data: [DONE]``. The fake upstream waits ``--upstream-ms``
+(50) before each answer, as a model would. Turn 1 is left out; the rest give
+the medians, the ratio poolgate ÷ direct (target ≤ 1.1) and the milliseconds
+added (target ≤ 15).
 
 **Cold start.** CLI spawn → first text delta, direct, ``--cold`` times per CLI;
 and poolgate's first turn of a new conversation (a miss: the spawn included).
@@ -31,15 +32,17 @@ bind 127.0.0.1 on free ports; every process started here is stopped by PID.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import http.client
 import json
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -49,7 +52,6 @@ from run import ROOT, Proc, free_port, log, wait_ready  # noqa: E402
 
 from pool.cli.driver import DriverConfig  # noqa: E402
 from pool.cli.events import ConversationSetup  # noqa: E402
-from pool.cli.proc import JsonLineProcess  # noqa: E402
 from pool.cli.qwen import QwenConversation, QwenDriver  # noqa: E402
 from tests.fakes.upstreams import FakeUpstream  # noqa: E402
 
@@ -73,73 +75,113 @@ def qwen_command(fake: bool) -> list[str]:
 
 
 # ------------------------------------------------------------------ direct
-class DirectQwen:
-    """Qwen driven by hand, with the driver's own argv, env and settings."""
+class Direct:
+    """A CLI driven by hand over its stdin/stdout, one JSON object a line."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path) -> None:
+        self.argv, self.env, self.cwd = argv, env, cwd
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        self.cwd.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(self.argv, cwd=self.cwd, env=self.env, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        self.handshake()
+
+    def send(self, obj: dict) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(obj) + "\n")
+        self.proc.stdin.flush()
+
+    def read(self) -> dict:
+        assert self.proc is not None and self.proc.stdout is not None
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"{self.argv[0]} exited with {self.proc.wait()}")
+            if line.startswith("{"):
+                return json.loads(line)
+
+    def turn(self, text: str) -> tuple[float, float]:
+        """(ms to the first text, ms to the end of the turn)."""
+        start = time.perf_counter()
+        self.prompt(text)
+        first = None
+        while True:
+            obj = self.read()
+            if first is None and self.is_text(obj):
+                first = (time.perf_counter() - start) * 1000
+            if self.is_end(obj):
+                return first or 0.0, (time.perf_counter() - start) * 1000
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def handshake(self) -> None: ...
+    def prompt(self, text: str) -> None: ...
+    def is_text(self, obj: dict) -> bool: ...
+    def is_end(self, obj: dict) -> bool: ...
+
+
+class DirectQwen(Direct):
+    """Qwen with the driver's own argv, environment and settings.json."""
 
     def __init__(self, command: list[str], home: Path, base_url: str) -> None:
         config = DriverConfig(name="direct", cli="qwen", home=str(home), cwd=str(home / "workspace"),
-                              command=tuple(command), env=_cli_env(base_url, secret=True))
-        self.driver = QwenDriver(config)
-        self.driver.command = command
-        Path(config.cwd).mkdir(parents=True, exist_ok=True)
-        self.driver.write_settings()
-        self.argv = QwenConversation(self.driver, ConversationSetup(model=MODEL, system=SYSTEM)).argv()
+                              command=tuple(command), env=_cli_env(base_url))
+        driver = QwenDriver(config)
+        driver.command = command
+        home.mkdir(parents=True, exist_ok=True)
+        driver.write_settings()
+        argv = QwenConversation(driver, ConversationSetup(model=MODEL, system=SYSTEM)).argv()
+        super().__init__(argv, driver.env(), Path(config.cwd))
 
-    async def start(self) -> JsonLineProcess:
-        proc = await JsonLineProcess.spawn(self.argv, env=self.driver.env(),
-                                           cwd=self.driver.config.cwd, label="qwen")
-        proc.send({"type": "control_request", "request_id": "b1",
+    def handshake(self) -> None:
+        self.send({"type": "control_request", "request_id": "b1",
                    "request": {"subtype": "initialize", "hooks": None}})
-        return proc
 
-    @staticmethod
-    def prompt(proc: JsonLineProcess, text: str) -> None:
-        proc.send({"type": "user", "message": {"role": "user",
+    def prompt(self, text: str) -> None:
+        self.send({"type": "user", "message": {"role": "user",
                                                "content": [{"type": "text", "text": text}]}})
 
-    @staticmethod
-    def is_text(obj: dict) -> bool:
+    def is_text(self, obj: dict) -> bool:
         return obj.get("type") == "stream_event" and \
             obj["event"].get("delta", {}).get("type") == "text_delta"
 
-    @staticmethod
-    def is_end(obj: dict) -> bool:
+    def is_end(self, obj: dict) -> bool:
         return obj.get("type") == "result"
 
 
-class DirectAgent:
-    """The fake ACP agent driven by hand: initialize, session/new, session/prompt."""
+class DirectAgent(Direct):
+    """The fake ACP agent: initialize, session/new, then session/prompt per turn."""
 
     def __init__(self, home: Path, base_url: str) -> None:
-        self.home = home
-        self.env = {**_cli_env(base_url, secret=True), "HOME": str(home)}
-        self.session = ""
-        home.mkdir(parents=True, exist_ok=True)
+        super().__init__([sys.executable, str(FAKE_AGENT)],
+                         {**_cli_env(base_url), "HOME": str(home)}, home)
+        self.session, self.ids = "", 10
 
-    async def start(self) -> JsonLineProcess:
-        proc = await JsonLineProcess.spawn([sys.executable, str(FAKE_AGENT)], env=self.env,
-                                           cwd=str(self.home), label="agent")
-        proc.send({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+    def handshake(self) -> None:
+        self.send({"jsonrpc": "2.0", "id": 1, "method": "initialize",
                    "params": {"protocolVersion": 1}})
-        proc.send({"jsonrpc": "2.0", "id": 2, "method": "session/new",
-                   "params": {"cwd": str(self.home), "mcpServers": []}})
-        async for obj in proc.lines():
-            if obj.get("id") == 2:
-                self.session = obj["result"]["sessionId"]
-                break
-        return proc
+        self.send({"jsonrpc": "2.0", "id": 2, "method": "session/new",
+                   "params": {"cwd": str(self.cwd), "mcpServers": []}})
+        while (obj := self.read()).get("id") != 2:
+            pass
+        self.session = obj["result"]["sessionId"]
 
-    def prompt(self, proc: JsonLineProcess, text: str) -> None:
-        proc.send({"jsonrpc": "2.0", "id": 3, "method": "session/prompt", "params": {
+    def prompt(self, text: str) -> None:
+        self.ids += 1
+        self.send({"jsonrpc": "2.0", "id": self.ids, "method": "session/prompt", "params": {
             "sessionId": self.session, "prompt": [{"type": "text", "text": text}]}})
 
-    @staticmethod
-    def is_text(obj: dict) -> bool:
+    def is_text(self, obj: dict) -> bool:
         return obj.get("method") == "session/update"
 
-    @staticmethod
-    def is_end(obj: dict) -> bool:
-        return obj.get("id") == 3
+    def is_end(self, obj: dict) -> bool:
+        return obj.get("id") == self.ids
 
 
 UPSTREAM_DELAY = 0.05  # what the fake upstream waits before answering (--upstream-ms)
@@ -150,33 +192,21 @@ def turn_text(i: int) -> str:
     return f"[[sleep:{UPSTREAM_DELAY:g}]] turn {i} of the bench conversation"
 
 
-def _cli_env(base_url: str, *, secret: bool) -> dict[str, str]:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OPENAI_BASE_URL": base_url}
-    if secret:
-        env["OPENAI_API_KEY"] = ACCOUNT_KEY
-    return env
+def _cli_env(base_url: str) -> dict[str, str]:
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OPENAI_BASE_URL": base_url,
+            "OPENAI_API_KEY": ACCOUNT_KEY}
 
 
-async def direct(cli, turns: int) -> dict:
-    """Cold start (spawn → first text) and warm turns (send → end of turn), ms."""
-    t0 = time.perf_counter()
-    proc = await cli.start()
-    lines = proc.lines()
-    times, cold, rss = [], None, None
+def cold_start(make: Callable[[], Direct]) -> float:
+    """Spawn → first text of the first turn, ms."""
+    cli = make()
+    start = time.perf_counter()
     try:
-        for i in range(turns):
-            start = time.perf_counter()
-            cli.prompt(proc, turn_text(i))
-            async for obj in lines:
-                if cold is None and cli.is_text(obj):
-                    cold = (time.perf_counter() - t0) * 1000
-                if cli.is_end(obj):
-                    break
-            times.append((time.perf_counter() - start) * 1000)
-        rss = rss_mb(proc.pid)
+        cli.start()
+        first, end = cli.turn(turn_text(0))
+        return (time.perf_counter() - start) * 1000 - end + first
     finally:
-        await proc.close()
-    return {"cold_ms": cold, "turns_ms": times, "rss_mb": rss}
+        cli.close()
 
 
 # ------------------------------------------------------------------ through poolgate
@@ -227,32 +257,40 @@ def stream_turn(port: int, messages: list[dict]) -> tuple[float, str]:
     return elapsed, "".join(text)
 
 
-def through_poolgate(cli: str, command: list[str], home: Path, base_url: str, turns: int,
-                     out: Path) -> dict:
-    port = free_port()
-    config = out / f"poolgate-{cli}.toml"
-    config.write_text(gateway_toml(port, cli, command, home, base_url))
-    os.environ[ACCOUNT_KEY_VAR] = ACCOUNT_KEY  # the gateway reads it: secrets stay out of the TOML
-    argv = [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())",
-            "serve", "--config", str(config)]
-    gateway = Proc(f"poolgate-{cli}", argv, out / f"poolgate-{cli}.log", None)
-    try:
-        wait_ready(gateway, lambda: _ready(port), 180)
-        messages = [{"role": "system", "content": SYSTEM}]
-        times = []
-        for i in range(turns):
-            messages.append({"role": "user", "content": turn_text(i)})
-            elapsed, text = stream_turn(port, messages)
-            messages.append({"role": "assistant", "content": text})
-            times.append(elapsed)
-        stats = _get(port, "/internal/stats").get("cli_sessions", {}).get("workers", {})
-        worker_pid = _get(port, "/internal/workers")["workers"][0]["pid"]
-        clis = children(worker_pid)
-        return {"turns_ms": times, "sessions": stats.get(f"bench-{cli}"),
-                "worker_rss_mb": rss_mb(worker_pid),
-                "cli_rss_mb": [rss_mb(p) for p in clis]}
-    finally:
-        gateway.stop()
+class Gateway:
+    """``poolgate serve`` with one cli worker, and one conversation through it."""
+
+    def __init__(self, cli: str, command: list[str], home: Path, base_url: str, out: Path) -> None:
+        self.cli, self.port = cli, free_port()
+        config = out / f"poolgate-{cli}.toml"
+        config.write_text(gateway_toml(self.port, cli, command, home, base_url))
+        os.environ[ACCOUNT_KEY_VAR] = ACCOUNT_KEY  # the gateway reads it: no secret in the TOML
+        self.argv = [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())",
+                     "serve", "--config", str(config)]
+        self.log = out / f"poolgate-{cli}.log"
+        self.proc: Proc | None = None
+        self.messages: list[dict] = [{"role": "system", "content": SYSTEM}]
+
+    def start(self) -> None:
+        self.proc = Proc(f"poolgate-{self.cli}", self.argv, self.log, None)
+        wait_ready(self.proc, lambda: _ready(self.port), 180)
+
+    def turn(self, text: str) -> float:
+        """The conversation so far plus ``text``, streamed to ``[DONE]``: ms."""
+        self.messages.append({"role": "user", "content": text})
+        elapsed, answer = stream_turn(self.port, self.messages)
+        self.messages.append({"role": "assistant", "content": answer})
+        return elapsed
+
+    def status(self) -> dict:
+        sessions = _get(self.port, "/internal/stats").get("cli_sessions", {}).get("workers", {})
+        worker_pid = _get(self.port, "/internal/workers")["workers"][0]["pid"]
+        return {"sessions": sessions.get(f"bench-{self.cli}"), "worker_rss_mb": rss_mb(worker_pid),
+                "cli_rss_mb": [rss_mb(p) for p in children(worker_pid)]}
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
 
 
 def _get(port: int, path: str) -> dict:
@@ -295,36 +333,54 @@ def bench_one(cli: str, args: argparse.Namespace, upstream: FakeUpstream, out: P
     command = qwen_command(args.fake_qwen) if cli == "qwen" else [sys.executable, str(FAKE_AGENT)]
     which = ("fake" if args.fake_qwen else "real Qwen Code 0.15.10") if cli == "qwen" \
         else "fake ACP agent"
-    colds = []
-    for i in range(args.cold):
-        runner = DirectQwen(command, out / f"{cli}-cold{i}", upstream.url) if cli == "qwen" \
-            else DirectAgent(out / f"{cli}-cold{i}", upstream.url)
-        colds.append(asyncio.run(direct(runner, 1))["cold_ms"])
-    runner = DirectQwen(command, out / f"{cli}-direct", upstream.url) if cli == "qwen" \
-        else DirectAgent(out / f"{cli}-direct", upstream.url)
-    d = asyncio.run(direct(runner, args.turns))
-    log(f"{cli}: direct warm median {warm(d['turns_ms']):.1f} ms")
-    p = through_poolgate(cli, command, out / f"{cli}-poolgate", upstream.url, args.turns, out)
-    log(f"{cli}: poolgate warm median {warm(p['turns_ms']):.1f} ms, sessions {p['sessions']}")
-    dw, pw = warm(d["turns_ms"]), warm(p["turns_ms"])
+
+    def make(name: str) -> Direct:
+        home = out / f"{cli}-{name}"
+        return DirectQwen(command, home, upstream.url) if cli == "qwen" \
+            else DirectAgent(home, upstream.url)
+
+    colds = [cold_start(lambda: make(f"cold{i}")) for i in range(args.cold)]
+    direct, gateway = make("direct"), Gateway(cli, command, out / f"{cli}-poolgate", upstream.url,
+                                               out)
+    direct_ms, poolgate_ms = [], []
+    try:
+        direct.start()
+        gateway.start()
+        # turn by turn, alternating, so both see the same load on a shared machine
+        for i in range(args.turns):
+            direct_ms.append(direct.turn(turn_text(i))[1])
+            poolgate_ms.append(gateway.turn(turn_text(i)))
+        status = gateway.status()
+        direct_rss = rss_mb(direct.proc.pid if direct.proc else None)
+    finally:
+        direct.close()
+        gateway.stop()
+    dw, pw = warm(direct_ms), warm(poolgate_ms)
+    log(f"{cli}: warm median direct {dw:.1f} ms, poolgate {pw:.1f} ms, sessions {status['sessions']}")
     return {"cli": cli, "binary": which, "direct_warm_ms": round(dw, 1),
             "poolgate_warm_ms": round(pw, 1), "ratio": round(pw / dw, 3),
-            "added_ms": round(pw - dw, 1), "cold_direct_ms": [round(c, 0) for c in colds],
-            "cold_poolgate_first_turn_ms": round(p["turns_ms"][0], 0),
-            "direct_rss_mb": d["rss_mb"], "cli_rss_mb": p["cli_rss_mb"],
-            "worker_child_rss_mb": p["worker_rss_mb"], "sessions": p["sessions"],
-            "turns": args.turns}
+            "added_ms": round(pw - dw, 1),
+            "added_ms_paired": round(statistics.median(
+                p - d for p, d in zip(poolgate_ms[1:], direct_ms[1:])), 1),
+            "cold_direct_ms": [round(c, 0) for c in colds],
+            "cold_poolgate_first_turn_ms": round(poolgate_ms[0], 0),
+            "direct_rss_mb": direct_rss, "cli_rss_mb": status["cli_rss_mb"],
+            "worker_child_rss_mb": status["worker_rss_mb"], "sessions": status["sessions"],
+            "turns": args.turns, "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
 def report(rows: list[dict]) -> str:
-    lines = ["| CLI | binary | direct warm ms | poolgate warm ms | ×direct | +ms | cold direct ms "
-             "(spawn → first text) | poolgate first turn ms | RSS per warm conversation MB "
-             "(CLI; + worker child) | sessions |",
+    lines = ["Warm turns are medians of turns 2..N, direct and poolgate alternating; +ms is the "
+             "difference of the medians, (paired) the median of the per-turn differences.", "",
+             "| CLI | binary | direct warm ms | poolgate warm ms | ×direct | +ms (paired) | "
+             "cold direct ms (spawn → first text) | poolgate first turn ms | RSS per warm "
+             "conversation MB (CLI; + worker child) | sessions |",
              "|---|---|---:|---:|---:|---:|---|---:|---|---|"]
     for r in rows:
         cold = ", ".join(f"{c:.0f}" for c in r["cold_direct_ms"])
         lines.append(f"| {r['cli']} | {r['binary']} | {r['direct_warm_ms']} | "
-                     f"{r['poolgate_warm_ms']} | **{r['ratio']}** | {r['added_ms']} | {cold} | "
+                     f"{r['poolgate_warm_ms']} | **{r['ratio']}** | {r['added_ms']} "
+                     f"({r['added_ms_paired']}) | {cold} | "
                      f"{r['cold_poolgate_first_turn_ms']:.0f} | {r['cli_rss_mb']} "
                      f"(+ {r['worker_child_rss_mb']}) | {r['sessions']} |")
     return "\n".join(lines) + "\n"
@@ -352,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     (out / "results.json").write_text(json.dumps(rows, indent=2))
     (out / "report.md").write_text(table)
-    log(f"results in {out}; load average {os.getloadavg()[0]:.2f}")
+    log(f"results in {out}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     return 0
 
 
