@@ -159,6 +159,14 @@ class _Agent:
         self._send({"id": msg["id"], "error": {
             "code": -32601, "message": f"the gateway does not handle {msg.get('method')}"}})
 
+    async def new_session(self, cwd: str) -> str:
+        """A new agent session's id; RpcError, TimeoutError or ValueError (no id) else."""
+        result = await self.call(self.o.start_session, {"cwd": cwd, **self.o.session_params})
+        sid = dig(result, self.o.session_id_path)
+        if sid is None:
+            raise ValueError(f"no {self.o.session_id_path} in the {self.o.start_session} result")
+        return str(sid)
+
     def _permission(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """ACP permission requests: allow once in agent mode, else cancel."""
         if self.mode == "agent":
@@ -184,6 +192,7 @@ class JsonRpcDriver:
         self.agent_name: str | None = None
         self.logged_out_reason: str | None = None
         self._agent: _Agent | None = None
+        self._spare: tuple[_Agent, str] | None = None  # a session opened by start()
         self._lock = asyncio.Lock()
         self._conversations: weakref.WeakSet[JsonRpcConversation] = weakref.WeakSet()
 
@@ -216,7 +225,18 @@ class JsonRpcDriver:
             return agent
 
     async def start(self) -> CliHealth:
-        await self._ensure_agent()
+        """Start the agent and open one session: that tells whether the account
+        is logged in before any request, and the first conversation takes it."""
+        agent = await self._ensure_agent()
+        try:
+            self._spare = (agent, await agent.new_session(self.config.cwd))
+        except RpcError as exc:
+            if exc.code == self.options.auth_error_code:
+                self.logged_out_reason = f"jsonrpc: {exc}"
+            else:
+                log.warning("cli.jsonrpc_session_failed", worker=self.config.name, error=str(exc))
+        except (asyncio.TimeoutError, ValueError) as exc:
+            log.warning("cli.jsonrpc_session_failed", worker=self.config.name, error=repr(exc))
         return await self.health()
 
     async def health(self) -> CliHealth:
@@ -231,6 +251,9 @@ class JsonRpcDriver:
     async def open(self, setup: ConversationSetup) -> JsonRpcConversation:
         agent = await self._ensure_agent()
         conversation = JsonRpcConversation(self, agent, setup)
+        spare, self._spare = self._spare, None
+        if spare is not None and spare[0] is agent:
+            conversation.adopt(spare[1])
         self._conversations.add(conversation)
         return conversation
 
@@ -276,21 +299,21 @@ class JsonRpcConversation:
             return TurnFailed("upstream", f"jsonrpc: {exc}; {self.agent.proc.why_exited()}")
         return TurnFailed("upstream", f"jsonrpc: {exc} (code {exc.code})")
 
-    async def _start_session(self) -> CliEvent | None:
-        params = {"cwd": self.driver.config.cwd, **self.o.session_params}
+    def adopt(self, session_id: str) -> None:
+        """Use an agent session opened already; its notifications come here."""
+        self._session_id = session_id
+        self.agent.sessions[session_id] = self._queue
+
+    async def _start_session(self) -> CliEvent:
         try:
-            result = await self.agent.call(self.o.start_session, params)
+            self.adopt(await self.agent.new_session(self.driver.config.cwd))
         except RpcError as exc:
             return self._failure(exc)
         except asyncio.TimeoutError:
             return TurnFailed("timeout", f"jsonrpc: no answer to {self.o.start_session}")
-        sid = dig(result, self.o.session_id_path)
-        if sid is None:
-            return TurnFailed("upstream", f"jsonrpc: no {self.o.session_id_path} in the "
-                              f"{self.o.start_session} result")
-        self._session_id = str(sid)
-        self.agent.sessions[self._session_id] = self._queue
-        return SessionStarted(self._session_id, self.setup.model)
+        except ValueError as exc:
+            return TurnFailed("upstream", f"jsonrpc: {exc}")
+        return SessionStarted(self._session_id or "", self.setup.model)
 
     def _prompt_blocks(self, turn: Turn) -> list[dict[str, Any]]:
         blocks = turn_blocks(turn)
@@ -342,9 +365,11 @@ class JsonRpcConversation:
         self._interrupted = False
         if self._session_id is None:
             started = await self._start_session()
-            yield started  # type: ignore[misc]
+            yield started
             if not isinstance(started, SessionStarted):
                 return
+        elif self._turns == 0:
+            yield SessionStarted(self._session_id, self.setup.model)
         while not self._queue.empty():  # late updates of an earlier, cancelled prompt
             self._queue.get_nowait()
         params = {self.o.session_field: self._session_id,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -136,8 +137,22 @@ def test_a_crash_mid_turn_is_an_error_frame_then_a_new_agent_serves(one):
     assert len(processes(log)) == 2
 
 
-def test_an_agent_that_wants_a_login_marks_the_account_logged_out(tmp_path, upstream):
+def test_an_agent_that_wants_a_login_is_logged_out_from_the_start(tmp_path, upstream):
     worker, log = _worker(tmp_path, upstream, api_key=None)
+    with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
+        # the session start() opens meets -32000 "Authentication required"
+        info = wait_for(lambda: (w := worker_info(http)["agent-a"])["login"] and w)
+        assert (info["login"], info["state"]) == ("logged_out", "unhealthy")
+        with anthropic_client(srv) as ant, pytest.raises(anthropic.APIStatusError) as err:
+            ant.messages.create(model=MODEL, max_tokens=16,
+                                messages=[{"role": "user", "content": "hi"}])
+        assert err.value.status_code in (503, 529)
+        assert "jsonrpc account of worker agent-a is logged out" in str(err.value)
+        assert not _calls(log, "session/prompt")
+
+
+def test_an_upstream_401_mid_conversation_logs_the_account_out(tmp_path, upstream):
+    worker, log = _worker(tmp_path, upstream, api_key="sk-revoked")
     with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
         wait_for(lambda: worker_info(http)["agent-a"]["state"] == "ready")
         with openai_client(srv) as oai, pytest.raises(openai.APIStatusError) as err:
