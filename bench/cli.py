@@ -20,12 +20,14 @@ and poolgate's first turn of a new conversation (a miss: the spawn included).
 **RSS.** The resident memory of each CLI process poolgate keeps warm after
 the turns (``/proc/<pid>/status``), and of the worker child that drives it.
 
-CLIs: ``qwen`` (the real Qwen Code from ``.cache/npm``, installed on first
-use by ``tests/integration/clis.py``; ``--fake-qwen`` uses the stdlib fake
-instead), ``jsonrpc`` (the stdlib fake ACP agent, ``tests/fakes/``). Servers
+CLIs: ``qwen`` and ``claude``, the real Qwen Code and Claude Code from
+``.cache/npm`` (installed on first use by ``tests/integration/clis.py``;
+Claude logged in by a planted ``.credentials.json`` whose token the fake
+upstream takes; ``--fake-qwen`` swaps in the stdlib fake qwen), and
+``jsonrpc``, the stdlib fake ACP agent (``tests/fakes/``). Servers
 bind 127.0.0.1 on free ports; every process started here is stopped by PID.
 
-    .venv/bin/python bench/cli.py                      # qwen (real) and jsonrpc, 15 turns
+    .venv/bin/python bench/cli.py                      # qwen, claude (real), jsonrpc: 15 turns
     .venv/bin/python bench/cli.py --cli qwen --turns 30 --cold 5
 """
 
@@ -41,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Callable
 
@@ -52,7 +55,10 @@ from run import ROOT, Proc, free_port, log, wait_ready  # noqa: E402
 
 from pool.cli.driver import DriverConfig  # noqa: E402
 from pool.cli.events import ConversationSetup  # noqa: E402
+from pool.cli.claude import ClaudeDriver  # noqa: E402
 from pool.cli.qwen import QwenConversation, QwenDriver  # noqa: E402
+from tests.integration.clis import CLAUDE_CODE, QWEN_CODE, ensure_cli  # noqa: E402
+from tests.support.cli_accounts import claude_home  # noqa: E402
 from tests.fakes.upstreams import FakeUpstream  # noqa: E402
 
 API_KEY = "sk-bench"
@@ -64,13 +70,11 @@ FAKE_QWEN = ROOT / "tests" / "fakes" / "fake_qwen.py"
 FAKE_AGENT = ROOT / "tests" / "fakes" / "fake_jsonrpc_agent.py"
 
 
-def qwen_command(fake: bool) -> list[str]:
-    if fake:
-        return [sys.executable, str(FAKE_QWEN)]
-    from tests.integration.clis import QWEN_CODE, ensure_cli
-    binary = ensure_cli(*QWEN_CODE)
+def npm_cli(which: str) -> list[str]:
+    """The real CLI from ``.cache/npm`` (installed on first use)."""
+    binary = ensure_cli(*{"qwen": QWEN_CODE, "claude": CLAUDE_CODE}[which])
     if binary is None:
-        raise SystemExit("npm is not installed: use --fake-qwen")
+        raise SystemExit(f"npm is not installed: cannot bench the real {which}")
     return [binary]
 
 
@@ -126,18 +130,8 @@ class Direct:
     def is_end(self, obj: dict) -> bool: ...
 
 
-class DirectQwen(Direct):
-    """Qwen with the driver's own argv, environment and settings.json."""
-
-    def __init__(self, command: list[str], home: Path, base_url: str) -> None:
-        config = DriverConfig(name="direct", cli="qwen", home=str(home), cwd=str(home / "workspace"),
-                              command=tuple(command), env=_cli_env(base_url))
-        driver = QwenDriver(config)
-        driver.command = command
-        home.mkdir(parents=True, exist_ok=True)
-        driver.write_settings()
-        argv = QwenConversation(driver, ConversationSetup(model=MODEL, system=SYSTEM)).argv()
-        super().__init__(argv, driver.env(), Path(config.cwd))
+class DirectStreamJson(Direct):
+    """Claude Code or Qwen Code in stream-json mode: initialize, then user lines."""
 
     def handshake(self) -> None:
         self.send({"type": "control_request", "request_id": "b1",
@@ -153,6 +147,36 @@ class DirectQwen(Direct):
 
     def is_end(self, obj: dict) -> bool:
         return obj.get("type") == "result"
+
+
+class DirectQwen(DirectStreamJson):
+    """Qwen with the driver's own argv, environment and settings.json."""
+
+    def __init__(self, command: list[str], home: Path, base_url: str) -> None:
+        config = DriverConfig(name="direct", cli="qwen", home=str(home), cwd=str(home / "workspace"),
+                              command=tuple(command), env=_cli_env(base_url))
+        driver = QwenDriver(config)
+        driver.command = command
+        home.mkdir(parents=True, exist_ok=True)
+        driver.write_settings()
+        argv = QwenConversation(driver, ConversationSetup(model=MODEL, system=SYSTEM)).argv()
+        super().__init__(argv, driver.env(), Path(config.cwd))
+
+
+class DirectClaude(DirectStreamJson):
+    """Claude Code with the argv and environment the claude driver uses in chat
+    mode, logged in by a planted ``.credentials.json`` (the fake upstream takes
+    its token)."""
+
+    def __init__(self, command: list[str], home: Path, base_url: str) -> None:
+        claude_home(home, ACCOUNT_KEY)
+        cwd = home / "workspace"
+        argv = [*command, "-p", "--input-format", "stream-json", "--output-format", "stream-json",
+                "--verbose", "--include-partial-messages", "--model", MODEL, "--tools", "",
+                "--system-prompt", SYSTEM, "--session-id", str(uuid.uuid4())]
+        env = ClaudeDriver(DriverConfig(name="direct", cli="claude", home=str(home), cwd=str(cwd),
+                                        env=_claude_env(base_url))).env
+        super().__init__(argv, env, cwd)
 
 
 class DirectAgent(Direct):
@@ -192,6 +216,10 @@ def turn_text(i: int) -> str:
     return f"[[sleep:{UPSTREAM_DELAY:g}]] turn {i} of the bench conversation"
 
 
+def _claude_env(anthropic_url: str) -> dict[str, str]:
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "ANTHROPIC_BASE_URL": anthropic_url}
+
+
 def _cli_env(base_url: str) -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OPENAI_BASE_URL": base_url,
             "OPENAI_API_KEY": ACCOUNT_KEY}
@@ -211,6 +239,13 @@ def cold_start(make: Callable[[], Direct]) -> float:
 
 # ------------------------------------------------------------------ through poolgate
 def gateway_toml(port: int, cli: str, command: list[str], home: Path, base_url: str) -> str:
+    path = json.dumps(os.environ.get("PATH", ""))
+    if cli == "claude":
+        claude_home(home, ACCOUNT_KEY)
+        env = f"ANTHROPIC_BASE_URL = {json.dumps(base_url)}, PATH = {path}"
+    else:
+        env = (f"OPENAI_BASE_URL = {json.dumps(base_url)}, "
+               f'OPENAI_API_KEY_env = "{ACCOUNT_KEY_VAR}", PATH = {path}')
     return f"""[server]
 host = "127.0.0.1"
 port = {port}
@@ -227,7 +262,7 @@ home = {json.dumps(str(home))}
 command = {json.dumps(command)}
 max_conversations = 2
 ready_timeout = 120
-env = {{ OPENAI_BASE_URL = {json.dumps(base_url)}, OPENAI_API_KEY_env = "{ACCOUNT_KEY_VAR}", PATH = {json.dumps(os.environ.get("PATH", ""))} }}
+env = {{ {env} }}
 """
 
 
@@ -330,18 +365,23 @@ def warm(times: list[float]) -> float:
 
 
 def bench_one(cli: str, args: argparse.Namespace, upstream: FakeUpstream, out: Path) -> dict:
-    command = qwen_command(args.fake_qwen) if cli == "qwen" else [sys.executable, str(FAKE_AGENT)]
-    which = ("fake" if args.fake_qwen else "real Qwen Code 0.15.10") if cli == "qwen" \
-        else "fake ACP agent"
+    url = upstream.anthropic_url if cli == "claude" else upstream.url
+    if cli == "jsonrpc":
+        command, which = [sys.executable, str(FAKE_AGENT)], "fake ACP agent"
+    elif cli == "qwen" and args.fake_qwen:
+        command, which = [sys.executable, str(FAKE_QWEN)], "fake qwen"
+    else:
+        command = npm_cli(cli)
+        which = {"qwen": "real Qwen Code 0.15.10", "claude": "real Claude Code 2.1.197"}[cli]
 
     def make(name: str) -> Direct:
         home = out / f"{cli}-{name}"
-        return DirectQwen(command, home, upstream.url) if cli == "qwen" \
-            else DirectAgent(home, upstream.url)
+        if cli == "jsonrpc":
+            return DirectAgent(home, url)
+        return (DirectQwen if cli == "qwen" else DirectClaude)(command, home, url)
 
     colds = [cold_start(lambda: make(f"cold{i}")) for i in range(args.cold)]
-    direct, gateway = make("direct"), Gateway(cli, command, out / f"{cli}-poolgate", upstream.url,
-                                               out)
+    direct, gateway = make("direct"), Gateway(cli, command, out / f"{cli}-poolgate", url, out)
     direct_ms, poolgate_ms = [], []
     try:
         direct.start()
@@ -388,10 +428,11 @@ def report(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cli", default="qwen,jsonrpc", help="comma-separated: qwen, jsonrpc")
+    parser.add_argument("--cli", default="qwen,claude,jsonrpc",
+                        help="comma-separated: qwen, claude, jsonrpc")
     parser.add_argument("--turns", type=int, default=15)
     parser.add_argument("--cold", type=int, default=3)
-    parser.add_argument("--fake-qwen", action="store_true", help="the stdlib fake, not the real CLI")
+    parser.add_argument("--fake-qwen", action="store_true", help="the stdlib fake qwen, not the real CLI")
     parser.add_argument("--upstream-ms", type=float, default=50.0,
                         help="the fake upstream's delay before each answer (a real model's latency)")
     parser.add_argument("--out", default=None)
