@@ -170,3 +170,18 @@ def test_client_tools_are_refused_naming_the_parameter(one):
                                         "name": "get_weather", "parameters": {"type": "object"}}}])
     assert err.value.body["param"] == "tools"
     assert not _calls(log, "session/prompt")
+
+
+def test_an_agent_silent_mid_turn_is_a_timeout_and_the_prompt_is_cancelled(tmp_path, upstream):
+    worker, log = _worker(tmp_path, upstream, idle_timeout=1.5)
+    with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
+        wait_for(lambda: worker_info(http)["agent-a"]["state"] == "ready")
+        with openai_client(srv) as oai, pytest.raises(openai.APIStatusError) as err:
+            oai.chat.completions.create(model=MODEL, messages=[
+                {"role": "user", "content": "[[hang-after:2]] one two three"}])
+        assert err.value.status_code == 504 and "said nothing for 1.5 s" in err.value.message
+        assert wait_for(lambda: _calls(log, "session/cancel"), timeout=10)
+        with openai_client(srv) as oai:
+            out = oai.chat.completions.create(model=MODEL, messages=[
+                {"role": "user", "content": "awake"}])
+        assert out.choices[0].message.content.endswith("awake")

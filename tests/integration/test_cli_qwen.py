@@ -180,3 +180,21 @@ def test_an_account_without_a_key_is_logged_out_and_another_serves(tmp_path, ups
         assert answers == [f"echo: question {i}" for i in range(4)]
         info = wait_for(lambda: (w := worker_info(http)["qwen-wrong"])["login"] == "logged_out" and w)
         assert info["state"] != "ready"
+
+
+def test_a_cli_silent_mid_turn_is_a_timeout_and_is_killed(tmp_path, upstream):
+    log = tmp_path / "qwen.log"
+    worker = fake_cli_worker("qwen", "qwen-a", tmp_path / "a", upstream.url, log, api_key=KEY,
+                             idle_timeout=1.5)
+    with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
+        wait_for(lambda: worker_info(http)["qwen-a"]["state"] == "ready")
+        with anthropic_client(srv) as ant, pytest.raises(anthropic.APIStatusError) as err:
+            ant.messages.create(model=MODEL, max_tokens=64, messages=[
+                {"role": "user", "content": "[[hang-after:2]] one two three"}])
+        assert err.value.status_code == 504 and "said nothing for 1.5 s" in str(err.value)
+        pid = processes(log)[0]["pid"]
+        wait_for(lambda: not pid_alive(pid), timeout=10)
+        with anthropic_client(srv) as ant:
+            ok = ant.messages.create(model=MODEL, max_tokens=64,
+                                     messages=[{"role": "user", "content": "awake"}])
+        assert ok.content[0].text == "echo: awake"
