@@ -36,10 +36,11 @@ import structlog
 from .content import turn_blocks
 from .driver import DriverConfig, DriverError
 from .events import (
-    CliEvent, CliHealth, ConversationSetup, LoginRequired, SessionStarted, ToolAnswer,
-    Turn, TurnFailed,
+    CliEvent, CliHealth, ConversationSetup, LoginRequired, PendingToolCall, SessionStarted,
+    ToolAnswer, ToolsPending, Turn, TurnFailed,
 )
 from .qwen_events import QwenTurnParser, UsageTotals, is_login_error
+from .qwen_tools import PREFIX, SdkToolServer
 from .qwen_transcript import write_transcript
 from .proc import JsonLineProcess, find_binary
 from .turns import guarded
@@ -217,6 +218,8 @@ class QwenConversation:
         self.setup = setup
         self._proc: JsonLineProcess | None = None
         self._lines: AsyncIterator[dict[str, Any]] | None = None
+        self._tools = SdkToolServer(setup.tools) if setup.tools else None
+        self._parser: QwenTurnParser | None = None  # of a step that ended at held tool calls
         self._session_id: str | None = None
         self._totals: UsageTotals = {}
         self._closed = False
@@ -290,8 +293,11 @@ class QwenConversation:
             return TurnFailed("upstream", f"qwen: {exc}")
         self._proc, self._lines = proc, proc.lines()
         request_id = self._control_id()
-        self._send({"type": "control_request", "request_id": request_id,
-                    "request": {"subtype": "initialize", "hooks": None}})
+        initialize: dict[str, Any] = {"subtype": "initialize", "hooks": None}
+        if self._tools is not None:
+            initialize["sdkMcpServers"] = self._tools.initialize_payload()
+        self._send({"type": "control_request", "request_id": request_id, "request": initialize})
+        initialized = False
         try:
             while (obj := await self._read(_HANDSHAKE_TIMEOUT)) is not None:
                 if obj.get("type") == "control_response":
@@ -299,9 +305,14 @@ class QwenConversation:
                     if response.get("request_id") == request_id:
                         sid = (response.get("response") or {}).get("session_id")
                         self._session_id = str(sid) if sid else self._session_id
-                        return None
+                        initialized = True
+                elif obj.get("type") == "control_request":
+                    await self._answer_control(obj)
                 elif obj.get("type") == "result" and obj.get("is_error"):
                     return self._startup_failure(obj)
+                # with client tools, the first turn waits until Qwen has listed them
+                if initialized and (self._tools is None or self._tools.listed):
+                    return None
         except TimeoutError:
             self._kill()
             return TurnFailed("timeout", "qwen: no answer to initialize")
@@ -327,6 +338,11 @@ class QwenConversation:
         assert self._proc is not None
         request = obj.get("request") or {}
         response: dict[str, Any]
+        if request.get("subtype") == "mcp_message" and self._tools is not None:
+            answer = self._tools.message(str(obj.get("request_id")), request.get("message") or {})
+            if answer is not None:  # None: a tools/call held for the client
+                self._send(answer)
+            return
         if request.get("subtype") == "can_use_tool":
             if self.driver.config.mode == "agent":
                 body = {"behavior": "allow", "updatedInput": request.get("input") or {}}
@@ -339,10 +355,6 @@ class QwenConversation:
         self._send({"type": "control_response", "response": response})
 
     async def send(self, turn: Turn) -> AsyncIterator[CliEvent]:
-        if self.setup.tools:
-            yield TurnFailed("invalid_request",
-                             "tools: the qwen cli worker cannot call client-defined tools")
-            return
         if self._closed:
             yield TurnFailed("upstream", "qwen: conversation closed")
             return
@@ -361,8 +373,15 @@ class QwenConversation:
         assert proc is not None
         if self._session_id:
             yield SessionStarted(self._session_id, self.setup.model)
-        parser = QwenTurnParser(self._totals)
+        parser = QwenTurnParser(self._totals, client_tool_prefix=PREFIX if self._tools else None)
         self._send({"type": "user", "message": {"role": "user", "content": turn_blocks(turn)}})
+        async for event in self._pump(parser):
+            yield event
+
+    async def _pump(self, parser: QwenTurnParser) -> AsyncIterator[CliEvent]:
+        """Read the turn on to its end, or to client tool calls (then held)."""
+        proc = self._proc
+        assert proc is not None
         idle = self.driver.config.idle_timeout
         while True:
             try:
@@ -387,14 +406,29 @@ class QwenConversation:
                     if event.session_id == self._session_id:
                         continue
                     self._session_id = event.session_id
+                elif isinstance(event, PendingToolCall) and self._tools is not None:
+                    self._tools.called(event)
                 yield event
             if parser.done:
+                return
+            if parser.pending:  # the client answers; Qwen's tools/call waits unanswered
+                self._parser = parser
+                yield ToolsPending()
                 return
         await proc.proc.wait()
         yield self._exit_failure(proc)
 
     async def answer_tools(self, answers: Sequence[ToolAnswer]) -> AsyncIterator[CliEvent]:
-        yield TurnFailed("invalid_request", "qwen: no tool call is held")
+        parser, self._parser = self._parser, None
+        if self._tools is None or parser is None or self._proc is None or not self._proc.running:
+            yield TurnFailed("invalid_request", "qwen: no tool call is held")
+            return
+        for response in self._tools.answer(answers):
+            self._send(response)
+        parser.pending = False
+        async for event in guarded(self._pump(parser), on_terminal=self.driver.note_terminal,
+                                   on_abandon=self.interrupt):
+            yield event
 
     async def interrupt(self) -> None:
         """Qwen's own ``interrupt`` ends the process anyway; SIGKILL is certain."""

@@ -22,8 +22,8 @@ import re
 from typing import Any, Mapping
 
 from .events import (
-    CliEvent, LoginRequired, RateLimited, SessionStarted, TextChunk, ThinkingChunk, ToolExecuted,
-    ToolOutput, TurnFailed, TurnFinished, TurnUsage,
+    CliEvent, LoginRequired, PendingToolCall, RateLimited, SessionStarted, TextChunk, ThinkingChunk,
+    ToolExecuted, ToolOutput, TurnFailed, TurnFinished, TurnUsage,
 )
 
 __all__ = ["QwenTurnParser", "UsageTotals", "classify_error", "is_login_error"]
@@ -60,7 +60,12 @@ class QwenTurnParser:
     ``done`` is true once a terminal event was produced; ``totals`` is then the
     session's cumulative usage, the baseline for the next turn."""
 
-    def __init__(self, baseline: Mapping[str, int] | None = None) -> None:
+    def __init__(self, baseline: Mapping[str, int] | None = None, *,
+                 client_tool_prefix: str | None = None) -> None:
+        #: the model called client tools (held in the CLI): the step ends here
+        self.pending = False
+        self._client_prefix = client_tool_prefix
+        self._client_calls: set[str] = set()  # their results came from the API client
         self.baseline: UsageTotals = dict(baseline or {})
         self.totals: UsageTotals = dict(self.baseline)
         self.done = False
@@ -81,6 +86,7 @@ class QwenTurnParser:
         if kind == "user":
             return self._tool_results(obj.get("message") or {})
         if kind == "result":
+            self.pending = False
             return self._result(obj)
         return []
 
@@ -132,8 +138,15 @@ class QwenTurnParser:
                 events += self._text(str(block["text"]))
             elif block.get("type") == "tool_use":
                 events += self._flush_held()
-                events.append(ToolExecuted(str(block.get("id")), str(block.get("name")),
-                                           json.dumps(block.get("input") or {})))
+                name, arguments = str(block.get("name")), json.dumps(block.get("input") or {})
+                prefix = self._client_prefix
+                if prefix and name.startswith(prefix):
+                    self.pending = True
+                    self._client_calls.add(str(block.get("id")))
+                    events.append(PendingToolCall(str(block.get("id")), name[len(prefix):],
+                                                  arguments))
+                else:
+                    events.append(ToolExecuted(str(block.get("id")), name, arguments))
         return events + self._flush_held()
 
     def _tool_results(self, message: Mapping[str, Any]) -> list[CliEvent]:
@@ -142,7 +155,8 @@ class QwenTurnParser:
             return []
         out: list[CliEvent] = []
         for block in content:
-            if isinstance(block, dict) and block.get("type") == "tool_result":
+            if isinstance(block, dict) and block.get("type") == "tool_result" \
+                    and block.get("tool_use_id") not in self._client_calls:
                 body = block.get("content")
                 if isinstance(body, list):
                     body = "\n".join(str(b.get("text", "")) for b in body if isinstance(b, dict))

@@ -38,7 +38,7 @@ __all__ = ["CliSpec", "CliWorker"]
 log = structlog.get_logger("pool.cli")
 ENV_CONFIG = "POOLGATE_CLI_CONFIG"
 #: the CLIs that can call tools the API client defines (others: a 400 naming ``tools``)
-CLIENT_TOOLS = frozenset({"claude", "codex"})
+CLIENT_TOOLS = frozenset({"claude", "codex", "qwen"})
 _POLICY_FIELDS = ("ready_timeout", "health_interval", "health_timeout", "backoff_initial",
                   "backoff_max", "crash_loop_threshold", "crash_loop_window", "stop_timeout")
 

@@ -18,7 +18,12 @@ Run as ``python fake_qwen.py --auth-type openai --input-format stream-json
 * an upstream error: text ``[API Error: 401 <message>]`` and a *successful* result;
 * ``interrupt``: ``control_response``, "Operation cancelled." on stderr, exit 130;
 * ``--resume`` of an unknown id: "No saved session found ..." and exit 1;
-* transcripts in ``$HOME/.qwen/projects/<cwd>/chats/<sid>.jsonl``.
+* transcripts in ``$HOME/.qwen/projects/<cwd>/chats/<sid>.jsonl``;
+* ``sdkMcpServers`` in ``initialize``: the MCP handshake (``initialize``,
+  ``notifications/initialized``, ``tools/list``) as ``mcp_message`` control
+  requests, the tools offered upstream as ``mcp__<server>__<name>``, a call
+  sent as ``tools/call`` after the ``assistant`` line that carries it, each
+  request sent again after 30 s without an answer (``FAKE_QWEN_MCP_TIMEOUT``).
 
 Test switches (not in the real CLI): a prompt containing ``[[crash]]`` makes the
 process exit 1 after the first text delta; ``FAKE_QWEN_LOG=<file>`` appends
@@ -108,6 +113,7 @@ class Session:
             for line in self.transcript.read_text().splitlines():
                 self.load(json.loads(line))
         self.tools = [t for t in TOOLS if t not in args["exclude"]]
+        self.mcp = SdkMcp()
 
     def load(self, record: dict) -> None:
         """One transcript record (Qwen's format: Gemini-style role/parts)."""
@@ -151,7 +157,11 @@ class Session:
         if stream:
             body["stream_options"] = {"include_usage": True}
         body["tools"] = [{"type": "function", "function": {  # [] when all are excluded, as Qwen
-            "name": t, "description": t, "parameters": {"type": "object"}}} for t in self.tools]
+            "name": t, "description": t, "parameters": {"type": "object"}}} for t in self.tools] + [
+            {"type": "function", "function": {"name": f"mcp__{server}__{t['name']}",
+                                              "description": t.get("description", ""),
+                                              "parameters": t.get("inputSchema") or {}}}
+            for server, tools in self.mcp.servers.items() for t in tools]
         return body
 
     def post(self, body: dict):
@@ -167,19 +177,39 @@ class Session:
 
     def turn(self, content) -> None:
         emit({"type": "system", "subtype": "init", "uuid": self.id, "session_id": self.id,
-              "cwd": str(self.cwd), "tools": self.tools, "mcp_servers": [], "model": self.model,
+              "cwd": str(self.cwd), "tools": self.tools + self.mcp_tools(), "model": self.model,
+              "mcp_servers": [{"name": n, "status": "connected"} for n in self.mcp.servers],
               "permission_mode": self.args.get("approval-mode", "default"),
               "qwen_code_version": VERSION, "agents": []})
         text_in = content if isinstance(content, str) else \
             "\n".join(b.get("text", "") for b in content if isinstance(b, dict))
         self.history.append({"role": "user", "content": content})
         self.record("user", text_in)
+        text, calls = self.call_model(text_in)
+        while calls:  # tools run here, one upstream call per step, like the real CLI
+            results = [self.run_tool(call) for call in calls]
+            emit({"type": "user", "session_id": self.id, "parent_tool_use_id": None,
+                  "message": {"role": "user", "content": [
+                      {"type": "tool_result", "tool_use_id": c["id"], "is_error": err,
+                       "content": out} for c, (out, err) in zip(calls, results)]}})
+            self.history += [{"role": "tool", "tool_call_id": c["id"], "content": out}
+                             for c, (out, _) in zip(calls, results)]
+            text, calls = self.call_model(text_in)
+        if self.settings.get("memory", {}).get("enableManagedAutoMemory", True):
+            with self.post(self.request_body(stream=False)):
+                pass  # the managed auto-memory extraction pass
+        emit({"type": "result", "subtype": "success", "uuid": str(uuid.uuid4()),
+              "session_id": self.id, "is_error": False, "num_turns": 1, "result": text,
+              "usage": dict(self.totals), "permission_denials": []})
+
+    def call_model(self, text_in: str) -> tuple[str, list[dict]]:
+        """One streamed upstream call: its text and tool calls, as Qwen prints them."""
         mid = str(uuid.uuid4())
         self.wrap({"type": "message_start", "message": {"id": mid, "role": "assistant",
                                                          "model": self.model, "content": []}})
         self.wrap({"type": "content_block_start", "index": 0,
                    "content_block": {"type": "text", "text": ""}})
-        text, usage = "", {"prompt_tokens": 0, "completion_tokens": 0}
+        text, usage, calls = "", {"prompt_tokens": 0, "completion_tokens": 0}, {}
         try:
             with self.post(self.request_body(stream=True)) as response:
                 for raw in response:
@@ -189,11 +219,16 @@ class Session:
                     chunk = json.loads(line[5:])
                     usage = chunk.get("usage") or usage
                     for choice in chunk.get("choices") or []:
-                        delta = (choice.get("delta") or {}).get("content")
-                        if delta:
-                            text += delta
+                        delta = choice.get("delta") or {}
+                        for tc in delta.get("tool_calls") or []:
+                            call = calls.setdefault(tc["index"], {"id": "", "name": "", "args": ""})
+                            call["id"] = tc.get("id") or call["id"]
+                            call["name"] += (tc.get("function") or {}).get("name") or ""
+                            call["args"] += (tc.get("function") or {}).get("arguments") or ""
+                        if delta.get("content"):
+                            text += delta["content"]
                             self.wrap({"type": "content_block_delta", "index": 0,
-                                       "delta": {"type": "text_delta", "text": delta}})
+                                       "delta": {"type": "text_delta", "text": delta["content"]}})
                             if "[[crash]]" in text_in:
                                 os._exit(1)
         except urllib.error.HTTPError as exc:
@@ -210,20 +245,79 @@ class Session:
                       "cache_read_input_tokens": 0}
         for key, value in turn_usage.items():
             self.totals[key] += value
+        tool_calls = [{"id": c["id"], "name": c["name"], "input": json.loads(c["args"] or "{}")}
+                      for _, c in sorted(calls.items())]
+        blocks = ([{"type": "text", "text": text}] if text or not tool_calls else []) + [
+            {"type": "tool_use", **c} for c in tool_calls]
         emit({"type": "assistant", "uuid": mid, "session_id": self.id, "parent_tool_use_id": None,
               "message": {"id": mid, "type": "message", "role": "assistant", "model": self.model,
-                          "content": [{"type": "text", "text": text}], "stop_reason": None,
-                          "usage": {**turn_usage,
-                                    "total_tokens": sum(turn_usage.values())}}})
+                          "content": blocks, "stop_reason": None,
+                          "usage": {**turn_usage, "total_tokens": sum(turn_usage.values())}}})
         self.wrap({"type": "message_stop"})
-        self.history.append({"role": "assistant", "content": text})
+        entry: dict = {"role": "assistant", "content": text}
+        if tool_calls:
+            entry["tool_calls"] = [{"id": c["id"], "type": "function", "function": {
+                "name": c["name"], "arguments": json.dumps(c["input"])}} for c in tool_calls]
+        self.history.append(entry)
         self.record("assistant", text, turn_usage)
-        if self.settings.get("memory", {}).get("enableManagedAutoMemory", True):
-            with self.post(self.request_body(stream=False)):
-                pass  # the managed auto-memory extraction pass
-        emit({"type": "result", "subtype": "success", "uuid": str(uuid.uuid4()),
-              "session_id": self.id, "is_error": False, "num_turns": 1, "result": text,
-              "usage": dict(self.totals), "permission_denials": []})
+        return text, tool_calls
+
+    def mcp_tools(self) -> list[str]:
+        return [f"mcp__{server}__{tool['name']}" for server, tools in self.mcp.servers.items()
+                for tool in tools]
+
+    def run_tool(self, call: dict) -> tuple[str, bool]:
+        """An SDK MCP tool goes to the controlling process; nothing else exists here."""
+        _, server, name = (call["name"].split("__", 2) + ["", ""])[:3]
+        if call["name"].startswith("mcp__") and server in self.mcp.servers:
+            result = self.mcp.request(server, "tools/call", {"name": name, "arguments": call["input"]})
+            text = "".join(c.get("text", "") for c in result.get("content") or [])
+            return text, bool(result.get("isError"))
+        return (f'Tool "{call["name"]}" not found in registry. Tools must use the exact names '
+                "that are registered."), True
+
+
+class SdkMcp:
+    """Qwen's side of in-band SDK MCP servers: requests go out as ``mcp_message``
+    control requests; each waits for its ``control_response`` (30 s, then the
+    same request again, as Qwen 0.15.10 does)."""
+
+    def __init__(self) -> None:
+        self.servers: dict[str, list[dict]] = {}
+        self.responses: dict[str, dict] = {}
+        self.arrived = threading.Condition()
+        self.timeout = float(os.environ.get("FAKE_QWEN_MCP_TIMEOUT", "30"))
+        self.ids = 0
+
+    def connect(self, servers: dict) -> None:
+        for key, config in servers.items():
+            name = (config or {}).get("name") or key
+            self.request(name, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                                              "clientInfo": {"name": f"qwen-cli-mcp-client-{name}"}})
+            self.request(name, "notifications/initialized", None)
+            self.servers[name] = self.request(name, "tools/list", {}).get("tools") or []
+
+    def request(self, server: str, method: str, params: dict | None) -> dict:
+        message: dict = {"method": method, "jsonrpc": "2.0"}
+        if params is not None:
+            message["params"] = params
+            message["id"] = self.ids
+            self.ids += 1
+        for _ in range(3):
+            rid = str(uuid.uuid4())
+            emit({"type": "control_request", "request_id": rid, "request": {
+                "subtype": "mcp_message", "server_name": server, "message": message}})
+            with self.arrived:
+                if self.arrived.wait_for(lambda: rid in self.responses, self.timeout):
+                    response = self.responses.pop(rid)
+                    return ((response.get("response") or {}).get("mcp_response") or {}).get(
+                        "result") or {}
+        return {"isError": True, "content": [{"type": "text", "text": "MCP request timed out"}]}
+
+    def answered(self, response: dict) -> None:
+        with self.arrived:
+            self.responses[str(response.get("request_id"))] = response
+            self.arrived.notify_all()
 
 
 def main() -> None:
@@ -261,7 +355,14 @@ def main() -> None:
                 emit({"type": "control_response", "response": {
                     "subtype": "success", "request_id": rid, "response": {
                         "subtype": request.get("subtype"), "session_id": session.id,
-                        "capabilities": {"can_handle_can_use_tool": True}}}})
+                        "capabilities": {"can_handle_can_use_tool": True,
+                                         "can_handle_mcp_message": True}}}})
+                if request.get("subtype") == "initialize" and request.get("sdkMcpServers"):
+                    with ready:  # connected from the main loop: this thread reads the answers
+                        turns.append(("connect", request["sdkMcpServers"]))
+                        ready.notify()
+            elif message.get("type") == "control_response":
+                session.mcp.answered(message.get("response") or {})
             elif message.get("type") == "user":
                 with ready:
                     turns.append(message["message"]["content"])
@@ -278,7 +379,10 @@ def main() -> None:
             content = turns.pop(0)
         if content is None:
             return
-        session.turn(content)
+        if isinstance(content, tuple):
+            session.mcp.connect(content[1])
+        else:
+            session.turn(content)
 
 
 if __name__ == "__main__":

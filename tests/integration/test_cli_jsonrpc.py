@@ -163,6 +163,7 @@ def test_an_upstream_401_mid_conversation_logs_the_account_out(tmp_path, upstrea
 
 
 def test_client_tools_are_refused_naming_the_parameter(one):
+    """A JSON-RPC agent has no way to call back: a request with tools is a 400."""
     srv, http, log = one
     with openai_client(srv) as oai, pytest.raises(openai.BadRequestError) as err:
         oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],

@@ -198,3 +198,83 @@ def test_a_cli_silent_mid_turn_is_a_timeout_and_is_killed(tmp_path, upstream):
             ok = ant.messages.create(model=MODEL, max_tokens=64,
                                      messages=[{"role": "user", "content": "awake"}])
         assert ok.content[0].text == "echo: awake"
+
+
+WEATHER = {"name": "get_weather", "description": "Weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+CALLS = '[[tools:mcp__gw__get_weather {"city": "Paris"} mcp__gw__get_weather {"city": "Rome"}]]'
+
+
+def _tool_answers(log: Path) -> list[str]:
+    """The tools/call results the gateway wrote to the CLI."""
+    out = []
+    for msg in stdin_of(log):
+        result = ((msg.get("response") or {}).get("response") or {}).get("mcp_response", {})
+        if msg.get("type") == "control_response" and "content" in result.get("result", {}):
+            out.append(result["result"]["content"][0]["text"])
+    return out
+
+
+def test_client_tools_round_trip_openai_parallel_calls(one, upstream):
+    srv, http, log, _ = one
+    messages = [{"role": "user", "content": f"weather in two cities {CALLS}"}]
+    tools = [{"type": "function", "function": WEATHER}]
+    with openai_client(srv) as oai:
+        first = oai.chat.completions.create(model=MODEL, messages=messages, tools=tools)
+        assert first.choices[0].finish_reason == "tool_calls"
+        calls = first.choices[0].message.tool_calls
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+            ("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})]
+        messages += [first.choices[0].message.model_dump(exclude_none=True)] + [
+            {"role": "tool", "tool_call_id": c.id, "content": f"Sunny in {i}"}
+            for i, c in enumerate(calls)]
+        second = oai.chat.completions.create(model=MODEL, messages=messages, tools=tools)
+    assert second.choices[0].message.content == "tool said: Sunny in 1"
+    assert second.choices[0].finish_reason == "stop"
+    # Qwen's held tools/call requests were answered in the same process: no new turn
+    assert len(user_lines(log)) == 1 and len(processes(log)) == 1
+    assert sorted(_tool_answers(log)) == ["Sunny in 0", "Sunny in 1"]
+    # the model saw the client's tool through Qwen's in-band MCP server, and no built-in one
+    first_call = _posts(upstream)[0].body
+    assert [t["function"]["name"] for t in first_call["tools"]] == ["mcp__gw__get_weather"]
+
+
+def test_client_tool_round_trip_anthropic_streamed(one, upstream):
+    srv, http, log, _ = one
+    call = '[[tool:mcp__gw__get_weather {"city": "Oslo"}]]'
+    messages = [{"role": "user", "content": f"weather {call}"}]
+    tools = [{"name": WEATHER["name"], "description": WEATHER["description"],
+              "input_schema": WEATHER["parameters"]}]
+    with anthropic_client(srv) as ant:
+        with ant.messages.stream(model=MODEL, max_tokens=256, messages=messages,
+                                 tools=tools) as stream:
+            first = stream.get_final_message()
+        assert first.stop_reason == "tool_use"
+        [use] = [b for b in first.content if b.type == "tool_use"]
+        assert (use.name, use.input) == ("get_weather", {"city": "Oslo"})
+        messages += [{"role": "assistant", "content": [b.model_dump() for b in first.content]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                                   "content": "Rainy 9C"}]}]
+        with ant.messages.stream(model=MODEL, max_tokens=256, messages=messages,
+                                 tools=tools) as stream:
+            text = "".join(stream.text_stream)
+            second = stream.get_final_message()
+    assert text == "tool said: Rainy 9C" and second.stop_reason == "end_turn"
+    assert len(user_lines(log)) == 1 and len(processes(log)) == 1
+    assert _tool_answers(log) == ["Rainy 9C"]
+
+
+def test_a_client_that_never_comes_back_releases_the_held_call(tmp_path, upstream):
+    log = tmp_path / "qwen.log"
+    worker = fake_cli_worker("qwen", "qwen-a", tmp_path / "a", upstream.url, log, api_key=KEY,
+                             tool_timeout=0.5)
+    with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http, \
+            openai_client(srv) as oai:
+        wait_for(lambda: worker_info(http)["qwen-a"]["state"] == "ready")
+        first = oai.chat.completions.create(model=MODEL, tools=[
+            {"type": "function", "function": WEATHER}], messages=[
+            {"role": "user", "content": '[[tool:mcp__gw__get_weather {"city": "Oslo"}]] hi'}])
+        assert first.choices[0].finish_reason == "tool_calls"
+        pid = processes(log)[0]["pid"]
+        wait_for(lambda: not pid_alive(pid), timeout=10)  # released: the qwen process is gone
+        wait_for(lambda: worker_info(http)["qwen-a"]["conversations"] == 0)

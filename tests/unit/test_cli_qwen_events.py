@@ -6,7 +6,7 @@ import pytest
 
 from pool.cli.driver import DriverError
 from pool.cli.events import (
-    LoginRequired, RateLimited, SessionStarted, TextChunk, ToolExecuted, ToolOutput, TurnFailed,
+    LoginRequired, PendingToolCall, RateLimited, SessionStarted, TextChunk, ToolExecuted, ToolOutput, TurnFailed,
     TurnFinished, TurnUsage,
 )
 from pool.cli.jsonrpc_options import JsonRpcOptions
@@ -91,6 +91,21 @@ def test_agent_mode_tools_are_reported_as_executed():
         {"type": "user", "message": {"content": [
             {"type": "tool_result", "tool_use_id": "t1", "content": "hello"}]}})
     assert events == [ToolExecuted("t1", "read_file", '{"path": "a"}'), ToolOutput("t1", "hello")]
+
+
+def test_client_tools_are_pending_calls_and_their_results_are_not_echoed():
+    parser = QwenTurnParser(client_tool_prefix="mcp__gw__")
+    events = _feed(parser, {"type": "assistant", "message": {"id": "m1", "content": [
+        {"type": "tool_use", "id": "c1", "name": "mcp__gw__get_weather", "input": {"city": "Oslo"}},
+        {"type": "tool_use", "id": "c2", "name": "read_file", "input": {}}]}})
+    assert events == [PendingToolCall("c1", "get_weather", '{"city": "Oslo"}'),
+                      ToolExecuted("c2", "read_file", "{}")]
+    assert parser.pending and not parser.done
+    events = _feed(parser, {"type": "user", "message": {"content": [
+        {"type": "tool_result", "tool_use_id": "c1", "content": "Sunny"},
+        {"type": "tool_result", "tool_use_id": "c2", "content": "file"}]}}, _result(9, 3))
+    assert events[0] == ToolOutput("c2", "file") and events[-1] == TurnFinished("end_turn")
+    assert not parser.pending and parser.done
 
 
 def test_totals_that_restart_fall_back_to_the_calls_of_this_turn():
