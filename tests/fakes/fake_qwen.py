@@ -192,7 +192,8 @@ class Session:
                   "message": {"role": "user", "content": [
                       {"type": "tool_result", "tool_use_id": c["id"], "is_error": err,
                        "content": out} for c, (out, err) in zip(calls, results)]}})
-            self.history += [{"role": "tool", "tool_call_id": c["id"], "content": out}
+            self.history += [{"role": "tool", "tool_call_id": c["id"],
+                              "content": [{"type": "text", "text": out}]}
                              for c, (out, _) in zip(calls, results)]
             text, calls = self.call_model(text_in)
         if self.settings.get("memory", {}).get("enableManagedAutoMemory", True):

@@ -45,6 +45,12 @@ def _ready(http: httpx.Client) -> dict:
                     timeout=60)
 
 
+def _hits(http: httpx.Client) -> int:
+    """Session reuse hits (the status is polled from the worker child after each answer)."""
+    stats = http.get("/internal/stats", headers=ADMIN).json()["cli_sessions"]
+    return stats["workers"].get("qwen-real", {}).get("hits", 0)
+
+
 def _cli_pids(gateway_pid_of_worker: int) -> list[int]:
     """The processes the worker child started (its qwen conversations)."""
     found = []
@@ -62,7 +68,10 @@ def test_real_qwen_turns_through_poolgate(tmp_path: Path, qwen_bin: str):
             history = [{"role": "system", "content": "Answer briefly."},
                        {"role": "user", "content": "hello real qwen"}]
             with openai_client(srv) as oai:
-                out = oai.chat.completions.create(model=MODEL, messages=history, timeout=60)
+                # the same max_tokens as the Anthropic turn below: a change of it opens a
+                # new conversation (the host keys warm conversations by their switches)
+                out = oai.chat.completions.create(model=MODEL, messages=history, timeout=60,
+                                                  max_tokens=64)
             assert out.choices[0].message.content == "echo: hello real qwen"
             assert out.choices[0].finish_reason == "stop" and out.usage.completion_tokens == 4
             history.append({"role": "assistant", "content": out.choices[0].message.content})
@@ -74,8 +83,7 @@ def test_real_qwen_turns_through_poolgate(tmp_path: Path, qwen_bin: str):
                 final = stream.get_final_message()
             assert "".join(chunks) == "echo: streamed second turn" and len(chunks) > 1
             assert final.stop_reason == "end_turn" and final.usage.output_tokens == 4
-            stats = http.get("/internal/stats", headers=ADMIN).json()["cli_sessions"]
-            assert stats["workers"]["qwen-real"]["hits"] == 1  # the second turn went on warm
+            wait_for(lambda: _hits(http) == 1)  # the second turn went on warm
         posts = [r.body for r in upstream.requests if r.body is not None]
         # one upstream call per turn (managed auto-memory off), one growing conversation,
         # chat mode: no tools, the client's system prompt first
@@ -133,3 +141,32 @@ def test_real_qwen_agent_mode_runs_its_own_tools(tmp_path: Path, qwen_bin: str):
         assert out.choices[0].finish_reason == "stop"
         first = [r.body for r in upstream.requests if r.body is not None][0]
         assert "read_file" in [t["function"]["name"] for t in first["tools"]]
+
+
+def test_real_qwen_client_tool_round_trip(tmp_path: Path, qwen_bin: str):
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    with FakeUpstream(api_key=KEY, models=(MODEL,)) as upstream:
+        with serve(_worker(tmp_path / "acct", qwen_bin, upstream)) as srv, \
+                httpx.Client(base_url=srv.url, timeout=60) as http:
+            _ready(http)
+            messages = [{"role": "user", "content":
+                         '[[tool:mcp__gw__get_weather {"city": "Paris"}]] weather please'}]
+            with openai_client(srv) as oai:
+                first = oai.chat.completions.create(model=MODEL, messages=messages, tools=tools,
+                                                    timeout=60)
+                assert first.choices[0].finish_reason == "tool_calls"
+                [call] = first.choices[0].message.tool_calls
+                assert (call.function.name, json.loads(call.function.arguments)) == (
+                    "get_weather", {"city": "Paris"})
+                messages += [first.choices[0].message.model_dump(exclude_none=True),
+                             {"role": "tool", "tool_call_id": call.id, "content": "Sunny 21C"}]
+                second = oai.chat.completions.create(model=MODEL, messages=messages, tools=tools,
+                                                     timeout=60)
+            assert second.choices[0].message.content == "tool said: Sunny 21C"
+            wait_for(lambda: _hits(http) == 1)  # answered in the same process
+        posts = [r.body for r in upstream.requests if r.body is not None]
+        assert [t["function"]["name"] for t in posts[0]["tools"]] == ["mcp__gw__get_weather"]
+        assert posts[1]["messages"][-1] == {"role": "tool", "tool_call_id": call.id,
+                                            "content": [{"type": "text", "text": "Sunny 21C"}]}
