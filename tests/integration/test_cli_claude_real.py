@@ -189,3 +189,20 @@ def test_a_revoked_token_logs_the_real_account_out_at_the_first_retry(tmp_path, 
             assert err.value.status_code == 503 and "logged out" in str(err.value)
             info = http.get("/internal/workers").json()["workers"][0]
             assert (info["login"], info["state"]) == ("logged_out", "unhealthy")
+
+
+PIXEL = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5"
+         "ErkJggg==")
+
+
+def test_an_image_reaches_the_upstream_through_the_real_claude(served):
+    srv, http, upstream = served
+    oai = openai.OpenAI(base_url=srv.url + "/v1", api_key=GATEWAY_KEY, max_retries=0)
+    out = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [
+        {"type": "text", "text": "describe"},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PIXEL}"}}]}])
+    assert out.choices[0].message.content == "echo: describe"
+    [body] = _bodies(upstream)
+    images = [b for m in body["messages"] for b in m["content"] if isinstance(b, dict)
+              and b.get("type") == "image"]
+    assert len(images) == 1 and images[0]["source"]["type"] == "base64"
