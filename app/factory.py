@@ -167,7 +167,8 @@ def create_app(settings: Any) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
             await open_state(gw, server.state_dir, stack)
-            specs = worker_specs(settings)
+            # in a thread: finding the default model may download it (blocking urlopen)
+            specs = await asyncio.to_thread(worker_specs, settings)
             if not specs and settings.server.demo:
                 specs = await _start_demo(stack)
             gw.pool = Pool([make_worker(spec, settings.environment, gw.cli_sessions)

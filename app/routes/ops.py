@@ -136,8 +136,10 @@ async def worker_action(request: Request) -> Response:
             gw.background(drained)
     elif action == "resume":
         worker.resume()
+        gw.admission.refresh()  # requests queued meanwhile may go to it now
     elif action == "restart":
         await worker.restart()
+        gw.admission.refresh()
     else:
         return error_response(NotFound(f"No worker action '{action}' (drain, resume, restart)."),
                               "openai")
