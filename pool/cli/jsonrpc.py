@@ -73,6 +73,18 @@ def _usage(raw: Any) -> TurnUsage | None:
                                         "cache_read_input_tokens"))
 
 
+def _sum(usages: list[TurnUsage]) -> TurnUsage | None:
+    if not usages:
+        return None
+
+    def total(field: str) -> int | None:
+        values = [getattr(u, field) for u in usages if getattr(u, field) is not None]
+        return sum(values) if values else None
+
+    return TurnUsage(input_tokens=total("input_tokens"), output_tokens=total("output_tokens"),
+                     cached_tokens=total("cached_tokens"))
+
+
 class _Agent:
     """The agent process: calls by id, notifications routed to sessions."""
 
@@ -283,6 +295,7 @@ class JsonRpcConversation:
         self._closed = False
         self._interrupted = False
         self._turns = 0
+        self._notified: list[TurnUsage] = []  # usage the agent put in notifications
 
     @property
     def session_id(self) -> str | None:
@@ -323,6 +336,9 @@ class JsonRpcConversation:
         return blocks
 
     def _update(self, params: Mapping[str, Any]) -> CliEvent | None:
+        usage = _usage(dig(params, self.o.update_usage_path))
+        if usage is not None:
+            self._notified.append(usage)
         kind = dig(params, self.o.update_kind_path)
         if kind == self.o.text_kind:
             text = dig(params, self.o.text_path)
@@ -347,7 +363,7 @@ class JsonRpcConversation:
         if self._interrupted or stop in _CANCELLED:
             return [TurnFailed("interrupted", "jsonrpc: cancelled")]
         events: list[CliEvent] = []
-        usage = _usage(dig(result, self.o.usage_path))
+        usage = _usage(dig(result, self.o.usage_path)) or _sum(self._notified)
         if usage is not None:
             events.append(usage)
         events.append(TurnFinished(_STOP_REASONS.get(str(stop), "end_turn")))  # type: ignore[arg-type]
@@ -363,6 +379,7 @@ class JsonRpcConversation:
             yield TurnFailed("upstream", "jsonrpc: the agent is not running")
             return
         self._interrupted = False
+        self._notified: list[TurnUsage] = []
         if self._session_id is None:
             started = await self._start_session()
             yield started

@@ -64,7 +64,8 @@ class JsonRpcOptions:
     tool_update_kind: str | None = "tool_call_update"
     permission_request: str | None = "session/request_permission"
     stop_reason_path: str = "stopReason"     # in send_prompt's result
-    usage_path: str = "_meta.usage"
+    usage_path: str = "_meta.usage"          # in send_prompt's result, else:
+    update_usage_path: str = "update._meta.usage"  # in notifications (qwen --acp), summed
     auth_error_code: int = -32000            # JSON-RPC error code meaning "log in first"
     jsonrpc_field: bool = True               # send "jsonrpc": "2.0" (Codex-style agents omit it)
 

@@ -1,5 +1,7 @@
-"""The real Qwen Code 0.15.10 (npm, in .cache/npm) as a cli worker behind a
-real poolgate, against a fake OpenAI upstream, driven by the real SDKs."""
+"""The real Qwen Code 0.15.10 (npm, in .cache/npm) behind a real poolgate,
+against a fake OpenAI upstream, driven by the real SDKs: as a ``qwen`` cli
+worker, and as an ACP agent (``qwen --acp``) under the generic ``jsonrpc``
+driver with its defaults."""
 
 from __future__ import annotations
 
@@ -170,3 +172,48 @@ def test_real_qwen_client_tool_round_trip(tmp_path: Path, qwen_bin: str):
         assert [t["function"]["name"] for t in posts[0]["tools"]] == ["mcp__gw__get_weather"]
         assert posts[1]["messages"][-1] == {"role": "tool", "tool_call_id": call.id,
                                             "content": [{"type": "text", "text": "Sunny 21C"}]}
+
+
+def test_qwen_acp_through_the_jsonrpc_driver(tmp_path: Path, qwen_bin: str):
+    # what an operator does for Qwen in ACP mode (the qwen driver does it itself):
+    # managed auto-memory off, or every prompt costs a second upstream call
+    settings = tmp_path / "acct" / ".qwen" / "settings.json"
+    settings.parent.mkdir(parents=True)
+    settings.write_text(json.dumps({"memory": {"enableManagedAutoMemory": False}}))
+    with FakeUpstream(api_key=KEY, models=(MODEL,)) as upstream:
+        worker = WorkerSettings(
+            name="acp-a", kind="cli", cli="jsonrpc", models=(MODEL,), home=str(tmp_path / "acct"),
+            command=(qwen_bin, "--acp", "--auth-type", "openai", "--model", MODEL),
+            ready_timeout=60, health_interval=2.0, health_timeout=5.0,
+            env={"OPENAI_BASE_URL": upstream.url, "OPENAI_API_KEY": KEY,
+                 "QWEN_CODE_NO_RELAUNCH": "true", "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=60) as http:
+            info = wait_for(lambda: (w := worker_info(http)["acp-a"])["state"] == "ready" and w,
+                            timeout=60)
+            assert (info["cli"], info["version"], info["login"]) == ("jsonrpc", "0.15.10", "ready")
+            history = [{"role": "user", "content": "hello acp"}]
+            with openai_client(srv) as oai:
+                out = oai.chat.completions.create(model=MODEL, messages=history, timeout=60,
+                                                  max_tokens=64)
+            assert out.choices[0].message.content == "echo: hello acp"
+            # Qwen reports usage in a session/update's _meta, not in the prompt's result
+            assert out.usage.prompt_tokens > 0 and out.usage.completion_tokens == 3
+            history.append({"role": "assistant", "content": out.choices[0].message.content})
+            with anthropic_client(srv) as ant, ant.messages.stream(
+                    model=MODEL, max_tokens=64,
+                    messages=history + [{"role": "user", "content": "streamed second turn"}]) \
+                    as stream:
+                chunks = list(stream.text_stream)
+                final = stream.get_final_message()
+            assert "".join(chunks) == "echo: streamed second turn" and len(chunks) > 1
+            assert final.stop_reason == "end_turn"
+
+            def hits() -> int:
+                stats = http.get("/internal/stats", headers=ADMIN).json()["cli_sessions"]
+                return stats["workers"].get("acp-a", {}).get("hits", 0)
+
+            wait_for(lambda: hits() == 1)  # the second turn went to the same ACP session
+        posts = [r.body for r in upstream.requests if r.body is not None]
+        assert len(posts) == 2  # one upstream call per turn: one conversation, growing
+        texts = [json.dumps(m["content"]) for m in posts[1]["messages"]]
+        assert "hello acp" in texts[-3] and "streamed second turn" in texts[-1]
