@@ -1,53 +1,33 @@
-"""A turn's messages as the content a CLI takes (text, Anthropic-style blocks)."""
+"""A turn's messages as the content a CLI takes, and JSON paths into what it sends."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..model import ImagePart, Message, TextPart, ToolResultPart
+from ..model import Message, TextPart, ToolCallPart, ToolResultPart
+from .claude_transcript import content_blocks
 from .events import Turn
+from .history import tool_result_text
 
-__all__ = ["turn_text", "turn_blocks", "message_text", "dig"]
-
-
-def _part_text(part: Any) -> str | None:
-    if isinstance(part, TextPart):
-        return part.text
-    if isinstance(part, ToolResultPart):
-        return "\n".join(p.text for p in part.content if isinstance(p, TextPart))
-    return None
-
-
-def message_text(message: Message) -> str:
-    """The text of a message's text parts and tool results, one per line."""
-    return "\n".join(t for t in (_part_text(p) for p in message.parts) if t)
-
-
-def turn_text(turn: Turn) -> str:
-    """The turn as one prompt string (images dropped: say so in the caller's docs)."""
-    return "\n\n".join(t for t in (message_text(m) for m in turn.messages) if t)
-
-
-def _image_block(part: ImagePart) -> dict[str, Any]:
-    if part.data is not None:
-        return {"type": "image", "source": {"type": "base64",
-                                            "media_type": part.media_type or "image/png",
-                                            "data": part.data}}
-    return {"type": "image", "source": {"type": "url", "url": part.url}}
+__all__ = ["turn_blocks", "message_text", "dig"]
 
 
 def turn_blocks(turn: Turn) -> list[dict[str, Any]]:
-    """The turn as Anthropic-style content blocks (text and images)."""
-    blocks: list[dict[str, Any]] = []
-    for message in turn.messages:
-        for part in message.parts:
-            if isinstance(part, ImagePart):
-                blocks.append(_image_block(part))
-                continue
-            text = _part_text(part)
-            if text:
-                blocks.append({"type": "text", "text": text})
-    return blocks
+    """The turn as Anthropic-style content blocks (what Claude, Qwen and ACP agents take)."""
+    return [block for message in turn.messages for block in content_blocks(message, frozenset())]
+
+
+def message_text(message: Message) -> str:
+    """A message as plain text: its text, and its tool calls and results described."""
+    lines = []
+    for part in message.parts:
+        if isinstance(part, TextPart) and part.text:
+            lines.append(part.text)
+        elif isinstance(part, ToolCallPart):
+            lines.append(f"(called tool {part.name} with {part.arguments}, id {part.id})")
+        elif isinstance(part, ToolResultPart):
+            lines.append(f"(result of tool call {part.call_id}: {tool_result_text(part)})")
+    return "\n".join(lines)
 
 
 def dig(obj: Any, path: str | None) -> Any:
