@@ -158,7 +158,7 @@ class DirectQwen(DirectStreamJson):
         driver = QwenDriver(config)
         driver.command = command
         home.mkdir(parents=True, exist_ok=True)
-        driver.write_settings()
+        driver.account.write()
         argv = QwenConversation(driver, ConversationSetup(model=MODEL, system=SYSTEM)).argv()
         super().__init__(argv, driver.env(), Path(config.cwd))
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import weakref
 from typing import Any, AsyncIterator, Mapping, Sequence
@@ -35,6 +34,7 @@ from .events import (
     CliEvent, CliHealth, ConversationSetup, LoginRequired, SessionStarted, TextChunk,
     ThinkingChunk, ToolAnswer, ToolExecuted, ToolOutput, Turn, TurnFailed, TurnFinished, TurnUsage,
 )
+from .jsonrpc_agent import EOF, Agent, RpcError
 from .jsonrpc_options import JsonRpcOptions
 from .proc import JsonLineProcess
 from .turns import guarded
@@ -43,18 +43,10 @@ __all__ = ["JsonRpcDriver", "JsonRpcConversation", "RpcError"]
 
 log = structlog.get_logger("pool.cli.jsonrpc")
 
-_CALL_TIMEOUT = 60.0
 _STOP_REASONS = {"end_turn": "end_turn", "stop": "end_turn", "completed": "end_turn",
                  "max_turn_requests": "end_turn", "max_tokens": "max_tokens",
                  "length": "max_tokens", "refusal": "refusal", "stop_sequence": "stop_sequence"}
 _CANCELLED = {"cancelled", "canceled", "interrupted", "aborted"}
-_EOF = object()
-
-
-class RpcError(Exception):
-    def __init__(self, code: int | None, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def _usage(raw: Any) -> TurnUsage | None:
@@ -85,109 +77,6 @@ def _sum(usages: list[TurnUsage]) -> TurnUsage | None:
                      cached_tokens=total("cached_tokens"))
 
 
-class _Agent:
-    """The agent process: calls by id, notifications routed to sessions."""
-
-    def __init__(self, proc: JsonLineProcess, options: JsonRpcOptions, mode: str) -> None:
-        self.proc = proc
-        self.o = options
-        self.mode = mode
-        self._ids = itertools.count(1)
-        self._calls: dict[int, asyncio.Future[Any]] = {}
-        self.sessions: dict[str, asyncio.Queue[Any]] = {}
-        self._reader = asyncio.ensure_future(self._read())
-
-    @property
-    def running(self) -> bool:
-        return self.proc.running and not self._reader.done()
-
-    def _message(self, body: dict[str, Any]) -> dict[str, Any]:
-        return {"jsonrpc": "2.0", **body} if self.o.jsonrpc_field else body
-
-    def _send(self, body: dict[str, Any]) -> bool:
-        try:
-            self.proc.send(self._message(body))
-        except (BrokenPipeError, ConnectionResetError):
-            return False  # it died: the reader sees EOF and fails what is waiting
-        return True
-
-    def notify(self, method: str, params: Mapping[str, Any]) -> None:
-        self._send({"method": method, "params": dict(params)})
-
-    def call_nowait(self, method: str, params: Mapping[str, Any]) -> asyncio.Future[Any]:
-        """Send a request; the future resolves to its result or raises RpcError."""
-        rid = next(self._ids)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._calls[rid] = future
-        if not self.running or not self._send({"id": rid, "method": method,
-                                                "params": dict(params)}):
-            self._calls.pop(rid, None)
-            future.set_exception(RpcError(None, "the agent is not running"))
-        return future
-
-    async def call(self, method: str, params: Mapping[str, Any],
-                   timeout: float = _CALL_TIMEOUT) -> Any:
-        return await asyncio.wait_for(self.call_nowait(method, params), timeout)
-
-    async def _read(self) -> None:
-        try:
-            async for msg in self.proc.lines():
-                if "method" in msg:
-                    self._incoming(msg)
-                elif isinstance(msg.get("id"), int):
-                    self._response(msg)
-        finally:
-            for future in self._calls.values():
-                if not future.done():
-                    future.set_exception(RpcError(None, "the agent exited"))
-            self._calls.clear()
-            for queue in self.sessions.values():
-                queue.put_nowait(_EOF)
-
-    def _response(self, msg: Mapping[str, Any]) -> None:
-        future = self._calls.pop(msg["id"], None)
-        if future is None or future.done():
-            return
-        error = msg.get("error")
-        if isinstance(error, Mapping):
-            code = error.get("code")
-            future.set_exception(RpcError(code if isinstance(code, int) else None,
-                                          str(error.get("message") or "error")))
-        else:
-            future.set_result(msg.get("result"))
-
-    def _incoming(self, msg: Mapping[str, Any]) -> None:
-        params = msg.get("params") or {}
-        if msg.get("method") == self.o.notification and "id" not in msg:
-            queue = self.sessions.get(str(dig(params, self.o.notification_session_path)))
-            if queue is not None:
-                queue.put_nowait(params)
-            return
-        if "id" not in msg:
-            return  # a notification nobody asked about
-        if msg.get("method") == self.o.permission_request:
-            self._send({"id": msg["id"], "result": self._permission(params)})
-            return
-        self._send({"id": msg["id"], "error": {
-            "code": -32601, "message": f"the gateway does not handle {msg.get('method')}"}})
-
-    async def new_session(self, cwd: str) -> str:
-        """A new agent session's id; RpcError, TimeoutError or ValueError (no id) else."""
-        result = await self.call(self.o.start_session, {"cwd": cwd, **self.o.session_params})
-        sid = dig(result, self.o.session_id_path)
-        if sid is None:
-            raise ValueError(f"no {self.o.session_id_path} in the {self.o.start_session} result")
-        return str(sid)
-
-    def _permission(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """ACP permission requests: allow once in agent mode, else cancel."""
-        if self.mode == "agent":
-            for option in params.get("options") or []:
-                if isinstance(option, Mapping) and str(option.get("kind", "")).startswith("allow"):
-                    return {"outcome": {"outcome": "selected", "optionId": option.get("optionId")}}
-        return {"outcome": {"outcome": "cancelled"}}
-
-
 class JsonRpcDriver:
     """A JSON-RPC agent for one account; ``command`` is required."""
 
@@ -203,15 +92,15 @@ class JsonRpcDriver:
         self.version: str | None = None
         self.agent_name: str | None = None
         self.logged_out_reason: str | None = None
-        self._agent: _Agent | None = None
-        self._spare: tuple[_Agent, str] | None = None  # a session opened by start()
+        self._agent: Agent | None = None
+        self._spare: tuple[Agent, str] | None = None  # a session opened by start()
         self._lock = asyncio.Lock()
         self._conversations: weakref.WeakSet[JsonRpcConversation] = weakref.WeakSet()
 
     def env(self) -> dict[str, str]:
         return {**self.config.env, "HOME": self.config.home}
 
-    async def _ensure_agent(self) -> _Agent:
+    async def _ensure_agent(self) -> Agent:
         async with self._lock:
             if self._agent is not None and self._agent.running:
                 return self._agent
@@ -219,7 +108,7 @@ class JsonRpcDriver:
                 await self._agent.proc.close(grace=0.5)
             proc = await JsonLineProcess.spawn(self.config.command or (), env=self.env(),
                                                cwd=self.config.cwd, label="jsonrpc agent")
-            agent = _Agent(proc, self.options, self.config.mode)
+            agent = Agent(proc, self.options, self.config.mode)
             if self.options.initialize:
                 try:
                     info = await agent.call(self.options.initialize, self.options.initialize_params)
@@ -285,7 +174,7 @@ class JsonRpcDriver:
 class JsonRpcConversation:
     """One agent session; its session is created on the first turn."""
 
-    def __init__(self, driver: JsonRpcDriver, agent: _Agent, setup: ConversationSetup) -> None:
+    def __init__(self, driver: JsonRpcDriver, agent: Agent, setup: ConversationSetup) -> None:
         self.driver = driver
         self.agent = agent
         self.o = driver.options
@@ -412,7 +301,7 @@ class JsonRpcConversation:
                 for event in self._finish(result):
                     yield event
                 return
-            if item is _EOF:
+            if item is EOF:
                 await self.agent.proc.proc.wait()
                 yield TurnFailed("upstream", f"{self.agent.proc.why_exited()} during the turn")
                 return

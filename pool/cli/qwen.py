@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
 import weakref
 from pathlib import Path
 from typing import Any, AsyncIterator, Mapping, Sequence
@@ -40,6 +38,7 @@ from .events import (
     ToolAnswer, ToolsPending, Turn, TurnFailed,
 )
 from .qwen_events import QwenTurnParser, UsageTotals, is_login_error
+from .qwen_home import QwenHome
 from .qwen_tools import PREFIX, SdkToolServer
 from .qwen_transcript import write_transcript
 from .proc import JsonLineProcess, find_binary
@@ -59,29 +58,6 @@ CHAT_EXCLUDED_TOOLS = (
 DEFAULT_CHAT_SYSTEM = "You are a helpful assistant."
 _OPTIONS = {"auth_type", "approval_mode", "extra_args"}
 _HANDSHAKE_TIMEOUT = 60.0
-_SETTINGS = {
-    "memory": {"enableManagedAutoMemory": False},
-    "general": {"enableAutoUpdate": False},
-    "privacy": {"usageStatisticsEnabled": False},
-    "telemetry": {"enabled": False},
-}
-
-
-def _merge(into: dict[str, Any], defaults: Mapping[str, Any]) -> bool:
-    changed = False
-    for key, value in defaults.items():
-        if isinstance(value, Mapping):
-            node = into.get(key)
-            if not isinstance(node, dict):
-                into[key] = node = {}
-                changed = True
-            changed |= _merge(node, value)
-        elif into.get(key) != value:
-            into[key] = value
-            changed = True
-    return changed
-
-
 class QwenDriver:
     """One Qwen Code account (``home`` is its ``HOME``)."""
 
@@ -103,6 +79,7 @@ class QwenDriver:
         self.approval_mode = str(config.options.get(
             "approval_mode", "yolo" if config.mode == "agent" else "default"))
         self.home = Path(config.home)
+        self.account = QwenHome(self.home, self.auth_type, config.env)
         self.command: list[str] = []   # the binary and its fixed arguments, set by start()
         self.version: str | None = None
         self.logged_out_reason: str | None = None
@@ -116,55 +93,13 @@ class QwenDriver:
                    QWEN_CODE_DISABLE_PRECONNECT="1", NO_COLOR="1", TERM="dumb")
         return env
 
-    def _settings_path(self) -> Path:
-        return self.home / ".qwen" / "settings.json"
-
-    def _read_settings(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self._settings_path().read_text())
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
-
-    def write_settings(self) -> None:
-        """Turn managed auto-memory, auto-update and telemetry off, keeping
-        whatever else the account's settings hold (its API key, say)."""
-        path = self._settings_path()
-        settings = self._read_settings()
-        defaults: dict[str, Any] = dict(_SETTINGS)
-        if not isinstance(settings.get("security", {}).get("auth", {}).get("selectedType"), str):
-            defaults["security"] = {"auth": {"selectedType": self.auth_type}}
-        if _merge(settings, defaults) or not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(settings, indent=2))
-            os.chmod(tmp, 0o600)
-            tmp.replace(path)
-
-    def _has_credentials(self) -> bool:
-        """For ``openai`` auth: a key in the environment, settings.json or an .env file."""
-        if self.auth_type != "openai":
-            return True  # other auth types are only known by the first turn
-        if self.config.env.get("OPENAI_API_KEY"):
-            return True
-        if self._read_settings().get("security", {}).get("auth", {}).get("apiKey"):
-            return True
-        for dotenv in (self.home / ".qwen" / ".env", self.home / ".env"):
-            try:
-                if any(line.strip().startswith("OPENAI_API_KEY=") and line.split("=", 1)[1].strip()
-                       for line in dotenv.read_text().splitlines()):
-                    return True
-            except OSError:
-                continue
-        return False
-
     # --- CliDriver ---
 
     async def start(self) -> CliHealth:
         self.command = find_binary(self.config.command, "qwen", self.config.env)
         self.home.mkdir(parents=True, exist_ok=True)
         Path(self.config.cwd).mkdir(parents=True, exist_ok=True)
-        self.write_settings()
+        self.account.write()
         try:
             proc = await asyncio.create_subprocess_exec(
                 *self.command, "--version", env=self.env(), cwd=self.config.cwd,
@@ -182,7 +117,7 @@ class QwenDriver:
 
     async def health(self) -> CliHealth:
         login = "ready"
-        if self.logged_out_reason is not None or not self._has_credentials():
+        if self.logged_out_reason is not None or not self.account.has_credentials():
             login = "logged_out"
         detail: dict[str, Any] = {"auth_type": self.auth_type,
                                   "conversations": sum(1 for c in self._conversations if c.alive)}
