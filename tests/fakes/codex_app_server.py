@@ -1,0 +1,439 @@
+"""A fake ``codex app-server`` (Codex CLI 0.169.0) for the fast test tier.
+
+Standard library only; run as ``python -m tests.fakes.codex_app_server
+app-server [-c key=value]... [--disable FEATURE]...``. It speaks the same
+newline-delimited JSON-RPC (no ``"jsonrpc"`` field) the real binary speaks on
+stdio, as recorded against it:
+
+* ``initialize`` → ``{userAgent, codexHome, platformFamily, platformOs}``,
+  then the client's ``initialized`` notification;
+* ``account/read`` → ``{"account": {"type": "apiKey"} | null,
+  "requiresOpenaiAuth": true}`` from ``$CODEX_HOME/auth.json``;
+* ``thread/start`` / ``thread/resume`` (threads are kept in
+  ``$CODEX_HOME/sessions/<id>.json``; an unknown id is the real
+  ``-32600 no rollout found for thread id …``);
+* ``turn/start`` → the result, then ``turn/started``,
+  ``item/agentMessage/delta``…, ``thread/tokenUsage/updated`` (``last`` and
+  ``total``), ``turn/completed``; several threads run at once;
+* a ``function_call`` to one of the thread's ``dynamicTools`` becomes the
+  server request ``item/tool/call``, held until the client answers it;
+* ``turn/interrupt`` → ``{}`` and ``turn/completed`` ``interrupted`` (a held
+  tool call is cancelled the real way);
+* upstream errors: each retryable failure is an ``error`` notification with
+  ``willRetry: true`` (``model_providers.<p>.stream_max_retries`` of them,
+  default 5), then ``willRetry: false`` and ``turn/completed`` ``failed``;
+  401 → ``httpConnectionFailed``, a 429 ``usage_limit_reached`` →
+  ``usageLimitExceeded`` (not retried).
+
+Replies come from the Responses upstream named by ``-c
+model_providers.<p>.base_url=…`` (``POST <base_url>/responses``, streamed), with
+the key from ``auth.json``, so they are whatever the fake upstream scripts.
+
+Fault switches, read from ``$CODEX_HOME/fault`` at every turn so a test can
+flip them on a running process: ``401`` (the upstream call fails as
+unauthorized), ``crash`` (exit 1 after the first text delta), ``hang`` (stop
+answering anything, as a wedged process would).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+VERSION = "0.169.0"
+_out_lock = threading.Lock()
+
+
+def send(message: dict[str, Any]) -> None:
+    with _out_lock:
+        sys.stdout.write(json.dumps(message) + "\n")
+        sys.stdout.flush()
+
+
+def notify(method: str, params: dict[str, Any]) -> None:
+    send({"method": method, "params": params, "emittedAtMs": int(time.time() * 1000)})
+
+
+def parse_config(argv: list[str]) -> dict[str, Any]:
+    """The ``-c key=value`` overrides (values as TOML scalars, roughly)."""
+    config: dict[str, Any] = {}
+    for n, arg in enumerate(argv):
+        if arg == "-c" and n + 1 < len(argv):
+            key, _, raw = argv[n + 1].partition("=")
+            try:
+                value: Any = json.loads(raw)
+            except ValueError:
+                value = raw
+            config[key] = value
+    return config
+
+
+class Upstream:
+    """Where a provider's requests go, and with which key."""
+
+    def __init__(self, config: dict[str, Any], home: Path) -> None:
+        provider = config.get("model_provider", "openai")
+        self.base_url = config.get(f"model_providers.{provider}.base_url", "")
+        self.retries = int(config.get(f"model_providers.{provider}.stream_max_retries", 5))
+        self.home = home
+
+    def key(self) -> str | None:
+        try:
+            auth = json.loads((self.home / "auth.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return auth.get("OPENAI_API_KEY") or None
+
+    def stream(self, body: dict[str, Any], turn: Turn) -> tuple[int, Any]:
+        """POST and return (status, an iterator of SSE events or the error body)."""
+        url = urlsplit(self.base_url.rstrip("/") + "/responses")
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=120)
+        turn.conn = conn
+        headers = {"content-type": "application/json", "accept": "text/event-stream"}
+        if (key := self.key()) is not None:
+            headers["authorization"] = f"Bearer {key}"
+        conn.request("POST", url.path, json.dumps(body), headers)
+        response = conn.getresponse()
+        if response.status != 200:
+            return response.status, json.loads(response.read() or b"{}")
+        return 200, _sse_events(response)
+
+
+def _sse_events(response: http.client.HTTPResponse):
+    for raw in response:
+        line = raw.decode().strip()
+        if line.startswith("data:"):
+            yield json.loads(line[5:].strip())
+
+
+class Thread:
+    def __init__(self, tid: str, params: dict[str, Any], home: Path) -> None:
+        self.id = tid
+        self.params = params
+        self.path = home / "sessions" / f"{tid}.json"
+        self.input: list[dict[str, Any]] = []
+        self.total = {"inputTokens": 0, "cachedInputTokens": 0, "outputTokens": 0,
+                      "reasoningOutputTokens": 0, "totalTokens": 0}
+
+    def save(self) -> None:
+        if self.params.get("ephemeral"):
+            return  # like the real one: an ephemeral thread leaves no rollout
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps({"params": self.params, "input": self.input}))
+
+    def info(self, cwd: str) -> dict[str, Any]:
+        return {"id": self.id, "sessionId": self.id, "preview": "", "ephemeral": False,
+                "modelProvider": "fake", "cwd": cwd, "environments": [], "turns": [],
+                "status": {"type": "idle"}}
+
+
+class Turn:
+    def __init__(self, thread: Thread) -> None:
+        self.id = str(uuid.uuid4())
+        self.thread = thread
+        self.interrupted = threading.Event()
+        self.conn: http.client.HTTPConnection | None = None
+        self.held: dict[str, threading.Event] = {}
+
+
+class Server:
+    def __init__(self, argv: list[str]) -> None:
+        self.home = Path(os.environ.get("CODEX_HOME") or Path.home() / ".codex")
+        self.upstream = Upstream(parse_config(argv), self.home)
+        self.threads: dict[str, Thread] = {}
+        self.turns: dict[str, Turn] = {}  # thread id -> running turn
+        self.pending: dict[int, tuple[Turn, str, dict[str, Any]]] = {}  # request id -> call
+        self.next_request = 0
+        self.after: list[Any] = []
+        self.lock = threading.Lock()
+
+    # --- the loop ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        for line in sys.stdin:
+            if not line.strip():
+                continue
+            if self.fault() == "hang":
+                while True:
+                    time.sleep(3600)
+            message = json.loads(line)
+            if "method" not in message:
+                self.on_response(message)
+            elif "id" in message:
+                self.on_request(message["id"], message["method"], message.get("params") or {})
+
+    def fault(self) -> str:
+        try:
+            return (self.home / "fault").read_text().strip()
+        except OSError:
+            return ""
+
+    def on_request(self, rid: Any, method: str, params: dict[str, Any]) -> None:
+        handler = getattr(self, "rpc_" + method.replace("/", "_"), None)
+        if handler is None:
+            send({"id": rid, "error": {"code": -32601, "message": f"unknown method {method}"}})
+            return
+        try:
+            result = handler(params)
+        except LookupError as exc:
+            send({"id": rid, "error": {"code": -32600, "message": str(exc.args[0])}})
+            return
+        send({"id": rid, "result": result})
+        while self.after:  # what the real server does after answering (a turn's events)
+            self.after.pop(0)()
+
+    def on_response(self, message: dict[str, Any]) -> None:
+        with self.lock:
+            entry = self.pending.pop(message.get("id"), None)
+        if entry is not None:
+            turn, call_id, slot = entry
+            slot["result"] = message.get("result") or {}
+            turn.held[call_id].set()
+
+    # --- methods -------------------------------------------------------------------------
+
+    def rpc_initialize(self, params: dict[str, Any]) -> dict[str, Any]:
+        client = params.get("clientInfo", {}).get("name", "client")
+        return {"userAgent": f"{client}/{VERSION} (fake)", "codexHome": str(self.home),
+                "platformFamily": "unix", "platformOs": "linux"}
+
+    def rpc_account_read(self, params: dict[str, Any]) -> dict[str, Any]:
+        account = {"type": "apiKey"} if self.upstream.key() else None
+        return {"account": account, "userId": None, "requiresOpenaiAuth": True,
+                "workspaceRouting": None}
+
+    def rpc_thread_start(self, params: dict[str, Any]) -> dict[str, Any]:
+        thread = Thread(str(uuid.uuid4()), params, self.home)
+        if params.get("baseInstructions"):
+            thread.input.append(_message("developer", params["baseInstructions"]))
+        thread.save()
+        self.threads[thread.id] = thread
+        info = thread.info(params.get("cwd") or "")
+        notify("thread/started", {"thread": info})
+        return {"thread": info, "model": params.get("model"), "cwd": params.get("cwd")}
+
+    def rpc_thread_resume(self, params: dict[str, Any]) -> dict[str, Any]:
+        tid = params["threadId"]
+        thread = self.threads.get(tid)
+        if thread is None:
+            path = self.home / "sessions" / f"{tid}.json"
+            if not path.exists():
+                raise LookupError(f"no rollout found for thread id {tid}")
+            saved = json.loads(path.read_text())
+            thread = Thread(tid, {**saved["params"], **params}, self.home)
+            thread.input = saved["input"]
+            self.threads[tid] = thread
+        return {"thread": thread.info(params.get("cwd") or ""), "model": params.get("model")}
+
+    def rpc_thread_inject_items(self, params: dict[str, Any]) -> dict[str, Any]:
+        thread = self.threads.get(params["threadId"])
+        if thread is None:
+            raise LookupError(f"thread not found: {params['threadId']}")
+        thread.input.extend(params.get("items") or [])
+        thread.save()
+        return {}
+
+    def rpc_thread_unsubscribe(self, params: dict[str, Any]) -> dict[str, Any]:
+        thread = self.threads.pop(params.get("threadId", ""), None)
+        return {"status": "unsubscribed" if thread else "notSubscribed"}
+
+    def rpc_turn_start(self, params: dict[str, Any]) -> dict[str, Any]:
+        thread = self.threads.get(params["threadId"])
+        if thread is None:
+            raise LookupError(f"thread not found: {params['threadId']}")
+        turn = Turn(thread)
+        self.turns[thread.id] = turn
+        texts = [i.get("text", "") for i in params.get("input", []) if i.get("type") == "text"]
+        thread.input.append(_message("user", "\n".join(texts)))
+        self.after.append(threading.Thread(target=self.play, args=(turn,), daemon=True).start)
+        return {"turn": _turn(turn, "inProgress")}
+
+    def rpc_turn_interrupt(self, params: dict[str, Any]) -> dict[str, Any]:
+        turn = self.turns.get(params.get("threadId", ""))
+        if turn is not None and turn.id == params.get("turnId"):
+            turn.interrupted.set()
+            for event in list(turn.held.values()):
+                event.set()
+            if turn.conn is not None and turn.conn.sock is not None:
+                try:  # wakes the reader blocked in recv (close() would not)
+                    turn.conn.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        return {}
+
+    # --- a turn --------------------------------------------------------------------------
+
+    def play(self, turn: Turn) -> None:
+        thread = turn.thread
+        notify("turn/started", {"threadId": thread.id, "turn": _turn(turn, "inProgress")})
+        try:
+            status, error = self.steps(turn)
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            status, error = ("interrupted", None) if turn.interrupted.is_set() else (
+                "failed", {"message": f"stream error: {exc}", "codexErrorInfo": "other"})
+        if status == "interrupted":
+            thread.input.append(_message("user", "<turn_aborted>\nThe user interrupted the turn."))
+        thread.save()
+        self.turns.pop(thread.id, None)
+        notify("turn/completed", {"threadId": thread.id, "turn": _turn(turn, status, error)})
+
+    def steps(self, turn: Turn) -> tuple[str, dict[str, Any] | None]:
+        """Upstream requests until the model stops calling tools."""
+        thread = turn.thread
+        tools = {t["name"]: t for t in thread.params.get("dynamicTools") or ()}
+        while True:
+            outcome = self.request(turn, tools)
+            if isinstance(outcome, tuple):
+                return outcome
+            if not outcome:
+                return "completed", None
+            # every call of the step is asked for before any answer is awaited, as
+            # the real server does with parallel calls
+            asked = [(item, self.ask_tool(turn, item)) for item in outcome]
+            for item, slot in asked:
+                result = self.await_tool(turn, item, slot)
+                thread.input.append({"type": "function_call_output", "call_id": item["call_id"],
+                                     "output": result})
+            if turn.interrupted.is_set():
+                return "interrupted", None
+
+    def request(self, turn: Turn, tools: dict[str, Any]) -> Any:
+        """One upstream call; the tool calls it made, or a (status, error) end."""
+        thread = turn.thread
+        body = {"model": thread.params.get("model"), "stream": True, "store": False,
+                "input": thread.input, "prompt_cache_key": thread.id,
+                "tools": [{"type": "function", "name": t["name"], "description": t["description"],
+                           "parameters": t["inputSchema"]} for t in tools.values()]}
+        for attempt in range(self.upstream.retries + 1):
+            if self.fault() == "401":
+                status, answer = 401, {"error": {"message": "Incorrect API key provided"}}
+            else:
+                status, answer = self.upstream.stream(body, turn)
+            if status == 200:
+                return self.relay(turn, answer)
+            message = (answer.get("error") or {}).get("message", "")
+            if status == 429 and (answer.get("error") or {}).get("type") == "usage_limit_reached":
+                return self.fail(turn, "You've hit your usage limit.", "usageLimitExceeded")
+            if status in (400, 404) or attempt == self.upstream.retries:
+                info = {"httpConnectionFailed": {"httpStatusCode": status}}
+                return self.fail(turn, f"unexpected status {status}: {message}", info)
+            self.error(turn, f"Reconnecting... {attempt + 1}/{self.upstream.retries}",
+                       {"responseStreamDisconnected": {"httpStatusCode": status}}, True,
+                       f"unexpected status {status}: {message}")
+            if turn.interrupted.wait(0.05 * (attempt + 1)):
+                return "interrupted", None
+        raise AssertionError("unreachable")
+
+    def fail(self, turn: Turn, message: str, info: Any) -> tuple[str, dict[str, Any]]:
+        self.error(turn, message, info, False)
+        return "failed", {"message": message, "codexErrorInfo": info}
+
+    def error(self, turn: Turn, message: str, info: Any, retry: bool,
+              details: str | None = None) -> None:
+        notify("error", {"error": {"message": message, "codexErrorInfo": info,
+                                   "additionalDetails": details},
+                         "willRetry": retry, "threadId": turn.thread.id, "turnId": turn.id})
+
+    def relay(self, turn: Turn, events: Any) -> Any:
+        thread, ids = turn.thread, {"threadId": turn.thread.id, "turnId": turn.id}
+        calls: list[dict[str, Any]] = []
+        for event in events:
+            if turn.interrupted.is_set():
+                return "interrupted", None
+            kind = event.get("type")
+            if kind == "response.output_text.delta":
+                notify("item/agentMessage/delta", {**ids, "itemId": event["item_id"],
+                                                    "delta": event["delta"]})
+                if self.fault() == "crash":
+                    os._exit(1)
+            elif kind == "response.output_item.done":
+                item = event["item"]
+                thread.input.append(item)
+                if item["type"] == "message":
+                    text = "".join(p.get("text", "") for p in item["content"])
+                    notify("item/completed", {**ids, "item": {
+                        "type": "agentMessage", "id": item["id"], "text": text}})
+                elif item["type"] == "function_call":
+                    calls.append(item)
+            elif kind in ("response.completed", "response.incomplete"):
+                self.usage(turn, event["response"].get("usage") or {})
+        return calls
+
+    def usage(self, turn: Turn, usage: dict[str, Any]) -> None:
+        last = {"inputTokens": usage.get("input_tokens", 0),
+                "cachedInputTokens": (usage.get("input_tokens_details") or {}).get(
+                    "cached_tokens", 0),
+                "outputTokens": usage.get("output_tokens", 0),
+                "reasoningOutputTokens": (usage.get("output_tokens_details") or {}).get(
+                    "reasoning_tokens", 0),
+                "totalTokens": usage.get("total_tokens", 0)}
+        total = turn.thread.total
+        for key, value in last.items():
+            total[key] += value
+        notify("thread/tokenUsage/updated", {"threadId": turn.thread.id, "turnId": turn.id,
+                                             "tokenUsage": {"last": last, "total": dict(total),
+                                                            "modelContextWindow": None}})
+
+    def ask_tool(self, turn: Turn, item: dict[str, Any]) -> dict[str, Any] | None:
+        """Send ``item/tool/call`` for a dynamic tool; the slot its answer fills."""
+        call_id, name = item["call_id"], item["name"]
+        if name not in {t["name"] for t in turn.thread.params.get("dynamicTools") or ()}:
+            return None
+        slot: dict[str, Any] = {}
+        turn.held[call_id] = threading.Event()
+        with self.lock:
+            rid = self.next_request
+            self.next_request += 1
+            self.pending[rid] = (turn, call_id, slot)
+        send({"method": "item/tool/call", "id": rid, "params": {
+            "threadId": turn.thread.id, "turnId": turn.id, "callId": call_id, "namespace": None,
+            "tool": name, "arguments": json.loads(item.get("arguments") or "{}")}})
+        return slot
+
+    def await_tool(self, turn: Turn, item: dict[str, Any], slot: dict[str, Any] | None) -> str:
+        if slot is None:
+            return f"unsupported call: {item['name']}"
+        turn.held[item["call_id"]].wait()
+        if "result" not in slot:
+            return "dynamic tool call was cancelled before receiving a response"
+        items = slot["result"].get("contentItems") or []
+        return "".join(i.get("text", "") for i in items if i.get("type") == "inputText")
+
+
+def _message(role: str, text: str) -> dict[str, Any]:
+    kind = "output_text" if role == "assistant" else "input_text"
+    return {"type": "message", "role": role, "content": [{"type": kind, "text": text}]}
+
+
+def _turn(turn: Turn, status: str, error: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"id": turn.id, "items": [], "status": status, "error": error}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] != "app-server":
+        sys.stderr.write("usage: codex_app_server app-server [-c key=value]...\n")
+        return 2
+    if "--version" in argv:
+        print(f"codex-cli {VERSION}")
+        return 0
+    Server(argv[1:]).run()
+    # stdin closed: leave at once, as the real server does (turn threads are daemons)
+    with _out_lock:
+        sys.stdout.flush()
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--version"]:
+        print(f"codex-cli {VERSION}")
+        sys.exit(0)
+    sys.exit(main(sys.argv[1:]))
