@@ -121,6 +121,20 @@ def input_of(upstream: ResponsesUpstream, n: int = -1) -> list[tuple[str, str | 
     return out
 
 
+async def waiting_turn(conv, upstream: ResponsesUpstream,
+                       events: list[CliEvent]) -> asyncio.Task[None]:
+    """Start a turn the upstream holds for 30 s; return once the upstream has it."""
+    async def run() -> None:
+        async for event in conv.send(user("wait [[sleep:30]]")):
+            events.append(event)
+
+    seen = len(upstream.responses)
+    task = asyncio.create_task(run())
+    while len(upstream.responses) == seen:
+        await asyncio.sleep(0.01)
+    return task
+
+
 async def test_chat_turn_sends_only_the_system_prompt_and_the_turn(
         driver: CodexDriver, upstream: ResponsesUpstream) -> None:
     conv = await driver.open(ConversationSetup(model=MODEL, system="Answer briefly."))
@@ -195,14 +209,7 @@ async def test_threads_run_turns_at_the_same_time(driver: CodexDriver,
     slow = await driver.open(ConversationSetup(model=MODEL, system="S"))
     fast = await driver.open(ConversationSetup(model=MODEL, system="S"))
     slow_events: list[CliEvent] = []
-
-    async def run_slow() -> None:
-        async for event in slow.send(user("wait [[sleep:30]]")):
-            slow_events.append(event)
-
-    task = asyncio.create_task(run_slow())
-    while len(upstream.responses) < 1:
-        await asyncio.sleep(0.01)
+    task = await waiting_turn(slow, upstream, slow_events)
     # one process, a second thread: answered while the first one is still waiting
     events = await collect(fast.send(user("quick")))
     assert text_of(events) == "echo: quick" and not task.done()
@@ -215,14 +222,7 @@ async def test_interrupt_ends_the_turn_and_frees_the_upstream(
         driver: CodexDriver, upstream: ResponsesUpstream) -> None:
     conv = await driver.open(ConversationSetup(model=MODEL, system="S"))
     events: list[CliEvent] = []
-
-    async def run() -> None:
-        async for event in conv.send(user("wait [[sleep:30]]")):
-            events.append(event)
-
-    task = asyncio.create_task(run())
-    while len(upstream.responses) < 1:
-        await asyncio.sleep(0.01)
+    task = await waiting_turn(conv, upstream, events)
     await conv.interrupt()
     await asyncio.wait_for(task, DEADLINE)
     assert isinstance(events[-1], TurnFailed) and events[-1].kind == "interrupted"
@@ -282,14 +282,7 @@ async def test_killed_app_server_fails_the_turn_and_the_health_check(
         driver: CodexDriver, upstream: ResponsesUpstream) -> None:
     conv = await driver.open(ConversationSetup(model=MODEL, system="S"))
     events: list[CliEvent] = []
-
-    async def run() -> None:
-        async for event in conv.send(user("wait [[sleep:30]]")):
-            events.append(event)
-
-    task = asyncio.create_task(run())
-    while len(upstream.responses) < 1:
-        await asyncio.sleep(0.01)
+    task = await waiting_turn(conv, upstream, events)
     assert driver.pid is not None
     os.kill(driver.pid, signal.SIGKILL)
     await asyncio.wait_for(task, DEADLINE)
