@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -43,12 +44,13 @@ from .events import (
 if TYPE_CHECKING:
     from .codex import CodexDriver
 
-__all__ = ["CodexThread", "http_status", "error_class"]
+__all__ = ["CodexThread", "http_status", "error_class", "reset_at"]
 
 log = structlog.get_logger(__name__)
 
 _RECONNECT = re.compile(r"(\d+)/(\d+)")
 _URL_TAIL = re.compile(r",? url: \S+$")
+_TRY_AGAIN = re.compile(r"try again at (\d{1,2}):(\d{2})\s*([AaPp][Mm])")
 _THINKING = ("item/reasoning/summaryTextDelta", "item/reasoning/textDelta")
 _RATE_INFOS = ("usageLimitExceeded", "rateLimitExceeded")
 
@@ -78,6 +80,19 @@ def _message(error: Mapping[str, Any]) -> str:
     ``additionalDetails``), without the provider URL Codex appends."""
     text = str(error.get("additionalDetails") or error.get("message") or "the codex turn failed")
     return _URL_TAIL.sub("", text)
+
+
+def reset_at(message: str, now: float | None = None) -> float | None:
+    """When a usage limit resets, from Codex's words ("… or try again at 7:38 AM.",
+    a local time within the next day), as a Unix time."""
+    found = _TRY_AGAIN.search(message)
+    if found is None:
+        return None
+    hour, minute = int(found[1]) % 12 + (12 if found[3].upper() == "PM" else 0), int(found[2])
+    now = time.time() if now is None else now
+    today = time.localtime(now)
+    at = time.mktime((today.tm_year, today.tm_mon, today.tm_mday, hour, minute, 0, 0, 0, -1))
+    return at if at > now else at + 24 * 3600
 
 
 def _turn_of(params: Mapping[str, Any], default: str | None) -> str | None:
@@ -253,7 +268,7 @@ class CodexThread:
         if kind == "login":
             return [LoginRequired(message)]
         if kind == "rate":
-            return [RateLimited(message), TurnFailed("overloaded", message, 429)]
+            return [RateLimited(message, reset_at(message)), TurnFailed("overloaded", message, 429)]
         status = http_status(error.get("codexErrorInfo"))
         return [TurnFailed(kind_for_status(status) if status else "upstream", message, status)]
 

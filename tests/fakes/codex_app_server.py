@@ -29,9 +29,13 @@ Replies come from the Responses upstream named by ``-c
 model_providers.<p>.base_url=…`` (``POST <base_url>/responses``, streamed), with
 the key from ``auth.json``, so they are whatever the fake upstream scripts.
 
+For tests it also writes ``$CODEX_HOME/app-server.pid`` and appends every
+``turn/start`` input to ``$CODEX_HOME/turns.jsonl``.
+
 Fault switches, read from ``$CODEX_HOME/fault`` at every turn so a test can
 flip them on a running process: ``401`` (the upstream call fails as
-unauthorized), ``crash`` (exit 1 after the first text delta), ``hang`` (stop
+unauthorized), ``usage`` (a 429 ``usage_limit_reached``, reset in an hour),
+``crash`` (exit 1 after the first text delta), ``hang`` (stop
 answering anything, as a wedged process would).
 """
 
@@ -159,6 +163,8 @@ class Server:
     # --- the loop ----------------------------------------------------------------------
 
     def run(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "app-server.pid").write_text(str(os.getpid()))
         for line in sys.stdin:
             if not line.strip():
                 continue
@@ -253,6 +259,8 @@ class Server:
         turn = Turn(thread)
         self.turns[thread.id] = turn
         texts = [i.get("text", "") for i in params.get("input", []) if i.get("type") == "text"]
+        with open(self.home / "turns.jsonl", "a") as log:  # what the client sent, for tests
+            log.write(json.dumps({"threadId": thread.id, "input": params.get("input")}) + "\n")
         thread.input.append(_message("user", "\n".join(texts)))
         self.after.append(threading.Thread(target=self.play, args=(turn,), daemon=True).start)
         return {"turn": _turn(turn, "inProgress")}
@@ -316,13 +324,23 @@ class Server:
         for attempt in range(self.upstream.retries + 1):
             if self.fault() == "401":
                 status, answer = 401, {"error": {"message": "Incorrect API key provided"}}
+            elif self.fault() == "usage":
+                status, answer = 429, {"error": {"type": "usage_limit_reached",
+                                                 "resets_in_seconds": 3600}}
             else:
                 status, answer = self.upstream.stream(body, turn)
             if status == 200:
                 return self.relay(turn, answer)
             message = (answer.get("error") or {}).get("message", "")
-            if status == 429 and (answer.get("error") or {}).get("type") == "usage_limit_reached":
-                return self.fail(turn, "You've hit your usage limit.", "usageLimitExceeded")
+            error = answer.get("error") or {}
+            if status == 429 and error.get("type") == "usage_limit_reached":
+                # the real text (0.169.0), the reset in the process's local time
+                at = time.localtime(time.time() + int(error.get("resets_in_seconds", 3600)))
+                clock = time.strftime("%I:%M %p", at).lstrip("0")
+                return self.fail(turn, "You\u2019ve hit your usage limit. Upgrade to Pro "
+                                 "(https://chatgpt.com/explore/pro), visit https://chatgpt.com/"
+                                 "settings/usage to purchase more credits or try again at "
+                                 f"{clock}.", "usageLimitExceeded")
             if status in (400, 404) or attempt == self.upstream.retries:
                 info = {"httpConnectionFailed": {"httpStatusCode": status}}
                 return self.fail(turn, f"unexpected status {status}: {message}", info)

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import time
 import sys
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
@@ -319,3 +320,21 @@ async def test_bad_options_and_missing_binary_are_driver_errors(tmp_path: Path) 
                                        command=("no-such-codex",), env={"PATH": str(tmp_path)}))
     with pytest.raises(DriverError, match="not found"):
         await missing.start()
+
+
+async def test_usage_limit_reports_when_it_resets(tmp_path: Path,
+                                                  upstream: ResponsesUpstream) -> None:
+    home = account_home(tmp_path, KEY)
+    codex = CodexDriver(driver_config(home, fake_command(), upstream))
+    try:
+        await codex.start()
+        conv = await codex.open(ConversationSetup(model=MODEL, system="S"))
+        (home / "fault").write_text("usage")
+        events = await collect(conv.send(user("hi")))
+        limited, failed = events[-2:]
+        assert isinstance(limited, RateLimited) and "usage limit" in limited.message
+        # "try again at H:MM AM": an hour from now, to the minute
+        assert limited.reset_at is not None and 3500 < limited.reset_at - time.time() <= 3600
+        assert isinstance(failed, TurnFailed) and failed.status == 429
+    finally:
+        await codex.stop()
