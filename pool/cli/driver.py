@@ -95,6 +95,7 @@ class DriverConfig:
     max_conversations: int = 4
     options: Mapping[str, Any] = field(default_factory=dict)
     tool_timeout: float = 300.0
+    idle_timeout: float = 300.0  # silence from the CLI mid-turn after which it counts as hung
 
 
 class Conversation(Protocol):
