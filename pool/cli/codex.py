@@ -26,7 +26,7 @@ import collections
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import structlog
 
@@ -63,7 +63,13 @@ class CodexDriver:
         self._threads: dict[str, CodexThread] = {}
         self._stderr: collections.deque[str] = collections.deque(maxlen=20)
         self._stderr_task: asyncio.Task[None] | None = None
+        self._watchers: list[asyncio.Task[None]] = []
+        self._stopping = False
         self.version: str | None = None
+        #: called once when the app-server dies or hangs while not being stopped; the
+        #: worker child sets it to end itself, so the supervisor restarts the account
+        #: (every conversation lived in that one process)
+        self.on_process_exit: Callable[[], None] | None = None
 
     @property
     def rpc(self) -> CodexRpc:
@@ -102,7 +108,33 @@ class CodexDriver:
         self.version = found[1] if found else None
         log.info("codex.started", worker=self.config.name, pid=self.proc.pid,
                  version=self.version)
-        return await self.health()
+        health = await self.health()
+        self._watchers = [asyncio.create_task(self._watch_exit(), name="codex-exit"),
+                          asyncio.create_task(self._watchdog(), name="codex-watchdog")]
+        return health
+
+    async def _watch_exit(self) -> None:
+        assert self.proc is not None
+        code = await self.proc.wait()
+        if self._stopping:
+            return
+        log.error("codex.app_server_exited", worker=self.config.name, code=code,
+                  stderr=self.stderr_tail())
+        if self.on_process_exit is not None:
+            self.on_process_exit()
+
+    async def _watchdog(self) -> None:
+        """A process that stops answering is as dead as one that exited."""
+        while self.proc is not None and self.proc.returncode is None:
+            await asyncio.sleep(self.options.watchdog)
+            try:
+                await self.health(timeout=min(_HEALTH_TIMEOUT, 2 * self.options.watchdog))
+            except DriverError as exc:
+                if self._stopping or self.proc.returncode is not None:
+                    return
+                log.error("codex.app_server_hung", worker=self.config.name, error=str(exc))
+                self.proc.kill()  # _watch_exit takes it from here
+                return
 
     async def _drain_stderr(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None
@@ -112,14 +144,14 @@ class CodexDriver:
     def stderr_tail(self) -> str:
         return " | ".join(self._stderr)[-1000:]
 
-    async def health(self) -> CliHealth:
+    async def health(self, timeout: float = _HEALTH_TIMEOUT) -> CliHealth:
         """``account/read``: cheap, local (no upstream call), answers even mid-turn."""
         if self.proc is None or self.proc.returncode is not None or self.rpc.closed.is_set():
             code = None if self.proc is None else self.proc.returncode
             raise DriverError(f"the codex app-server has exited (code {code})")
         try:
             answer = await self.rpc.request("account/read", {"refreshToken": False},
-                                            timeout=_HEALTH_TIMEOUT)
+                                            timeout=timeout)
         except (RpcError, RpcClosed, TimeoutError) as exc:
             raise DriverError(f"codex app-server did not answer account/read: {exc!r}") from exc
         account = answer.get("account")
@@ -134,6 +166,9 @@ class CodexDriver:
                          detail=detail)
 
     async def stop(self) -> None:
+        self._stopping = True
+        for task in self._watchers:
+            task.cancel()
         for thread in list(self._threads.values()):
             await thread.close()
         proc = self.proc

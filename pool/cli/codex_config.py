@@ -56,10 +56,12 @@ class CodexOptions:
     booleans, lists), e.g. a ``model_providers.<id>`` entry and
     ``model_provider``; ``features``: ``{name = true|false}``; ``sandbox``
     (agent mode, default ``read-only``); ``tool_gather_seconds``: how long
-    to wait for further parallel ``item/tool/call`` requests after the first."""
+    to wait for further parallel ``item/tool/call`` requests after the first;
+    ``watchdog_seconds``: how often ``account/read`` checks that the process
+    still answers (a hung one is killed)."""
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        known = {"config", "features", "sandbox", "tool_gather_seconds"}
+        known = {"config", "features", "sandbox", "tool_gather_seconds", "watchdog_seconds"}
         for key in options:
             if key not in known:
                 raise DriverError(f"cli_options.{key}: unknown Codex option "
@@ -82,6 +84,10 @@ class CodexOptions:
         gather = options.get("tool_gather_seconds", 0.05)
         if not isinstance(gather, (int, float)) or isinstance(gather, bool) or not 0 <= gather <= 5:
             raise DriverError("cli_options.tool_gather_seconds must be a number from 0 to 5")
+        watchdog = options.get("watchdog_seconds", 10.0)
+        if not isinstance(watchdog, (int, float)) or isinstance(watchdog, bool) or watchdog <= 0:
+            raise DriverError("cli_options.watchdog_seconds must be a positive number")
+        self.watchdog: float = float(watchdog)
         self.config: dict[str, Any] = dict(config)
         self.features: dict[str, bool] = dict(features)
         self.sandbox: str = sandbox

@@ -10,6 +10,7 @@ upstream. No gateway here: this is the driver contract itself (see
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import shutil
@@ -293,19 +294,24 @@ async def test_killed_app_server_fails_the_turn_and_the_health_check(
         await driver.health()
 
 
-async def test_crash_switch_of_the_fake_mid_turn(tmp_path: Path,
-                                                 upstream: ResponsesUpstream) -> None:
+@pytest.fixture
+async def fake_codex(tmp_path: Path,
+                     upstream: ResponsesUpstream) -> AsyncIterator[tuple[CodexDriver, Path]]:
+    """The fake app-server alone, with its home (where the fault switch lives)."""
     home = account_home(tmp_path, KEY)
     codex = CodexDriver(driver_config(home, fake_command(), upstream))
-    try:
-        await codex.start()
-        conv = await codex.open(ConversationSetup(model=MODEL, system="S"))
-        (home / "fault").write_text("crash")
-        events = await collect(conv.send(user("three words here")))
-        assert text_of(events) == "echo: "  # one delta, then the process died
-        assert isinstance(events[-1], TurnFailed) and events[-1].kind == "upstream"
-    finally:
-        await codex.stop()
+    await codex.start()
+    yield codex, home
+    await codex.stop()
+
+
+async def test_crash_switch_of_the_fake_mid_turn(fake_codex: tuple[CodexDriver, Path]) -> None:
+    codex, home = fake_codex
+    conv = await codex.open(ConversationSetup(model=MODEL, system="S"))
+    (home / "fault").write_text("crash")
+    events = await collect(conv.send(user("three words here")))
+    assert text_of(events) == "echo: "  # one delta, then the process died
+    assert isinstance(events[-1], TurnFailed) and events[-1].kind == "upstream"
 
 
 async def test_bad_options_and_missing_binary_are_driver_errors(tmp_path: Path) -> None:
@@ -322,19 +328,31 @@ async def test_bad_options_and_missing_binary_are_driver_errors(tmp_path: Path) 
         await missing.start()
 
 
-async def test_usage_limit_reports_when_it_resets(tmp_path: Path,
-                                                  upstream: ResponsesUpstream) -> None:
+async def test_usage_limit_reports_when_it_resets(
+        fake_codex: tuple[CodexDriver, Path]) -> None:
+    codex, home = fake_codex
+    conv = await codex.open(ConversationSetup(model=MODEL, system="S"))
+    (home / "fault").write_text("usage")
+    events = await collect(conv.send(user("hi")))
+    limited, failed = events[-2:]
+    assert isinstance(limited, RateLimited) and "usage limit" in limited.message
+    # "try again at H:MM AM": an hour from now, to the minute
+    assert limited.reset_at is not None and 3500 < limited.reset_at - time.time() <= 3600
+    assert isinstance(failed, TurnFailed) and failed.status == 429
+
+
+async def test_a_hung_app_server_is_killed_by_the_watchdog(
+        tmp_path: Path, upstream: ResponsesUpstream) -> None:
     home = account_home(tmp_path, KEY)
-    codex = CodexDriver(driver_config(home, fake_command(), upstream))
+    config = driver_config(home, fake_command(), upstream)
+    codex = CodexDriver(dataclasses.replace(
+        config, options={**config.options, "watchdog_seconds": 0.2}))
+    exited = asyncio.Event()
+    codex.on_process_exit = exited.set
     try:
         await codex.start()
-        conv = await codex.open(ConversationSetup(model=MODEL, system="S"))
-        (home / "fault").write_text("usage")
-        events = await collect(conv.send(user("hi")))
-        limited, failed = events[-2:]
-        assert isinstance(limited, RateLimited) and "usage limit" in limited.message
-        # "try again at H:MM AM": an hour from now, to the minute
-        assert limited.reset_at is not None and 3500 < limited.reset_at - time.time() <= 3600
-        assert isinstance(failed, TurnFailed) and failed.status == 429
+        (home / "fault").write_text("hang")  # the next message it reads wedges it
+        await asyncio.wait_for(exited.wait(), DEADLINE)
+        assert codex.proc is not None and codex.proc.returncode == -signal.SIGKILL
     finally:
         await codex.stop()

@@ -1,0 +1,247 @@
+"""Codex cli workers behind a real poolgate, driven by the real SDKs.
+
+Each worker child runs one codex app-server for its account: the fake one
+(tests/fakes/codex_app_server.py) and, under the ``cli`` marker, the real
+Codex 0.169.0 binary with an API-key ``auth.json`` and a custom provider.
+Both answer from the same fake Responses upstream.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from app.factory import create_app
+from app.settings import ServerSettings, Settings, WorkerSettings
+from tests.fakes.responses_upstream import ResponsesUpstream
+from tests.integration.clis import CODEX, ensure_cli
+from tests.support.cli_accounts import wait_for
+from tests.support.codex_accounts import (
+    CODEX_MODEL as MODEL, FAKE_CODEX, app_server_pid, codex_home, codex_worker, turn_inputs,
+)
+from tests.support.server import ServerThread
+
+pytestmark = pytest.mark.slow
+
+ADMIN = {"authorization": "Bearer admin-token"}
+KEY = "sk-codex-team-account"
+CLIENT_KEYS = {"team-a": "sk-team-a"}
+WEATHER_OAI = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+WEATHER_ANT = {"name": "get_weather", "description": "The weather in a city",
+               "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
+CALL = '[[tool:get_weather {"city": "Paris"}]]'
+
+
+def real_codex() -> tuple[str, ...]:
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not installed: cannot install the Codex CLI")
+    path = ensure_cli(*CODEX)
+    assert path is not None
+    return (path,)
+
+
+@pytest.fixture(params=["fake", pytest.param("real", marks=pytest.mark.cli)])
+def command(request: pytest.FixtureRequest) -> tuple[str, ...]:
+    return FAKE_CODEX if request.param == "fake" else real_codex()
+
+
+@pytest.fixture
+def upstream() -> Iterator[ResponsesUpstream]:
+    with ResponsesUpstream(api_key=KEY, models=(MODEL,)) as fake:
+        yield fake
+
+
+def gateway(*workers: WorkerSettings) -> ServerThread:
+    settings = Settings(server=ServerSettings(admin_token="admin-token", api_keys=CLIENT_KEYS,
+                                              metrics_public=True), workers=workers)
+    return ServerThread(create_app(settings))
+
+
+@pytest.fixture
+def one(tmp_path: Path, upstream: ResponsesUpstream,
+        command: tuple[str, ...]) -> Iterator[tuple[Any, httpx.Client, Path]]:
+    home = codex_home(tmp_path / "a", KEY)
+    worker = codex_worker("codex-a", home, upstream.url, command=command)
+    with gateway(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
+        yield srv, http, home
+
+
+def oai(srv: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-team-a", max_retries=0)
+
+
+def ant(srv: Any) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=srv.url, api_key="sk-team-a", max_retries=0)
+
+
+def workers(http: httpx.Client) -> dict[str, dict]:
+    return {w["name"]: w for w in http.get("/internal/workers", headers=ADMIN).json()["workers"]}
+
+
+def items(upstream: ResponsesUpstream, n: int = -1) -> list[tuple[str, str | None, str]]:
+    """(type, role, text) of the input items of the n-th request upstream."""
+    out = []
+    for item in upstream.responses[n].body["input"]:
+        content = item.get("content")
+        text = "".join(c.get("text", "") for c in content) if isinstance(content, list) else ""
+        out.append((item["type"], item.get("role"), text or str(item.get("output", ""))))
+    return out
+
+
+def test_a_turn_and_a_streamed_turn_in_both_dialects(one, upstream):
+    srv, http, home = one
+    with oai(srv) as client:
+        out = client.chat.completions.create(model=MODEL, messages=[
+            {"role": "system", "content": "Be terse."}, {"role": "user", "content": "hello codex"}])
+    assert out.choices[0].message.content == "echo: hello codex"
+    assert out.choices[0].finish_reason == "stop" and out.usage.completion_tokens == 3
+    # chat mode: the client's system prompt is the whole prompt, then the turn
+    assert items(upstream) == [("message", "developer", "Be terse."),
+                               ("message", "user", "hello codex")]
+    with ant(srv) as client, client.messages.stream(model=MODEL, max_tokens=64, messages=[
+            {"role": "user", "content": "streamed words here"}]) as stream:
+        chunks = list(stream.text_stream)
+        final = stream.get_final_message()
+    assert "".join(chunks) == "echo: streamed words here" and len(chunks) > 1
+    assert final.stop_reason == "end_turn" and final.usage.output_tokens == 4
+    info = wait_for(lambda: (w := workers(http)["codex-a"])["conversations"] == 2 and w)
+    assert (info["kind"], info["cli"], info["version"], info["login"]) == (
+        "cli", "codex", "0.169.0", "ready")
+    assert info["cooldown_until"] is None
+
+
+def test_second_turn_reuses_the_thread_and_sends_only_the_new_turn(one, upstream):
+    srv, http, home = one
+    history = [{"role": "user", "content": "first question"}]
+    with oai(srv) as client:
+        first = client.chat.completions.create(model=MODEL, messages=history)
+        history += [{"role": "assistant", "content": first.choices[0].message.content},
+                    {"role": "user", "content": "second question"}]
+        second = client.chat.completions.create(model=MODEL, messages=history)
+    assert second.choices[0].message.content == "echo: second question"
+    # the upstream sees one Codex thread growing, the new turn as its own item
+    assert [t for _, _, t in items(upstream)] == [
+        "You are a helpful assistant.", "first question", "echo: first question",
+        "second question"]
+    assert upstream.responses[0].body["prompt_cache_key"] == \
+        upstream.responses[1].body["prompt_cache_key"]  # the same thread
+    if (home / "turns.jsonl").exists():  # the fake logs what the CLI was sent
+        turns = turn_inputs(home)
+        assert [t["text"] for t in turns] == ["first question", "second question"]
+        assert turns[0]["thread"] == turns[1]["thread"]
+    stats = wait_for(lambda: (s := http.get("/internal/stats", headers=ADMIN).json()
+                              ["cli_sessions"]["workers"]["codex-a"])["hits"] == 1 and s)
+    assert stats == {"hits": 1, "misses": 1, "rebuilds": 0}
+
+
+def test_openai_tool_round_trip_holds_the_codex_call(one, upstream):
+    srv, http, home = one
+    messages: list[dict] = [{"role": "user", "content": f"weather? {CALL}"}]
+    with oai(srv) as client:
+        first = client.chat.completions.create(model=MODEL, messages=messages,
+                                               tools=[WEATHER_OAI])
+        choice = first.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        (call,) = choice.message.tool_calls
+        assert (call.function.name, json.loads(call.function.arguments)) == (
+            "get_weather", {"city": "Paris"})
+        assert len(upstream.responses) == 1  # Codex holds its call: nothing more went up
+        messages += [choice.message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": "Sunny 21C"}]
+        stream = client.chat.completions.create(model=MODEL, messages=messages,
+                                                tools=[WEATHER_OAI], stream=True)
+        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == "tool said: Sunny 21C"
+    assert items(upstream)[-1] == ("function_call_output", None, "Sunny 21C")
+    if (home / "turns.jsonl").exists():
+        assert len(turn_inputs(home)) == 1  # the result answered the held call, no new turn
+
+
+def test_anthropic_tool_round_trip_holds_the_codex_call(one, upstream):
+    srv, http, home = one
+    messages: list[dict] = [{"role": "user", "content": f"weather? {CALL}"}]
+    with ant(srv) as client:
+        first = client.messages.create(model=MODEL, max_tokens=256, messages=messages,
+                                       tools=[WEATHER_ANT])
+        assert first.stop_reason == "tool_use"
+        (use,) = [b for b in first.content if b.type == "tool_use"]
+        assert (use.name, use.input) == ("get_weather", {"city": "Paris"})
+        messages += [{"role": "assistant", "content": [b.model_dump() for b in first.content]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                                   "content": "Foggy"}]}]
+        second = client.messages.create(model=MODEL, max_tokens=256, messages=messages,
+                                        tools=[WEATHER_ANT])
+    assert second.content[0].text == "tool said: Foggy" and second.stop_reason == "end_turn"
+    assert items(upstream)[-1] == ("function_call_output", None, "Foggy")
+
+
+def test_client_disconnect_interrupts_the_turn(one, upstream):
+    srv, http, home = one
+    body = {"model": MODEL, "stream": True,
+            "messages": [{"role": "user", "content": "one two three four [[hang-after:6]]"}]}
+    with http.stream("POST", "/v1/chat/completions", json=body,
+                     headers={"authorization": "Bearer sk-team-a"}) as response:
+        for line in response.iter_lines():
+            if '"content"' in line:
+                break  # the turn is streaming: leave mid-way
+    # turn/interrupt went to Codex, which dropped its upstream request
+    assert wait_for(lambda: upstream.disconnects >= 1, timeout=30)
+    wait_for(lambda: workers(http)["codex-a"]["in_flight"] == 0)
+    with oai(srv) as client:  # the account still serves
+        out = client.chat.completions.create(model=MODEL, messages=[
+            {"role": "user", "content": "still here"}])
+    assert out.choices[0].message.content == "echo: still here"
+
+
+def test_kill_9_mid_turn_ends_the_stream_and_the_worker_restarts(tmp_path, upstream):
+    home = codex_home(tmp_path / "a", KEY)
+    worker = codex_worker("codex-a", home, upstream.url)
+    with gateway(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
+        with oai(srv) as client:
+            stream = client.chat.completions.create(model=MODEL, stream=True, messages=[
+                {"role": "user", "content": "one two three [[hang-after:6]]"}])
+            got = []
+            with pytest.raises(openai.APIError) as err:
+                for chunk in stream:
+                    got.append(chunk)
+                    if len(got) == 2:
+                        os.kill(app_server_pid(home), signal.SIGKILL)
+            assert "exited" in str(err.value) or "codex" in str(err.value)
+        before = app_server_pid(home)
+        wait_for(lambda: app_server_pid(home) != before and
+                 workers(http)["codex-a"]["state"] == "ready", timeout=30)
+        assert workers(http)["codex-a"]["restarts"] >= 1
+        with oai(srv) as client:
+            out = client.chat.completions.create(model=MODEL, messages=[
+                {"role": "user", "content": "again"}])
+        assert out.choices[0].message.content == "echo: again"
+
+
+def test_upstream_401_logs_the_account_out_and_the_other_serves(tmp_path, upstream):
+    revoked, good = codex_home(tmp_path / "a", KEY), codex_home(tmp_path / "b", KEY)
+    (revoked / "fault").write_text("401")
+    with gateway(codex_worker("codex-a", revoked, upstream.url),
+                 codex_worker("codex-b", good, upstream.url)) as srv, \
+            httpx.Client(base_url=srv.url, timeout=30) as http, oai(srv) as client:
+        wait_for(lambda: all(w["login"] == "ready" for w in workers(http).values()))
+        answers = [client.chat.completions.create(model=MODEL, messages=[
+            {"role": "user", "content": f"question {n}"}]).choices[0].message.content
+                   for n in range(3)]
+        assert answers == [f"echo: question {n}" for n in range(3)]
+        info = wait_for(lambda: (w := workers(http))["codex-a"]["login"] == "logged_out" and w,
+                        timeout=5)
+        assert info["codex-a"]["state"] != "ready" and info["codex-b"]["login"] == "ready"
+        assert [t["text"] for t in turn_inputs(good)] == [f"question {n}" for n in range(3)]
+        assert len(turn_inputs(revoked)) == 1  # tried once, then never picked again
