@@ -205,9 +205,9 @@ def test_client_disconnect_interrupts_the_turn(one, upstream):
     assert out.choices[0].message.content == "echo: still here"
 
 
-def test_kill_9_mid_turn_ends_the_stream_and_the_worker_restarts(tmp_path, upstream):
+def test_kill_9_mid_turn_ends_the_stream_and_the_worker_restarts(tmp_path, upstream, command):
     home = codex_home(tmp_path / "a", KEY)
-    worker = codex_worker("codex-a", home, upstream.url)
+    worker = codex_worker("codex-a", home, upstream.url, command=command)
     with gateway(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
         with oai(srv) as client:
             stream = client.chat.completions.create(model=MODEL, stream=True, messages=[
@@ -217,10 +217,11 @@ def test_kill_9_mid_turn_ends_the_stream_and_the_worker_restarts(tmp_path, upstr
                 for chunk in stream:
                     got.append(chunk)
                     if len(got) == 2:
-                        os.kill(app_server_pid(home), signal.SIGKILL)
-            assert "exited" in str(err.value) or "codex" in str(err.value)
-        before = app_server_pid(home)
-        wait_for(lambda: app_server_pid(home) != before and
+                        killed = app_server_pid(home)
+                        assert killed is not None
+                        os.kill(killed, signal.SIGKILL)
+            assert "exited" in str(err.value)
+        wait_for(lambda: app_server_pid(home) not in (None, killed) and
                  workers(http)["codex-a"]["state"] == "ready", timeout=30)
         assert workers(http)["codex-a"]["restarts"] >= 1
         with oai(srv) as client:
@@ -229,11 +230,10 @@ def test_kill_9_mid_turn_ends_the_stream_and_the_worker_restarts(tmp_path, upstr
         assert out.choices[0].message.content == "echo: again"
 
 
-def test_upstream_401_logs_the_account_out_and_the_other_serves(tmp_path, upstream):
-    revoked, good = codex_home(tmp_path / "a", KEY), codex_home(tmp_path / "b", KEY)
-    (revoked / "fault").write_text("401")
-    with gateway(codex_worker("codex-a", revoked, upstream.url),
-                 codex_worker("codex-b", good, upstream.url)) as srv, \
+def test_upstream_401_logs_the_account_out_and_the_other_serves(tmp_path, upstream, command):
+    revoked, good = codex_home(tmp_path / "a", "sk-revoked"), codex_home(tmp_path / "b", KEY)
+    with gateway(codex_worker("codex-a", revoked, upstream.url, command=command),
+                 codex_worker("codex-b", good, upstream.url, command=command)) as srv, \
             httpx.Client(base_url=srv.url, timeout=30) as http, oai(srv) as client:
         wait_for(lambda: all(w["login"] == "ready" for w in workers(http).values()))
         answers = [client.chat.completions.create(model=MODEL, messages=[
@@ -243,5 +243,9 @@ def test_upstream_401_logs_the_account_out_and_the_other_serves(tmp_path, upstre
         info = wait_for(lambda: (w := workers(http))["codex-a"]["login"] == "logged_out" and w,
                         timeout=5)
         assert info["codex-a"]["state"] != "ready" and info["codex-b"]["login"] == "ready"
-        assert [t["text"] for t in turn_inputs(good)] == [f"question {n}" for n in range(3)]
-        assert len(turn_inputs(revoked)) == 1  # tried once, then never picked again
+        # account a was tried once (a 401 at its first upstream call), then never picked
+        refused = [r for r in upstream.responses
+                   if r.headers["authorization"] == "Bearer sk-revoked"]
+        assert 1 <= len(refused) <= 2
+        served = [r for r in upstream.responses if r.headers["authorization"] == f"Bearer {KEY}"]
+        assert len(served) == 3

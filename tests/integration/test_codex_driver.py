@@ -356,3 +356,14 @@ async def test_a_hung_app_server_is_killed_by_the_watchdog(
         assert codex.proc is not None and codex.proc.returncode == -signal.SIGKILL
     finally:
         await codex.stop()
+
+
+async def test_a_key_revoked_while_running_is_login_required(
+        fake_codex: tuple[CodexDriver, Path], upstream: ResponsesUpstream) -> None:
+    codex, home = fake_codex
+    conv = await codex.open(ConversationSetup(model=MODEL, system="S"))
+    assert text_of(await collect(conv.send(user("fine")))) == "echo: fine"
+    (home / "fault").write_text("401")  # the fake's switch: its upstream calls now fail so
+    events = await collect(conv.send(user("not any more")))
+    assert isinstance(events[-1], LoginRequired) and "401" in events[-1].message
+    assert len(upstream.responses) == 1

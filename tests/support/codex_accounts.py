@@ -65,5 +65,21 @@ def turn_inputs(home: Path) -> list[dict[str, Any]]:
     return out
 
 
-def app_server_pid(home: Path) -> int:
-    return int((home / "app-server.pid").read_text())
+def app_server_pid(home: Path) -> int | None:
+    """The pid of the app-server whose ``CODEX_HOME`` is ``home`` (the fake
+    writes it down; the real one is found in ``/proc``)."""
+    pid_file = home / "app-server.pid"
+    if pid_file.exists():
+        return int(pid_file.read_text())
+    wanted = f"CODEX_HOME={home}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"app-server" in cmdline and wanted in environ:
+            return int(entry.name)
+    return None
