@@ -13,7 +13,9 @@ A conversation rebuilt from a stateless history is a new thread plus
 ``thread/inject_items`` with the history as Responses items (verified on
 0.169.0: the upstream then sees exactly those items before the new turn;
 ``thread/resume`` with ``history`` is marked unstable and drops
-``dynamicTools``).
+``dynamicTools``). A client tool named like one of Codex's own
+(:data:`~pool.cli.codex_config.RESERVED_TOOLS`) is offered as
+``client_<name>`` and reported back under its own name.
 
 Login state: ``account/read`` (``account: null`` when ``auth.json`` holds no
 credentials), and the first 401 of a turn (see :mod:`pool.cli.codex_thread`).
@@ -31,7 +33,8 @@ from typing import Any, Callable
 import structlog
 
 from .codex_config import (
-    DEFAULT_CHAT_SYSTEM, CodexOptions, app_server_argv, history_items, native_binary,
+    DEFAULT_CHAT_SYSTEM, CodexOptions, app_server_argv, codex_name, dynamic_tools,
+    history_items, native_binary,
 )
 from .codex_rpc import STREAM_LIMIT, CodexRpc, RpcClosed, RpcError
 from .codex_thread import CodexThread
@@ -192,10 +195,7 @@ class CodexDriver:
         params: dict[str, Any] = {
             "cwd": self.config.cwd, "model": setup.model, "approvalPolicy": "never",
             "sandbox": "read-only" if chat else self.options.sandbox, "ephemeral": True,
-            "dynamicTools": [{"type": "function", "name": t.name,
-                              "description": t.description or "",
-                              "inputSchema": dict(t.parameters or {"type": "object"})}
-                             for t in setup.tools],
+            "dynamicTools": dynamic_tools(setup.tools),
         }
         if chat:
             params["environments"] = []
@@ -211,7 +211,8 @@ class CodexDriver:
                     "threadId": thread_id, "items": history_items(setup.history)})
         except (RpcError, RpcClosed, TimeoutError) as exc:
             raise DriverError(f"codex thread/start failed: {exc}") from exc
-        thread = CodexThread(self, thread_id, setup.model, setup.effort, queue)
+        thread = CodexThread(self, thread_id, setup.model, setup.effort, queue,
+                             {codex_name(t.name): t.name for t in setup.tools})
         self._threads[thread_id] = thread
         return thread
 

@@ -19,11 +19,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..model import ImagePart, Message, TextPart, ToolCallPart, ToolResultPart
+from ..model import ImagePart, Message, TextPart, Tool, ToolCallPart, ToolResultPart
 from .driver import DriverError
 
 __all__ = ["native_binary", "app_server_argv", "toml_value", "user_input", "history_items",
-           "CodexOptions", "DEFAULT_CHAT_SYSTEM"]
+           "dynamic_tools", "codex_name", "CodexOptions", "DEFAULT_CHAT_SYSTEM", "RESERVED_TOOLS",
+           "ALIAS_PREFIX"]
 
 #: chat mode's system prompt when neither the client nor the gateway chose one
 DEFAULT_CHAT_SYSTEM = "You are a helpful assistant."
@@ -46,6 +47,11 @@ _CHAT_CONFIG: dict[str, Any] = {
     "include_apps_instructions": False,
 }
 _CHAT_FEATURES_OFF = ("goals", "shell_tool", "unified_exec", "view_image", "multi_agent", "apps")
+# Names a dynamic tool cannot have (0.169.0, measured): Codex drops ``exec_command``
+# and ``shell_command`` from the request even with its shell off, and a call to
+# ``request_user_input`` goes to its own tool. Such client tools get a prefix.
+RESERVED_TOOLS = frozenset({"exec_command", "shell_command", "request_user_input"})
+ALIAS_PREFIX = "client_"
 _ARCH = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}
 
 
@@ -163,6 +169,17 @@ def _tool_output(part: ToolResultPart) -> str:
     return "".join(p.text for p in part.content if isinstance(p, TextPart))
 
 
+def codex_name(name: str) -> str:
+    """The name Codex (and the model behind it) knows a client tool by."""
+    return ALIAS_PREFIX + name if name in RESERVED_TOOLS else name
+
+
+def dynamic_tools(tools: Sequence[Tool]) -> list[dict[str, Any]]:
+    return [{"type": "function", "name": codex_name(t.name), "description": t.description or "",
+             "inputSchema": dict(t.parameters or {"type": "object", "properties": {}})}
+            for t in tools]
+
+
 def history_items(messages: Sequence[Message]) -> list[dict[str, Any]]:
     """Responses API items for ``thread/inject_items`` (reasoning is dropped:
     without its encrypted content it cannot be replayed)."""
@@ -184,7 +201,7 @@ def history_items(messages: Sequence[Message]) -> list[dict[str, Any]]:
                 content.append({"type": "input_image", "image_url": url})
             elif isinstance(part, ToolCallPart):
                 flush()
-                items.append({"type": "function_call", "name": part.name,
+                items.append({"type": "function_call", "name": codex_name(part.name),
                               "arguments": part.arguments, "call_id": part.id})
             elif isinstance(part, ToolResultPart):
                 flush()

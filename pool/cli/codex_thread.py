@@ -124,13 +124,15 @@ class CodexThread:
     """A thread of the account's app-server; one step at a time (the host's rule)."""
 
     def __init__(self, driver: CodexDriver, thread_id: str, model: str | None,
-                 effort: str | None, queue: asyncio.Queue[Inbound | None]) -> None:
+                 effort: str | None, queue: asyncio.Queue[Inbound | None],
+                 tool_names: Mapping[str, str]) -> None:
         self._driver = driver
         self._rpc = driver.rpc
         self._id = thread_id
         self._model = model
         self._effort = effort
         self._queue = queue
+        self._tool_names = tool_names  # Codex's name -> the client's
         self._turn_id: str | None = None
         self._held: dict[str, ServerRequest] = {}
         self._announced = False
@@ -214,13 +216,15 @@ class CodexThread:
 
     async def _on_request(self, request: ServerRequest) -> PendingToolCall | None:
         params = request.params
-        if request.method != "item/tool/call" or params.get("turnId") != self._turn_id:
+        name = self._tool_names.get(str(params.get("tool")))
+        if (request.method != "item/tool/call" or params.get("turnId") != self._turn_id
+                or name is None):
             # chat mode offers nothing else to call; an approval nobody can give is declined
             await self._rpc.refuse(request.id, f"{request.method} is not available here")
             return None
         call_id = str(params.get("callId"))
         self._held[call_id] = request
-        return PendingToolCall(call_id, str(params.get("tool")),
+        return PendingToolCall(call_id, name,
                                orjson.dumps(params.get("arguments") or {}).decode())
 
     async def _on_notification(self, note: Notification) -> tuple[list[CliEvent], bool]:

@@ -16,7 +16,9 @@ stdio, as recorded against it:
   ``item/agentMessage/delta``…, ``thread/tokenUsage/updated`` (``last`` and
   ``total``), ``turn/completed``; several threads run at once;
 * a ``function_call`` to one of the thread's ``dynamicTools`` becomes the
-  server request ``item/tool/call``, held until the client answers it;
+  server request ``item/tool/call``, held until the client answers it
+  (dynamic tools named ``exec_command``, ``shell_command`` or
+  ``request_user_input`` are dropped, as the real one does);
 * ``turn/interrupt`` → ``{}`` and ``turn/completed`` ``interrupted`` (a held
   tool call is cancelled the real way);
 * upstream errors: each retryable failure is an ``error`` notification with
@@ -54,6 +56,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 VERSION = "0.169.0"
+RESERVED_TOOLS = ("exec_command", "shell_command", "request_user_input")
 _out_lock = threading.Lock()
 
 
@@ -297,7 +300,7 @@ class Server:
     def steps(self, turn: Turn) -> tuple[str, dict[str, Any] | None]:
         """Upstream requests until the model stops calling tools."""
         thread = turn.thread
-        tools = {t["name"]: t for t in thread.params.get("dynamicTools") or ()}
+        tools = dynamic_tools(thread.params)
         while True:
             outcome = self.request(turn, tools)
             if isinstance(outcome, tuple):
@@ -404,7 +407,7 @@ class Server:
     def ask_tool(self, turn: Turn, item: dict[str, Any]) -> dict[str, Any] | None:
         """Send ``item/tool/call`` for a dynamic tool; the slot its answer fills."""
         call_id, name = item["call_id"], item["name"]
-        if name not in {t["name"] for t in turn.thread.params.get("dynamicTools") or ()}:
+        if name not in dynamic_tools(turn.thread.params):
             return None
         slot: dict[str, Any] = {}
         turn.held[call_id] = threading.Event()
@@ -425,6 +428,13 @@ class Server:
             return "dynamic tool call was cancelled before receiving a response"
         items = slot["result"].get("contentItems") or []
         return "".join(i.get("text", "") for i in items if i.get("type") == "inputText")
+
+
+def dynamic_tools(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The thread's usable dynamic tools: like 0.169.0, names of Codex's own
+    tools are silently left out."""
+    return {t["name"]: t for t in params.get("dynamicTools") or ()
+            if t["name"] not in RESERVED_TOOLS}
 
 
 def _message(role: str, text: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import pytest
 from app.factory import create_app
 from app.settings import ServerSettings, Settings, WorkerSettings
 from tests.fakes.responses_upstream import ResponsesUpstream
-from tests.integration.clis import CODEX, ensure_cli
+from tests.integration.clis import CODEX, command_executions, ensure_cli, final_message, run_codex
 from tests.support.cli_accounts import wait_for
 from tests.support.codex_accounts import (
     CODEX_MODEL as MODEL, FAKE_CODEX, app_server_pid, codex_home, codex_worker, turn_inputs,
@@ -249,3 +249,31 @@ def test_upstream_401_logs_the_account_out_and_the_other_serves(tmp_path, upstre
         assert 1 <= len(refused) <= 2
         served = [r for r in upstream.responses if r.headers["authorization"] == f"Bearer {KEY}"]
         assert len(served) == 3
+
+
+@pytest.mark.cli  # the client is the real Codex CLI, whatever the worker runs
+def test_codex_cli_as_a_client_of_a_codex_worker(one, upstream, tmp_path):
+    """Codex CLI (``codex exec``, the real binary) → poolgate's Responses API → a
+    codex cli worker → the fake upstream. Its shell tool is a client tool for
+    the worker: the call comes back to the client Codex, which runs it."""
+    srv, http, home = one
+    workspace, client_home = tmp_path / "ws", tmp_path / "client"
+    workspace.mkdir()
+    secret = f"KIWI-{os.getpid()}"
+    (workspace / "hello.txt").write_text(f"The secret word is {secret}.\n")
+    client = real_codex()[0]  # ensures the npm install; run_codex finds it again
+    assert client
+
+    def codex(prompt: str) -> list[dict]:
+        return run_codex(srv.url + "/v1", "sk-team-a", prompt, model=MODEL, cwd=workspace,
+                         home=client_home, timeout=120)
+
+    assert final_message(codex("Say hello to poolgate")).endswith("Say hello to poolgate")
+    # the worker offers the client's exec_command as client_exec_command (a name
+    # Codex keeps for itself); a model calling it reaches the client's shell
+    events = codex('What is the secret? [[tool:client_exec_command {"cmd": "cat hello.txt"}]]')
+    (run,) = command_executions(events)
+    assert run["exit_code"] == 0 and secret in run["aggregated_output"]
+    assert final_message(events).startswith("tool said: ") and secret in final_message(events)
+    kind, _, output = items(upstream)[-1]
+    assert kind == "function_call_output" and secret in output

@@ -367,3 +367,18 @@ async def test_a_key_revoked_while_running_is_login_required(
     events = await collect(conv.send(user("not any more")))
     assert isinstance(events[-1], LoginRequired) and "401" in events[-1].message
     assert len(upstream.responses) == 1
+
+
+async def test_a_client_tool_named_like_a_codex_tool_is_offered_under_an_alias(
+        driver: CodexDriver, upstream: ResponsesUpstream) -> None:
+    shell = Tool(name="exec_command", description="Run a command",
+                 parameters={"type": "object", "properties": {"cmd": {"type": "string"}}})
+    conv = await driver.open(ConversationSetup(model=MODEL, system="S", tools=(shell, WEATHER)))
+    first = await collect(conv.send(user('x [[tool:client_exec_command {"cmd": "ls"}]]')))
+
+    offered = {t["name"] for t in upstream.responses[0].body["tools"]}
+    assert {"client_exec_command", "get_weather"} <= offered and "exec_command" not in offered
+    (call,) = [e for e in first if isinstance(e, PendingToolCall)]
+    assert (call.name, call.arguments) == ("exec_command", '{"cmd":"ls"}')
+    rest = await collect(conv.answer_tools([ToolAnswer(call.call_id, "a.txt")]))
+    assert text_of(rest) == "tool said: a.txt"
