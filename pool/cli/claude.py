@@ -32,7 +32,10 @@ __all__ = ["ClaudeDriver", "ClaudeConversation"]
 log = structlog.get_logger("pool.cli.claude")
 
 _QUIET_ENV = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
-              "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1",
+              "DISABLE_UPDATES": "1", "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1",
+              "DISABLE_GROWTHBOOK": "1", "DISABLE_INSTALLATION_CHECKS": "1",
+              "DISABLE_COST_WARNINGS": "1", "CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY": "1",
+              "CLAUDE_CODE_DISABLE_AUTO_MEMORY": "1",
               "MCP_TOOL_TIMEOUT": "100000000"}  # a held client tool call may take long
 _AUTH_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN")
 _SERVER = "gw"

@@ -29,6 +29,7 @@ class ClaudeStream:
         self.interrupting = False
         self._blocks: dict[int, list[str]] = {}
         self._client_calls = 0
+        self._client_ids: set[str] = set()  # their results are the client's, not the CLI's
         self._usage_seen = False
         self._logged_out = False
 
@@ -108,6 +109,7 @@ class ClaudeStream:
             call_id, name, arguments = tool
             if name.startswith(MCP_PREFIX):
                 self._client_calls += 1
+                self._client_ids.add(call_id)
                 return [PendingToolCall(call_id, name[len(MCP_PREFIX):], arguments or "{}")]
             return [ToolExecuted(call_id, name, arguments or "{}")]
         if etype == "message_start":
@@ -137,7 +139,8 @@ class ClaudeStream:
             return []
         out: list[CliEvent] = []
         for block in content:
-            if isinstance(block, dict) and block.get("type") == "tool_result":
+            if (isinstance(block, dict) and block.get("type") == "tool_result"
+                    and self._client_ids.isdisjoint((block.get("tool_use_id"),))):
                 out.append(ToolOutput(str(block.get("tool_use_id")), _text(block.get("content")),
                                       bool(block.get("is_error"))))
         return out

@@ -100,7 +100,7 @@ class CliHost:
         if self.health.login != "ready":
             raise UpstreamUnavailable(f"worker {self.config.name}: the account is "
                                       f"{self.health.login.replace('_', ' ')}",
-                                      code="login_required")
+                                      code="login_required", status=503)
         system = system_text(request.messages) or DEFAULT_SYSTEM_PROMPT
         history, new = split(request)
         if not new or new[-1].role != "user":
@@ -241,7 +241,7 @@ class CliHost:
                                         account=self.health.account)
                 log.warning("cli.logged_out", worker=self.config.name)
                 raise UpstreamUnavailable(f"worker {self.config.name}: the account is logged out "
-                                          f"({ev.message})", code="login_required")
+                                          f"({ev.message})", code="login_required", status=503)
             elif kind is TurnFailed:
                 raise _failure(self.config.name, ev, self.cooldown_until if self._cooling() else None)
         raise UpstreamUnavailable(f"worker {self.config.name}: the {self.config.cli} CLI ended "

@@ -80,6 +80,7 @@ class Cli:
         self.inbox: queue.Queue = queue.Queue()
         self.pending: dict[str, queue.Queue] = {}
         self.interrupted = threading.Event()
+        self.response = None  # the upstream response being relayed (an interrupt closes it)
         self.ids = iter(range(1, 1 << 30))
         self.mcp_tools: list[dict] | None = None
         mcp = opts.get("--mcp-config")
@@ -142,6 +143,12 @@ class Cli:
         response: dict = {}
         if subtype == "interrupt":
             self.interrupted.set()
+            response = self.response
+            if response is not None:
+                try:
+                    response.fp.raw._sock.shutdown(2)  # abort the read the turn is blocked in
+                except (AttributeError, OSError):
+                    pass
             for waiter in list(self.pending.values()):
                 waiter.put(None)
         elif subtype == "initialize":
@@ -273,48 +280,61 @@ class Cli:
         return 500, {}
 
     def relay(self, response, usage: dict) -> tuple[object, dict]:
+        fault = ENV.get("FAKE_CLAUDE_FAULT")
+        self.response = response
+        try:
+            return self.relay_events(response, usage, fault)
+        except (OSError, ValueError):
+            if self.interrupted.is_set():
+                return "interrupted", {}
+            raise
+        finally:
+            self.response = None
+            response.close()
+
+    def relay_events(self, response, usage: dict, fault: str | None) -> tuple[object, dict]:
         message: dict = {}
         blocks: dict[int, dict] = {}
         partial: dict[int, str] = {}
-        fault = ENV.get("FAKE_CLAUDE_FAULT")
-        with response:
-            for raw in response:
-                if self.interrupted.is_set():
-                    return "interrupted", {}
-                line = raw.decode().strip()
-                if not line.startswith("data:"):
-                    continue
-                event = json.loads(line[5:])
-                emit({"type": "stream_event", "event": event, "session_id": self.session_id,
-                      "parent_tool_use_id": None, "uuid": str(uuid.uuid4())})
-                kind = event["type"]
-                if kind == "message_start":
-                    message = dict(event["message"], content=[])
-                    usage["input_tokens"] += event["message"]["usage"].get("input_tokens", 0)
-                elif kind == "content_block_start":
-                    blocks[event["index"]] = dict(event["content_block"])
-                elif kind == "content_block_delta":
-                    delta, block = event["delta"], blocks[event["index"]]
-                    if delta["type"] == "text_delta":
-                        block["text"] = block.get("text", "") + delta["text"]
-                        if fault == "crash-mid-turn":
-                            os.kill(os.getpid(), signal.SIGKILL)
-                    elif delta["type"] == "thinking_delta":
-                        block["thinking"] = block.get("thinking", "") + delta["thinking"]
-                    elif delta["type"] == "signature_delta":
-                        block["signature"] = delta["signature"]
-                    elif delta["type"] == "input_json_delta":
-                        partial[event["index"]] = partial.get(event["index"], "") + delta["partial_json"]
-                elif kind == "content_block_stop":
-                    block = blocks[event["index"]]
-                    if block["type"] == "tool_use":
-                        block["input"] = json.loads(partial.get(event["index"]) or "{}")
-                    message["content"].append(block)
-                    emit({"type": "assistant", "message": dict(message, content=[block]),
-                          "parent_tool_use_id": None, "session_id": self.session_id})
-                elif kind == "message_delta":
-                    message["stop_reason"] = event["delta"].get("stop_reason")
-                    usage["output_tokens"] += event.get("usage", {}).get("output_tokens", 0)
+        for raw in response:
+            if self.interrupted.is_set():
+                return "interrupted", {}
+            line = raw.decode().strip()
+            if not line.startswith("data:"):
+                continue
+            event = json.loads(line[5:])
+            emit({"type": "stream_event", "event": event, "session_id": self.session_id,
+                  "parent_tool_use_id": None, "uuid": str(uuid.uuid4())})
+            kind = event["type"]
+            if kind == "message_start":
+                message = dict(event["message"], content=[])
+                usage["input_tokens"] += event["message"]["usage"].get("input_tokens", 0)
+            elif kind == "content_block_start":
+                blocks[event["index"]] = dict(event["content_block"])
+            elif kind == "content_block_delta":
+                delta, block = event["delta"], blocks[event["index"]]
+                if delta["type"] == "text_delta":
+                    block["text"] = block.get("text", "") + delta["text"]
+                    if fault == "crash-mid-turn":
+                        os.kill(os.getpid(), signal.SIGKILL)
+                elif delta["type"] == "thinking_delta":
+                    block["thinking"] = block.get("thinking", "") + delta["thinking"]
+                elif delta["type"] == "signature_delta":
+                    block["signature"] = delta["signature"]
+                elif delta["type"] == "input_json_delta":
+                    partial[event["index"]] = partial.get(event["index"], "") + delta["partial_json"]
+            elif kind == "content_block_stop":
+                block = blocks[event["index"]]
+                if block["type"] == "tool_use":
+                    block["input"] = json.loads(partial.get(event["index"]) or "{}")
+                message["content"].append(block)
+                emit({"type": "assistant", "message": dict(message, content=[block]),
+                      "parent_tool_use_id": None, "session_id": self.session_id})
+            elif kind == "message_delta":
+                message["stop_reason"] = event["delta"].get("stop_reason")
+                usage["output_tokens"] += event.get("usage", {}).get("output_tokens", 0)
+        if self.interrupted.is_set():
+            return "interrupted", {}
         return 200, {"role": "assistant", "content": message.get("content", []),
                      "stop_reason": message.get("stop_reason")}
 

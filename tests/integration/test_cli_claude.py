@@ -5,6 +5,9 @@ children, its replies from a fake Anthropic upstream."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
 import anthropic
@@ -15,8 +18,8 @@ import pytest
 from app.factory import create_app
 from app.settings import ServerSettings, Settings
 from tests.fakes.upstreams import FakeUpstream
-from tests.support.cli_accounts import (claude_home, fake_claude_worker, spawns, user_lines,
-                                        wait_for)
+from tests.support.cli_accounts import (claude_home, fake_claude_worker, read_log, spawns,
+                                        user_lines, wait_for)
 from tests.support.server import ServerThread
 
 pytestmark = pytest.mark.slow
@@ -178,3 +181,211 @@ def test_refuses_what_a_cli_cannot_honour(one):
                             messages=[{"role": "user", "content": "x"}])
     assert "top_k" in str(err.value)
     assert _workers(http)["claude-a"]["in_flight"] == 0
+
+
+WEATHER_OPENAI = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+WEATHER_ANTHROPIC = [{"name": "get_weather", "description": "The weather in a city.",
+                      "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+CALL = '[[tool:mcp__gw__get_weather {"city": "Paris"}]]'  # the model sees the MCP name
+
+
+def _mcp_replies(log: Path) -> list[dict]:
+    """The tools/call answers the gateway wrote to the CLI (held calls released)."""
+    out = []
+    for entry in read_log(log):
+        msg = entry.get("stdin", {})
+        mcp = (msg.get("response") or {}).get("response", {}).get("mcp_response", {})
+        if msg.get("type") == "control_response" and "content" in mcp.get("result", {}):
+            out.append(mcp["result"])
+    return out
+
+
+def test_client_tool_round_trip_openai(one, upstream):
+    srv, http, log = one
+    messages = [{"role": "user", "content": f"weather please {CALL}"}]
+    with _oai(srv) as oai:
+        first = oai.chat.completions.create(model=MODEL, messages=messages, tools=WEATHER_OPENAI)
+        assert first.choices[0].finish_reason == "tool_calls"
+        [call] = first.choices[0].message.tool_calls
+        assert call.function.name == "get_weather"
+        assert json.loads(call.function.arguments) == {"city": "Paris"}
+        messages += [first.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": "Sunny 21C"}]
+        second = oai.chat.completions.create(model=MODEL, messages=messages, tools=WEATHER_OPENAI)
+    assert second.choices[0].message.content == "tool said: Sunny 21C"
+    assert second.choices[0].finish_reason == "stop"
+    # the held tools/call was answered in the same CLI: no new user turn, no new process
+    assert len(user_lines(log)) == 1 and len(spawns(log)) == 1
+    assert _mcp_replies(log) == [{"content": [{"type": "text", "text": "Sunny 21C"}],
+                                  "isError": False}]
+    tools = upstream.last.body["tools"]
+    assert [t["name"] for t in tools] == ["mcp__gw__get_weather"]
+    assert _counts(http, "claude-a", {"hits": 1, "misses": 1, "rebuilds": 0})["hits"] == 1
+
+
+def test_client_tool_round_trip_anthropic_streamed(one, upstream):
+    srv, http, log = one
+    messages = [{"role": "user", "content": f"weather {CALL}"}]
+    with _ant(srv) as ant:
+        with ant.messages.stream(model=MODEL, max_tokens=256, messages=messages,
+                                 tools=WEATHER_ANTHROPIC) as stream:
+            first = stream.get_final_message()
+        assert first.stop_reason == "tool_use"
+        [use] = [b for b in first.content if b.type == "tool_use"]
+        assert (use.name, use.input) == ("get_weather", {"city": "Paris"})
+        messages += [{"role": "assistant", "content": [b.model_dump() for b in first.content]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                                   "content": "Rainy 9C"}]}]
+        with ant.messages.stream(model=MODEL, max_tokens=256, messages=messages,
+                                 tools=WEATHER_ANTHROPIC) as stream:
+            text = "".join(stream.text_stream)
+            second = stream.get_final_message()
+    assert text == "tool said: Rainy 9C" and second.stop_reason == "end_turn"
+    assert len(user_lines(log)) == 1 and len(spawns(log)) == 1
+    assert [r["content"][0]["text"] for r in _mcp_replies(log)] == ["Rainy 9C"]
+
+
+def test_a_client_that_never_comes_back_releases_the_held_call(tmp_path, upstream):
+    log = tmp_path / "claude.log"
+    worker = fake_claude_worker("claude-a", claude_home(tmp_path / "a", TOKEN),
+                                upstream.anthropic_url, log, tool_timeout=0.5)
+    with _gateway(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http, \
+            _oai(srv) as oai:
+        messages = [{"role": "user", "content": f"weather {CALL}"}]
+        first = oai.chat.completions.create(model=MODEL, messages=messages, tools=WEATHER_OPENAI)
+        pid = spawns(log)[0]["pid"]
+        wait_for(lambda: not _alive(pid), timeout=10)  # released: the CLI process is gone
+        wait_for(lambda: _workers(http)["claude-a"]["conversations"] == 0)
+        # coming back late still works: the conversation is rebuilt with the tool result
+        [call] = first.choices[0].message.tool_calls
+        messages += [first.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": "Late sun"}]
+        late = oai.chat.completions.create(model=MODEL, messages=messages, tools=WEATHER_OPENAI)
+        assert late.choices[0].message.content == "tool said: Late sun"
+        assert "--resume" in spawns(log)[1]["argv"]
+        expected = {"hits": 0, "misses": 1, "rebuilds": 1}
+        assert _counts(http, "claude-a", expected) == expected
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _stdin_controls(log: Path, subtype: str) -> list[dict]:
+    return [e for e in read_log(log) if e.get("stdin", {}).get("type") == "control_request"
+            and e["stdin"]["request"].get("subtype") == subtype]
+
+
+def test_client_disconnect_interrupts_the_cli_turn(one, upstream):
+    srv, http, log = one
+    body = {"model": MODEL, "max_tokens": 512, "stream": True,
+            "messages": [{"role": "user", "content": "[[hang-after:4]] a long answer"}]}
+    with http.stream("POST", "/v1/messages", json=body,
+                     headers={"x-api-key": "sk-team-a", "anthropic-version": "2023-06-01"}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if "text_delta" in line:
+                break  # the client leaves mid-answer
+    wait_for(lambda: _stdin_controls(log, "interrupt"), timeout=10)
+    wait_for(lambda: upstream.disconnects >= 1, timeout=10)  # the CLI dropped its upstream call
+    wait_for(lambda: (w := _workers(http)["claude-a"])["in_flight"] == 0
+             and w["conversations"] == 0)
+    with _oai(srv) as oai:  # and the worker serves the next request
+        out = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "after"}])
+    assert out.choices[0].message.content == "echo: after"
+
+
+def test_kill_9_of_the_cli_mid_turn_ends_the_stream_and_drops_the_session(one, upstream):
+    srv, http, log = one
+    history = [{"role": "user", "content": "turn one"}]
+    with _oai(srv) as oai:
+        reply = oai.chat.completions.create(model=MODEL, messages=history).choices[0].message
+    history += [{"role": "assistant", "content": reply.content},
+                {"role": "user", "content": "[[hang-after:4]] turn two"}]
+    pid = spawns(log)[0]["pid"]
+    lines = []
+    with http.stream("POST", "/v1/chat/completions", headers={"authorization": "Bearer sk-team-a"},
+                     json={"model": MODEL, "stream": True, "messages": history}) as r:
+        for line in r.iter_lines():
+            lines.append(line)
+            if '"content":"echo:' in line.replace(" ", ""):
+                os.kill(pid, signal.SIGKILL)
+    data = [line[6:] for line in lines if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    assert any('"error"' in d for d in data[:-1])
+    wait_for(lambda: _workers(http)["claude-a"]["conversations"] == 0)
+    index = http.get("/internal/stats", headers=ADMIN).json()["cli_sessions"]["index"]
+    assert index["entries"] == 0 and index["drops"] >= 1
+    # the same turn again: rebuilt in a new CLI process from the transcript
+    history[-1] = {"role": "user", "content": "turn two again"}
+    with _oai(srv) as oai:
+        out = oai.chat.completions.create(model=MODEL, messages=history)
+    assert out.choices[0].message.content == "echo: turn two again"
+    assert spawns(log)[-1]["pid"] != pid and "--resume" in spawns(log)[-1]["argv"]
+
+
+def test_a_hung_cli_is_killed_and_the_request_times_out(tmp_path, upstream):
+    log = tmp_path / "claude.log"
+    worker = fake_claude_worker("claude-a", claude_home(tmp_path / "a", TOKEN),
+                                upstream.anthropic_url, log, idle_timeout=1.0,
+                                env={"FAKE_CLAUDE_FAULT": "hang"})
+    with _gateway(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http, \
+            _oai(srv) as oai:
+        started = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as err:
+            oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+        assert err.value.status_code == 504 and time.monotonic() - started < 10
+        pid = spawns(log)[0]["pid"]
+        wait_for(lambda: not _alive(pid), timeout=10)
+        info = wait_for(lambda: (w := _workers(http)["claude-a"])["conversations"] == 0 and w)
+        assert info["state"] == "ready" and info["in_flight"] == 0
+
+
+def test_upstream_401_logs_the_account_out_fast_and_another_serves(tmp_path, upstream):
+    bad_log, good_log = tmp_path / "bad.log", tmp_path / "good.log"
+    bad = fake_claude_worker("claude-bad", claude_home(tmp_path / "bad", "sk-ant-oat01-revoked"),
+                             upstream.anthropic_url, bad_log)
+    good = fake_claude_worker("claude-good", claude_home(tmp_path / "good", TOKEN),
+                              upstream.anthropic_url, good_log)
+    with _gateway(bad, good) as srv, httpx.Client(base_url=srv.url, timeout=30) as http, \
+            _oai(srv) as oai:
+        for n in range(12):
+            started = time.monotonic()
+            out = oai.chat.completions.with_raw_response.create(
+                model=MODEL, messages=[{"role": "user", "content": f"question {n}"}])
+            assert time.monotonic() - started < 5
+            assert out.headers["x-poolgate-worker"] == "claude-good"
+            assert out.parse().choices[0].message.content == f"echo: question {n}"
+            if user_lines(bad_log):
+                break
+        assert user_lines(bad_log), "the bad account was never tried"
+        workers = _workers(http)
+        assert workers["claude-bad"]["login"] == "logged_out"
+        assert workers["claude-bad"]["state"] == "unhealthy"
+        assert workers["claude-good"]["login"] == "ready"
+        # the fake retries a 401 ten times a second apart, as Claude Code does with an API
+        # key: each request above took under 5 s, so the gateway stopped at the first retry
+        bad_pid = spawns(bad_log)[0]["pid"]
+        wait_for(lambda: not _alive(bad_pid), timeout=10)
+
+
+def test_all_accounts_logged_out_is_a_503_naming_why(tmp_path, upstream):
+    log = tmp_path / "claude.log"
+    worker = fake_claude_worker("claude-a", claude_home(tmp_path / "a", None),
+                                upstream.anthropic_url, log)
+    with _gateway(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http, \
+            _ant(srv) as ant:
+        info = _workers(http)["claude-a"]
+        assert (info["login"], info["state"]) == ("logged_out", "unhealthy")
+        with pytest.raises(anthropic.APIStatusError) as err:
+            ant.messages.create(model=MODEL, max_tokens=10,
+                                messages=[{"role": "user", "content": "hi"}])
+        assert err.value.status_code in (503, 529)
+        assert "claude account of worker claude-a is logged out" in str(err.value)
+    assert user_lines(log) == []  # never sent to the CLI
