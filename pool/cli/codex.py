@@ -24,8 +24,6 @@ credentials), and the first 401 of a turn (see :mod:`pool.cli.codex_thread`).
 from __future__ import annotations
 
 import asyncio
-import collections
-import os
 import re
 from pathlib import Path
 from typing import Any, Callable
@@ -36,10 +34,11 @@ from .codex_config import (
     DEFAULT_CHAT_SYSTEM, CodexOptions, app_server_argv, codex_name, dynamic_tools,
     history_items, native_binary,
 )
-from .codex_rpc import STREAM_LIMIT, CodexRpc, RpcClosed, RpcError
+from .codex_rpc import CodexRpc, RpcClosed, RpcError
 from .codex_thread import CodexThread
 from .driver import DriverConfig, DriverError
 from .events import CliHealth, ConversationSetup
+from .proc import JsonLineProcess, find_binary
 
 __all__ = ["CodexDriver"]
 
@@ -61,11 +60,9 @@ class CodexDriver:
     def __init__(self, config: DriverConfig) -> None:
         self.config = config
         self.options = CodexOptions(config.options)
-        self.proc: asyncio.subprocess.Process | None = None
+        self.process: JsonLineProcess | None = None
         self._rpc: CodexRpc | None = None
         self._threads: dict[str, CodexThread] = {}
-        self._stderr: collections.deque[str] = collections.deque(maxlen=20)
-        self._stderr_task: asyncio.Task[None] | None = None
         self._watchers: list[asyncio.Task[None]] = []
         self._stopping = False
         self.version: str | None = None
@@ -83,21 +80,16 @@ class CodexDriver:
     # --- process ---------------------------------------------------------------------------
 
     async def start(self) -> CliHealth:
-        env = dict(self.config.env)
-        binary = native_binary(self.config.command, env)
+        env = {**self.config.env, "CODEX_HOME": self.config.home}
+        binary = native_binary(find_binary(self.config.command, "codex", env), env)
         Path(self.config.home).mkdir(parents=True, exist_ok=True)
         Path(self.config.cwd).mkdir(parents=True, exist_ok=True)
-        env["CODEX_HOME"] = self.config.home
         argv = app_server_argv(binary, chat=self.config.mode == "chat", options=self.options)
-        try:
-            self.proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=env, cwd=self.config.cwd, limit=STREAM_LIMIT)
-        except OSError as exc:
-            raise DriverError(f"cannot run {argv[0]}: {exc}") from exc
-        assert self.proc.stdout is not None and self.proc.stdin is not None
-        self._rpc = CodexRpc(self.proc.stdout, self.proc.stdin)
-        self._stderr_task = asyncio.create_task(self._drain_stderr(), name="codex-stderr")
+        self.process = await JsonLineProcess.spawn(argv, env=env, cwd=self.config.cwd,
+                                                   label="codex app-server")
+        proc = self.process.proc
+        assert proc.stdout is not None and proc.stdin is not None
+        self._rpc = CodexRpc(proc.stdout, proc.stdin)
         try:
             info = await self.rpc.request("initialize", {
                 "clientInfo": CLIENT_INFO, "capabilities": {"experimentalApi": True}},
@@ -105,53 +97,44 @@ class CodexDriver:
             await self.rpc.notify("initialized")
         except (RpcError, RpcClosed, TimeoutError) as exc:
             await self.stop()
-            raise DriverError(f"codex app-server handshake failed: {exc}; "
-                              f"stderr: {self.stderr_tail()}") from exc
+            raise DriverError(f"codex app-server handshake failed: {exc!r}; "
+                              f"{self.process.why_exited()}") from exc
         found = _VERSION.search(str(info.get("userAgent", "")))
         self.version = found[1] if found else None
-        log.info("codex.started", worker=self.config.name, pid=self.proc.pid,
-                 version=self.version)
+        log.info("codex.started", worker=self.config.name, pid=proc.pid, version=self.version)
         health = await self.health()
         self._watchers = [asyncio.create_task(self._watch_exit(), name="codex-exit"),
                           asyncio.create_task(self._watchdog(), name="codex-watchdog")]
         return health
 
     async def _watch_exit(self) -> None:
-        assert self.proc is not None
-        code = await self.proc.wait()
+        assert self.process is not None
+        await self.process.proc.wait()
         if self._stopping:
             return
-        log.error("codex.app_server_exited", worker=self.config.name, code=code,
-                  stderr=self.stderr_tail())
+        log.error("codex.app_server_exited", worker=self.config.name,
+                  detail=self.process.why_exited())
         if self.on_process_exit is not None:
             self.on_process_exit()
 
     async def _watchdog(self) -> None:
         """A process that stops answering is as dead as one that exited."""
-        while self.proc is not None and self.proc.returncode is None:
+        while self.process is not None and self.process.running:
             await asyncio.sleep(self.options.watchdog)
             try:
                 await self.health(timeout=min(_HEALTH_TIMEOUT, 2 * self.options.watchdog))
             except DriverError as exc:
-                if self._stopping or self.proc.returncode is not None:
+                if self._stopping or not self.process.running:
                     return
                 log.error("codex.app_server_hung", worker=self.config.name, error=str(exc))
-                self.proc.kill()  # _watch_exit takes it from here
+                self.process.proc.kill()  # _watch_exit takes it from here
                 return
-
-    async def _drain_stderr(self) -> None:
-        assert self.proc is not None and self.proc.stderr is not None
-        while line := await self.proc.stderr.readline():
-            self._stderr.append(line.decode(errors="replace").rstrip())
-
-    def stderr_tail(self) -> str:
-        return " | ".join(self._stderr)[-1000:]
 
     async def health(self, timeout: float = _HEALTH_TIMEOUT) -> CliHealth:
         """``account/read``: cheap, local (no upstream call), answers even mid-turn."""
-        if self.proc is None or self.proc.returncode is not None or self.rpc.closed.is_set():
-            code = None if self.proc is None else self.proc.returncode
-            raise DriverError(f"the codex app-server has exited (code {code})")
+        if self.process is None or not self.process.running or self.rpc.closed.is_set():
+            raise DriverError(self.process.why_exited() if self.process
+                              else "the codex app-server is not started")
         try:
             answer = await self.rpc.request("account/read", {"refreshToken": False},
                                             timeout=timeout)
@@ -174,19 +157,10 @@ class CodexDriver:
             task.cancel()
         for thread in list(self._threads.values()):
             await thread.close()
-        proc = self.proc
-        if proc is not None and proc.returncode is None:
-            if proc.stdin is not None:
-                proc.stdin.close()  # the app-server exits at stdin EOF
-            try:
-                await asyncio.wait_for(proc.wait(), 5)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        if self.process is not None:
+            await self.process.close(grace=5.0)  # the app-server exits at stdin EOF
         if self._rpc is not None:
             await self._rpc.aclose()
-        if self._stderr_task is not None:
-            self._stderr_task.cancel()
 
     # --- conversations ---------------------------------------------------------------------
 
@@ -195,6 +169,8 @@ class CodexDriver:
         params: dict[str, Any] = {
             "cwd": self.config.cwd, "model": setup.model, "approvalPolicy": "never",
             "sandbox": "read-only" if chat else self.options.sandbox, "ephemeral": True,
+            # says when a model response is complete (how many tool calls it made)
+            "experimentalRawEvents": self.options.raw_events,
             "dynamicTools": dynamic_tools(setup.tools),
         }
         if chat:
@@ -223,7 +199,4 @@ class CodexDriver:
 
     @property
     def pid(self) -> int | None:
-        return None if self.proc is None else self.proc.pid
-
-    def __repr__(self) -> str:
-        return f"CodexDriver({self.config.name!r}, pid={self.pid}, cwd={os.fspath(self.config.cwd)!r})"
+        return None if self.process is None else self.process.pid

@@ -62,12 +62,15 @@ class CodexOptions:
     booleans, lists), e.g. a ``model_providers.<id>`` entry and
     ``model_provider``; ``features``: ``{name = true|false}``; ``sandbox``
     (agent mode, default ``read-only``); ``tool_gather_seconds``: how long
-    to wait for further parallel ``item/tool/call`` requests after the first;
+    to wait for further parallel ``item/tool/call`` requests after the first
+    when ``raw_events`` is false (true: threads report when a model response
+    is complete, which 0.169.0 does with ``experimentalRawEvents``);
     ``watchdog_seconds``: how often ``account/read`` checks that the process
     still answers (a hung one is killed)."""
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        known = {"config", "features", "sandbox", "tool_gather_seconds", "watchdog_seconds"}
+        known = {"config", "features", "sandbox", "tool_gather_seconds", "watchdog_seconds",
+                 "raw_events"}
         for key in options:
             if key not in known:
                 raise DriverError(f"cli_options.{key}: unknown Codex option "
@@ -94,25 +97,26 @@ class CodexOptions:
         if not isinstance(watchdog, (int, float)) or isinstance(watchdog, bool) or watchdog <= 0:
             raise DriverError("cli_options.watchdog_seconds must be a positive number")
         self.watchdog: float = float(watchdog)
+        raw = options.get("raw_events", True)
+        if not isinstance(raw, bool):
+            raise DriverError("cli_options.raw_events must be true or false")
+        self.raw_events: bool = raw
         self.config: dict[str, Any] = dict(config)
         self.features: dict[str, bool] = dict(features)
         self.sandbox: str = sandbox
         self.tool_gather: float = float(gather)
 
 
-def native_binary(command: Sequence[str] | None, env: Mapping[str, str]) -> list[str]:
-    """The argv prefix that runs Codex: ``command`` or ``codex`` on ``env``'s PATH,
-    with the npm package's node shim (``@openai/codex/bin/codex.js``) replaced by
-    the platform binary it would have spawned."""
-    argv = list(command or ("codex",))
+def native_binary(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """``argv`` with the npm package's node shim (``@openai/codex/bin/codex.js``)
+    replaced by the platform binary it would have spawned."""
+    argv = list(argv)
     found = shutil.which(argv[0], path=env.get("PATH")) if os.sep not in argv[0] else argv[0]
     if found is None or not os.access(found, os.X_OK):
         raise DriverError(f"codex binary not found: {argv[0]!r} (set the worker's command)")
     real = Path(found).resolve()
-    if real.suffix == ".js" and real.parent.name == "bin":
-        argv[0] = str(_vendor_binary(real.parent.parent))
-    else:
-        argv[0] = found
+    is_shim = real.suffix == ".js" and real.parent.name == "bin"
+    argv[0] = str(_vendor_binary(real.parent.parent)) if is_shim else found
     return argv
 
 

@@ -30,9 +30,6 @@ __all__ = ["CodexRpc", "RpcError", "RpcClosed", "ServerRequest", "Notification",
 
 log = structlog.get_logger(__name__)
 
-# thread/resume and turn/completed results carry whole item lists
-STREAM_LIMIT = 64 * 1024 * 1024
-
 
 class RpcError(Exception):
     """The server answered a request with a JSON-RPC error."""

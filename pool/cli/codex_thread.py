@@ -6,9 +6,11 @@ thread's queue until the turn ends or waits on the API client's tools:
 - ``item/agentMessage/delta`` → text; reasoning deltas → thinking;
 - ``item/tool/call`` (a server request for one of the thread's
   ``dynamicTools``) → :class:`PendingToolCall`, held unanswered. Codex asks for
-  every parallel call of a model response at once, before any answer, so
-  after the first one the step waits ``tool_gather`` seconds for more, then
-  ends with :class:`ToolsPending`;
+  every parallel call of a model response before any answer; the thread is
+  started with ``experimentalRawEvents``, so ``rawResponseItem/completed``
+  (one per ``function_call``) and ``rawResponse/completed`` say how many
+  there are, and the step ends with :class:`ToolsPending` once all are held
+  (without raw events: when no further call came for ``tool_gather`` s);
 - ``thread/tokenUsage/updated`` → ``last`` summed over the step;
 - ``error`` → at the *first* 401 / ``unauthorized`` the turn is interrupted
   and the step ends with :class:`LoginRequired` (Codex would retry five
@@ -136,6 +138,7 @@ class CodexThread:
         self._turn_id: str | None = None
         self._held: dict[str, ServerRequest] = {}
         self._announced = False
+        self._raw_events = False  # the server says when a model response is complete
         self._closed = False
 
     @property
@@ -181,15 +184,24 @@ class CodexThread:
 
     async def _pump(self) -> AsyncIterator[CliEvent]:
         usage: TurnUsage | None = None
-        gathering = False
+        asked = 0                    # client tool calls yielded in this step
+        made = 0                     # client tool calls in the model response being read
+        expected: int | None = None  # ... in the response once it is complete
         while True:
+            gathering = asked > 0 and expected is None and not self._raw_events
+            idle = self._driver.config.idle_timeout
             try:
-                timeout = self._driver.options.tool_gather if gathering else None
+                timeout = self._driver.options.tool_gather if gathering else idle
                 item = await asyncio.wait_for(self._queue.get(), timeout)
             except TimeoutError:
+                if not gathering:  # Codex said nothing at all for that long: hung
+                    log.warning("codex.turn_stalled", thread=self._id, seconds=idle)
+                    await self.interrupt()
+                    yield TurnFailed("timeout", f"codex said nothing for {idle:g} s")
+                    return
                 if usage is not None:
                     yield usage
-                yield ToolsPending()
+                yield ToolsPending()  # no further call came: all of them are held
                 return
             if item is None:
                 self._closed = True
@@ -198,20 +210,32 @@ class CodexThread:
             if isinstance(item, ServerRequest):
                 event = await self._on_request(item)
                 if event is not None:
-                    gathering = True
+                    asked += 1
                     yield event
-                continue
-            if _turn_of(item.params, self._turn_id) != self._turn_id:
+            elif _turn_of(item.params, self._turn_id) != self._turn_id:
                 continue  # the tail of an earlier, interrupted turn
-            if item.method == "thread/tokenUsage/updated":
+            elif item.method == "rawResponseItem/completed":
+                self._raw_events = True
+                raw = item.params.get("item") or {}
+                made += raw.get("type") == "function_call" and raw.get("name") in self._tool_names
+            elif item.method == "rawResponse/completed":
+                self._raw_events = True
+                expected, made = (made or None), 0
+            elif item.method == "thread/tokenUsage/updated":
                 usage = _add(usage, _usage(item.params["tokenUsage"]["last"]))
-                continue
-            events, done = await self._on_notification(item)
-            for event in events:
-                if done and usage is not None and isinstance(event, TurnFinished):
+            else:
+                events, done = await self._on_notification(item)
+                for event in events:
+                    if done and usage is not None and isinstance(event, TurnFinished):
+                        yield usage
+                    yield event
+                if done:
+                    return
+            if expected is not None and asked >= expected > 0:
+                # every client call of the model's response is held: the client's turn
+                if usage is not None:
                     yield usage
-                yield event
-            if done:
+                yield ToolsPending()
                 return
 
     async def _on_request(self, request: ServerRequest) -> PendingToolCall | None:

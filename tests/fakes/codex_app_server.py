@@ -19,6 +19,9 @@ stdio, as recorded against it:
   server request ``item/tool/call``, held until the client answers it
   (dynamic tools named ``exec_command``, ``shell_command`` or
   ``request_user_input`` are dropped, as the real one does);
+* with ``experimentalRawEvents``: ``rawResponseItem/completed`` per output
+  item and ``rawResponse/completed`` per model response, before the tool
+  calls are asked for (the real order);
 * ``turn/interrupt`` → ``{}`` and ``turn/completed`` ``interrupted`` (a held
   tool call is cancelled the real way);
 * upstream errors: each retryable failure is an ``error`` notification with
@@ -366,6 +369,7 @@ class Server:
 
     def relay(self, turn: Turn, events: Any) -> Any:
         thread, ids = turn.thread, {"threadId": turn.thread.id, "turnId": turn.id}
+        raw = bool(thread.params.get("experimentalRawEvents"))
         calls: list[dict[str, Any]] = []
         for event in events:
             if turn.interrupted.is_set():
@@ -379,6 +383,8 @@ class Server:
             elif kind == "response.output_item.done":
                 item = event["item"]
                 thread.input.append(item)
+                if raw:
+                    notify("rawResponseItem/completed", {**ids, "item": item})
                 if item["type"] == "message":
                     text = "".join(p.get("text", "") for p in item["content"])
                     notify("item/completed", {**ids, "item": {
@@ -386,6 +392,8 @@ class Server:
                 elif item["type"] == "function_call":
                     calls.append(item)
             elif kind in ("response.completed", "response.incomplete"):
+                if raw:
+                    notify("rawResponse/completed", {**ids, "responseId": event["response"]["id"]})
                 self.usage(turn, event["response"].get("usage") or {})
         return calls
 

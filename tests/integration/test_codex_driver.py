@@ -353,7 +353,7 @@ async def test_a_hung_app_server_is_killed_by_the_watchdog(
         await codex.start()
         (home / "fault").write_text("hang")  # the next message it reads wedges it
         await asyncio.wait_for(exited.wait(), DEADLINE)
-        assert codex.proc is not None and codex.proc.returncode == -signal.SIGKILL
+        assert codex.process is not None and codex.process.proc.returncode == -signal.SIGKILL
     finally:
         await codex.stop()
 
@@ -382,3 +382,34 @@ async def test_a_client_tool_named_like_a_codex_tool_is_offered_under_an_alias(
     assert (call.name, call.arguments) == ("exec_command", '{"cmd":"ls"}')
     rest = await collect(conv.answer_tools([ToolAnswer(call.call_id, "a.txt")]))
     assert text_of(rest) == "tool said: a.txt"
+
+
+async def test_a_silent_turn_times_out(tmp_path: Path, codex_command: tuple[str, ...],
+                                       upstream: ResponsesUpstream) -> None:
+    config = driver_config(account_home(tmp_path, KEY), codex_command, upstream)
+    codex = CodexDriver(dataclasses.replace(config, idle_timeout=0.5))
+    try:
+        await codex.start()
+        conv = await codex.open(ConversationSetup(model=MODEL, system="S"))
+        events = await collect(conv.send(user("wait [[sleep:30]]")))
+        assert events[-1] == TurnFailed("timeout", "codex said nothing for 0.5 s")
+        assert await upstream.wait_disconnects(1, timeout=DEADLINE)  # interrupted upstream too
+    finally:
+        await codex.stop()
+
+
+async def test_parallel_calls_without_raw_events_are_gathered_by_time(
+        tmp_path: Path, codex_command: tuple[str, ...], upstream: ResponsesUpstream) -> None:
+    """The fallback for a Codex that does not say when a response is complete."""
+    config = driver_config(account_home(tmp_path, KEY), codex_command, upstream)
+    codex = CodexDriver(dataclasses.replace(config, options={
+        **config.options, "raw_events": False, "tool_gather_seconds": 1.0}))
+    try:
+        await codex.start()
+        conv = await codex.open(ConversationSetup(model=MODEL, system="S", tools=(WEATHER,)))
+        first = await collect(conv.send(user(
+            'w [[tools:get_weather {"city": "Paris"} get_weather {"city": "Oslo"}]]')))
+        assert [e.name for e in first if isinstance(e, PendingToolCall)] == ["get_weather"] * 2
+        assert isinstance(first[-1], ToolsPending)
+    finally:
+        await codex.stop()

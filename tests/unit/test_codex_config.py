@@ -32,21 +32,21 @@ def test_node_shim_is_replaced_by_the_native_binary(tmp_path: Path) -> None:
     link.parent.mkdir()
     link.symlink_to(shim)
 
-    assert native_binary(None, {"PATH": str(link.parent)}) == [str(native)]
-    assert native_binary((str(link), "--x"), {}) == [str(native), "--x"]
+    assert native_binary(["codex"], {"PATH": str(link.parent)}) == [str(native)]
+    assert native_binary([str(link), "--x"], {}) == [str(native), "--x"]
 
 
 def test_a_plain_binary_is_used_as_is(tmp_path: Path) -> None:
     binary = _executable(tmp_path / "codex")
-    assert native_binary(None, {"PATH": str(tmp_path)}) == [str(binary)]
+    assert native_binary(["codex"], {"PATH": str(tmp_path)}) == [str(binary)]
     with pytest.raises(DriverError, match="not found"):
-        native_binary(("codex",), {"PATH": str(tmp_path / "none")})
+        native_binary(["codex"], {"PATH": str(tmp_path / "none")})
 
 
 def test_shim_without_platform_package_is_a_driver_error(tmp_path: Path) -> None:
     shim = _executable(tmp_path / "@openai" / "codex" / "bin" / "codex.js")
     with pytest.raises(DriverError, match="no native binary"):
-        native_binary((str(shim),), {})
+        native_binary([str(shim)], {})
 
 
 def test_chat_mode_turns_codex_features_off_and_options_win() -> None:
