@@ -138,8 +138,10 @@ class CliHost:
                      new: tuple[Message, ...]) -> tuple[_Slot, AsyncIterator[Any]]:
         key = (conversation_hash(request.key_name, request.model, system, request.tools, history)
                if history else None)
+        # what the CLI was started with must match too (Claude: flags and environment)
+        knobs = (request.sampling.max_tokens, request.reasoning_effort, request.thinking_budget)
         slot = next((s for s in self._slots if key is not None and s.key == key and not s.busy
-                     and s.conv.alive), None)
+                     and s.conv.alive and _knobs(s.setup) == knobs), None)
         if slot is not None:
             answers = _tool_answers(new)
             if slot.pending and {a.call_id for a in answers} >= set(slot.pending):
@@ -220,7 +222,9 @@ class CliHost:
                                            ev.cache_creation_tokens)):
                     usage[i] += value or 0
             elif kind is RateLimited:
-                self.cooldown_until = ev.reset_at or time.time() + _RATE_LIMIT_DEFAULT
+                until = ev.reset_at or time.time() + _RATE_LIMIT_DEFAULT
+                if not self._cooling() or until > (self.cooldown_until or 0):
+                    self.cooldown_until = until
                 log.warning("cli.rate_limited", worker=self.config.name,
                             cooldown_until=self.cooldown_until)
             elif kind is Retrying:
@@ -277,6 +281,10 @@ class CliHost:
             for slot in [s for s in self._slots if not s.busy and
                          (not s.conv.alive or now - s.last_used > self.conversation_idle)]:
                 await self._discard(slot)
+
+
+def _knobs(setup: ConversationSetup) -> tuple[object, ...]:
+    return (setup.max_tokens, setup.effort, setup.thinking_budget)
 
 
 def _tool_answers(new: tuple[Message, ...]) -> list[ToolAnswer]:

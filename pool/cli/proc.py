@@ -1,7 +1,9 @@
 """A vendor CLI process speaking newline-delimited JSON on stdio, for drivers.
 
 Spawned in the worker child's process group (so the supervisor's group kill
-takes it along), with a bounded tail of its stderr kept for error messages
+takes it along) and with a parent-death signal (so a child that is SIGKILLed
+or crashes, whose group the supervisor can no longer signal safely, leaves no
+CLI behind), with a bounded tail of its stderr kept for error messages
 (never logged whole: a CLI may print tokens there). :meth:`close` follows
 the notes: stdin EOF (let it finish), then SIGTERM, then SIGKILL.
 """
@@ -11,7 +13,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import ctypes
 import shutil
+import signal
+import sys
 from typing import Any, AsyncIterator, Mapping, Sequence
 
 import orjson
@@ -23,6 +28,12 @@ __all__ = ["JsonLineProcess", "find_binary"]
 
 log = structlog.get_logger("pool.cli")
 _LINE_LIMIT = 64 * 1024 * 1024  # one stream-json line can carry a whole tool result
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the forked process, before exec
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def find_binary(command: Sequence[str] | None, default: str, env: Mapping[str, str]) -> list[str]:
@@ -48,7 +59,8 @@ class JsonLineProcess:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=dict(env), cwd=cwd, limit=_LINE_LIMIT)
+                stderr=asyncio.subprocess.PIPE, env=dict(env), cwd=cwd, limit=_LINE_LIMIT,
+                preexec_fn=_die_with_parent)
         except OSError as exc:
             raise DriverError(f"cannot run {argv[0]}: {exc.strerror}") from None
         return cls(proc, label)

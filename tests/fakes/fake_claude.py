@@ -15,7 +15,9 @@ as ``system/api_retry`` lines, ten of them, a second apart, as with an API key.
 
 Switches (environment): ``FAKE_CLAUDE_LOG=path`` appends argv and every stdin
 line as JSON; ``FAKE_CLAUDE_FAULT=crash-mid-turn`` SIGKILLs itself after the
-first text delta, ``hang`` reads a user message and never answers.
+first text delta, ``hang`` reads a user message and never answers,
+``rate-limited`` answers every turn with a rejected ``rate_limit_event`` and
+a 429 result (a 429 from the upstream does the same).
 """
 
 from __future__ import annotations
@@ -264,11 +266,15 @@ class Cli:
             headers["authorization"] = f"Bearer {self.token}"
         data = json.dumps(self.request_body()).encode()
         for attempt in range(1, 12):
+            if ENV.get("FAKE_CLAUDE_FAULT") == "rate-limited":  # the account's quota is spent
+                return self.limited()
             request = urllib.request.Request(f"{base}/v1/messages", data=data, headers=headers)
             try:
                 response = urllib.request.urlopen(request, timeout=600)
             except urllib.error.HTTPError as exc:
-                if attempt > 10 or exc.code not in (401, 429, 500, 529):
+                if exc.code == 429:
+                    return self.limited()
+                if attempt > 10 or exc.code not in (401, 500, 529):
                     return exc.code, {}
                 emit({"type": "system", "subtype": "api_retry", "attempt": attempt, "max_retries": 10,
                       "retry_delay_ms": 1000, "error_status": exc.code,
@@ -278,6 +284,13 @@ class Cli:
                 continue
             return self.relay(response, usage)
         return 500, {}
+
+    def limited(self) -> tuple[object, dict]:
+        """A subscription's limit: reported once with its reset time, not retried."""
+        emit({"type": "rate_limit_event", "rate_limit_info": {
+            "status": "rejected", "resetsAt": int(time.time()) + 1800,
+            "rateLimitType": "five_hour"}, "session_id": self.session_id})
+        return 429, {}
 
     def relay(self, response, usage: dict) -> tuple[object, dict]:
         fault = ENV.get("FAKE_CLAUDE_FAULT")

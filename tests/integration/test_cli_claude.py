@@ -389,3 +389,149 @@ def test_all_accounts_logged_out_is_a_503_naming_why(tmp_path, upstream):
         assert err.value.status_code in (503, 529)
         assert "claude account of worker claude-a is logged out" in str(err.value)
     assert user_lines(log) == []  # never sent to the CLI
+
+
+def test_a_rate_limited_account_cools_down_until_its_reset_and_another_serves(tmp_path, upstream):
+    limited = fake_claude_worker("claude-a", claude_home(tmp_path / "a", TOKEN),
+                                 upstream.anthropic_url, tmp_path / "a.log",
+                                 env={"FAKE_CLAUDE_FAULT": "rate-limited"})
+    fine = fake_claude_worker("claude-b", claude_home(tmp_path / "b", TOKEN),
+                              upstream.anthropic_url, tmp_path / "b.log")
+    with _gateway(limited, fine) as srv, httpx.Client(base_url=srv.url, timeout=30) as http, \
+            _oai(srv) as oai:
+        for n in range(12):
+            out = oai.chat.completions.with_raw_response.create(
+                model=MODEL, messages=[{"role": "user", "content": f"question {n}"}])
+            assert out.headers["x-poolgate-worker"] == "claude-b"
+            assert out.parse().choices[0].message.content == f"echo: question {n}"
+            if user_lines(tmp_path / "a.log"):
+                break
+        assert len(user_lines(tmp_path / "a.log")) == 1  # tried once, then left alone
+        for n in range(6):  # cooling down: not even tried
+            oai.chat.completions.create(model=MODEL, messages=[
+                {"role": "user", "content": f"later {n}"}])
+        assert len(user_lines(tmp_path / "a.log")) == 1
+        info = _workers(http)["claude-a"]
+        assert info["state"] == "ready" and info["login"] == "ready"
+        assert info["cooldown_until"] > time.time() + 1700  # the reset the CLI reported
+
+
+def test_a_rate_limit_with_no_other_account_is_a_retry_after(tmp_path, upstream):
+    worker = fake_claude_worker("claude-a", claude_home(tmp_path / "a", TOKEN),
+                                upstream.anthropic_url, tmp_path / "a.log",
+                                env={"FAKE_CLAUDE_FAULT": "rate-limited"})
+    with _gateway(worker) as srv, _ant(srv) as ant:
+        with pytest.raises(anthropic.APIStatusError) as err:
+            ant.messages.create(model=MODEL, max_tokens=10,
+                                messages=[{"role": "user", "content": "hi"}])
+    assert err.value.status_code in (429, 529)
+    assert int(err.value.response.headers["retry-after"]) > 1700
+
+
+def test_agent_mode_lets_the_cli_run_its_tools_and_shows_them(tmp_path, upstream):
+    log = tmp_path / "claude.log"
+    worker = fake_claude_worker("claude-a", claude_home(tmp_path / "a", TOKEN),
+                                upstream.anthropic_url, log, mode="agent")
+    with _gateway(worker) as srv, _oai(srv) as oai:
+        out = oai.chat.completions.create(model=MODEL, messages=[
+            {"role": "user", "content": '[[tool:Read {"path": "notes.txt"}]]'}])
+    message = out.choices[0].message
+    assert out.choices[0].finish_reason == "stop" and not message.tool_calls  # nothing to answer
+    assert '[Read {"path":"notes.txt"}]' in message.content  # the call the CLI ran...
+    assert "[error: No such tool available: Read]" in message.content  # ...its result
+    assert message.content.endswith("tool said: No such tool available: Read")
+    argv = spawns(log)[0]["argv"]
+    assert "--tools" not in argv and argv[argv.index("--permission-mode") + 1] == "default"
+    assert [t["name"] for t in upstream.requests[0].body["tools"]] == ["Read"]
+
+
+def test_max_tokens_and_effort_reach_the_cli_and_a_change_rebuilds(one, upstream):
+    srv, http, log = one
+    history = [{"role": "user", "content": "one two three four five six"}]
+    with _ant(srv) as ant:
+        first = ant.messages.create(model=MODEL, max_tokens=3, messages=history)
+        assert first.stop_reason == "max_tokens" and first.content[0].text == "echo: one two "
+        history += [{"role": "assistant", "content": first.content[0].text},
+                    {"role": "user", "content": "more"}]
+        ant.messages.create(model=MODEL, max_tokens=50, messages=history)
+    assert [r.body["max_tokens"] for r in upstream.requests if r.body] == [3, 50]
+    expected = {"hits": 0, "misses": 1, "rebuilds": 1}  # another max_tokens: another process
+    assert _counts(http, "claude-a", expected) == expected
+    with _oai(srv) as oai:
+        oai.chat.completions.create(model=MODEL, reasoning_effort="low",
+                                    messages=[{"role": "user", "content": "x"}])
+    argv = spawns(log)[-1]["argv"]
+    assert argv[argv.index("--effort") + 1] == "low"
+
+
+def test_kill_9_of_the_worker_child_restarts_it_and_leaves_no_cli_behind(one, upstream):
+    srv, http, log = one
+    child = _workers(http)["claude-a"]["pid"]
+    lines = []
+    with http.stream("POST", "/v1/chat/completions", headers={"authorization": "Bearer sk-team-a"},
+                     json={"model": MODEL, "stream": True, "messages": [
+                         {"role": "user", "content": "[[hang-after:4]] go on"}]}) as r:
+        for line in r.iter_lines():
+            lines.append(line)
+            if '"content":"echo:' in line.replace(" ", ""):
+                os.kill(child, signal.SIGKILL)
+    data = [line[6:] for line in lines if line.startswith("data: ")]
+    assert data[-1] == "[DONE]" and any('"error"' in d for d in data[:-1])
+    cli_pid = spawns(log)[0]["pid"]
+    wait_for(lambda: not _alive(cli_pid), timeout=10)  # no orphaned CLI
+    info = wait_for(lambda: (w := _workers(http)["claude-a"])["state"] == "ready"
+                    and w["pid"] != child and w)
+    assert info["restarts"] == 1 and info["conversations"] == 0
+    with _oai(srv) as oai:
+        out = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "back"}])
+    assert out.choices[0].message.content == "echo: back"
+
+
+def test_thinking_streams_with_its_signature_and_the_next_turn_reuses_the_session(one, upstream):
+    srv, http, log = one
+    messages = [{"role": "user", "content": "[[think]] ponder this"}]
+    with _ant(srv) as ant:
+        first = ant.messages.create(model=MODEL, max_tokens=2000, messages=messages,
+                                    thinking={"type": "enabled", "budget_tokens": 1024})
+        kinds = [b.type for b in first.content]
+        assert kinds == ["thinking", "text"]
+        assert first.content[0].thinking and first.content[0].signature
+        # the client sends the thinking block back, as Anthropic asks: still the same session
+        messages += [{"role": "assistant", "content": [b.model_dump() for b in first.content]},
+                     {"role": "user", "content": "and next"}]
+        second = ant.messages.create(model=MODEL, max_tokens=2000, messages=messages,
+                                     thinking={"type": "enabled", "budget_tokens": 1024})
+    assert second.content[-1].text == "echo: and next"
+    expected = {"hits": 1, "misses": 1, "rebuilds": 0}
+    assert _counts(http, "claude-a", expected) == expected
+    assert len(spawns(log)) == 1
+
+
+def test_responses_api_turns_chained_by_previous_response_id_reuse_the_session(one, upstream):
+    srv, http, log = one
+    with _oai(srv) as oai:
+        first = oai.responses.create(model=MODEL, input="first via responses")
+        assert first.output_text == "echo: first via responses"
+        second = oai.responses.create(model=MODEL, input="second via responses",
+                                      previous_response_id=first.id)
+    assert second.output_text == "echo: second via responses"
+    assert [m["message"]["content"] for m in user_lines(log)] == [
+        "first via responses", "second via responses"]
+    expected = {"hits": 1, "misses": 1, "rebuilds": 0}
+    assert _counts(http, "claude-a", expected) == expected
+
+
+def test_a_stopped_worker_child_fails_its_pings_and_is_replaced_without_orphans(one, upstream):
+    srv, http, log = one
+    with _oai(srv) as oai:
+        oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "warm"}])
+    child = _workers(http)["claude-a"]["pid"]
+    cli_pid = spawns(log)[0]["pid"]
+    os.kill(child, signal.SIGSTOP)  # hung: alive for the OS, silent to pings
+    info = wait_for(lambda: (w := _workers(http)["claude-a"])["state"] == "ready"
+                    and w["pid"] != child and w, timeout=20)
+    assert info["restarts"] == 1 and info["last_exit"]["reason"] == "hung"
+    wait_for(lambda: not _alive(cli_pid), timeout=10)
+    with _oai(srv) as oai:
+        out = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "new"}])
+    assert out.choices[0].message.content == "echo: new"
