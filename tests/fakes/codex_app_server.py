@@ -56,10 +56,12 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+
+from .codex_fake_state import (
+    Thread, Turn, Upstream, dynamic_tools, parse_config, text_item, turn_info,
+)
 
 VERSION = "0.169.0"
-RESERVED_TOOLS = ("exec_command", "shell_command", "request_user_input")
 _out_lock = threading.Lock()
 
 
@@ -71,88 +73,6 @@ def send(message: dict[str, Any]) -> None:
 
 def notify(method: str, params: dict[str, Any]) -> None:
     send({"method": method, "params": params, "emittedAtMs": int(time.time() * 1000)})
-
-
-def parse_config(argv: list[str]) -> dict[str, Any]:
-    """The ``-c key=value`` overrides (values as TOML scalars, roughly)."""
-    config: dict[str, Any] = {}
-    for n, arg in enumerate(argv):
-        if arg == "-c" and n + 1 < len(argv):
-            key, _, raw = argv[n + 1].partition("=")
-            try:
-                value: Any = json.loads(raw)
-            except ValueError:
-                value = raw
-            config[key] = value
-    return config
-
-
-class Upstream:
-    """Where a provider's requests go, and with which key."""
-
-    def __init__(self, config: dict[str, Any], home: Path) -> None:
-        provider = config.get("model_provider", "openai")
-        self.base_url = config.get(f"model_providers.{provider}.base_url", "")
-        self.retries = int(config.get(f"model_providers.{provider}.stream_max_retries", 5))
-        self.home = home
-
-    def key(self) -> str | None:
-        try:
-            auth = json.loads((self.home / "auth.json").read_text())
-        except (OSError, ValueError):
-            return None
-        return auth.get("OPENAI_API_KEY") or None
-
-    def stream(self, body: dict[str, Any], turn: Turn) -> tuple[int, Any]:
-        """POST and return (status, an iterator of SSE events or the error body)."""
-        url = urlsplit(self.base_url.rstrip("/") + "/responses")
-        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=120)
-        turn.conn = conn
-        headers = {"content-type": "application/json", "accept": "text/event-stream"}
-        if (key := self.key()) is not None:
-            headers["authorization"] = f"Bearer {key}"
-        conn.request("POST", url.path, json.dumps(body), headers)
-        response = conn.getresponse()
-        if response.status != 200:
-            return response.status, json.loads(response.read() or b"{}")
-        return 200, _sse_events(response)
-
-
-def _sse_events(response: http.client.HTTPResponse):
-    for raw in response:
-        line = raw.decode().strip()
-        if line.startswith("data:"):
-            yield json.loads(line[5:].strip())
-
-
-class Thread:
-    def __init__(self, tid: str, params: dict[str, Any], home: Path) -> None:
-        self.id = tid
-        self.params = params
-        self.path = home / "sessions" / f"{tid}.json"
-        self.input: list[dict[str, Any]] = []
-        self.total = {"inputTokens": 0, "cachedInputTokens": 0, "outputTokens": 0,
-                      "reasoningOutputTokens": 0, "totalTokens": 0}
-
-    def save(self) -> None:
-        if self.params.get("ephemeral"):
-            return  # like the real one: an ephemeral thread leaves no rollout
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps({"params": self.params, "input": self.input}))
-
-    def info(self, cwd: str) -> dict[str, Any]:
-        return {"id": self.id, "sessionId": self.id, "preview": "", "ephemeral": False,
-                "modelProvider": "fake", "cwd": cwd, "environments": [], "turns": [],
-                "status": {"type": "idle"}}
-
-
-class Turn:
-    def __init__(self, thread: Thread) -> None:
-        self.id = str(uuid.uuid4())
-        self.thread = thread
-        self.interrupted = threading.Event()
-        self.conn: http.client.HTTPConnection | None = None
-        self.held: dict[str, threading.Event] = {}
 
 
 class Server:
@@ -226,7 +146,7 @@ class Server:
     def rpc_thread_start(self, params: dict[str, Any]) -> dict[str, Any]:
         thread = Thread(str(uuid.uuid4()), params, self.home)
         if params.get("baseInstructions"):
-            thread.input.append(_message("developer", params["baseInstructions"]))
+            thread.input.append(text_item("developer", params["baseInstructions"]))
         thread.save()
         self.threads[thread.id] = thread
         info = thread.info(params.get("cwd") or "")
@@ -263,13 +183,14 @@ class Server:
         if thread is None:
             raise LookupError(f"thread not found: {params['threadId']}")
         turn = Turn(thread)
+        turn.effort = params.get("effort")
         self.turns[thread.id] = turn
         texts = [i.get("text", "") for i in params.get("input", []) if i.get("type") == "text"]
         with open(self.home / "turns.jsonl", "a") as log:  # what the client sent, for tests
             log.write(json.dumps({"threadId": thread.id, "input": params.get("input")}) + "\n")
-        thread.input.append(_message("user", "\n".join(texts)))
+        thread.input.append(text_item("user", "\n".join(texts)))
         self.after.append(threading.Thread(target=self.play, args=(turn,), daemon=True).start)
-        return {"turn": _turn(turn, "inProgress")}
+        return {"turn": turn_info(turn, "inProgress")}
 
     def rpc_turn_interrupt(self, params: dict[str, Any]) -> dict[str, Any]:
         turn = self.turns.get(params.get("threadId", ""))
@@ -288,17 +209,17 @@ class Server:
 
     def play(self, turn: Turn) -> None:
         thread = turn.thread
-        notify("turn/started", {"threadId": thread.id, "turn": _turn(turn, "inProgress")})
+        notify("turn/started", {"threadId": thread.id, "turn": turn_info(turn, "inProgress")})
         try:
             status, error = self.steps(turn)
         except (OSError, ValueError, http.client.HTTPException) as exc:
             status, error = ("interrupted", None) if turn.interrupted.is_set() else (
                 "failed", {"message": f"stream error: {exc}", "codexErrorInfo": "other"})
         if status == "interrupted":
-            thread.input.append(_message("user", "<turn_aborted>\nThe user interrupted the turn."))
+            thread.input.append(text_item("user", "<turn_aborted>\nThe user interrupted the turn."))
         thread.save()
         self.turns.pop(thread.id, None)
-        notify("turn/completed", {"threadId": thread.id, "turn": _turn(turn, status, error)})
+        notify("turn/completed", {"threadId": thread.id, "turn": turn_info(turn, status, error)})
 
     def steps(self, turn: Turn) -> tuple[str, dict[str, Any] | None]:
         """Upstream requests until the model stops calling tools."""
@@ -325,6 +246,7 @@ class Server:
         thread = turn.thread
         body = {"model": thread.params.get("model"), "stream": True, "store": False,
                 "input": thread.input, "prompt_cache_key": thread.id,
+                "reasoning": {"effort": turn.effort, "summary": "auto"} if turn.effort else None,
                 "tools": [{"type": "function", "name": t["name"], "description": t["description"],
                            "parameters": t["inputSchema"]} for t in tools.values()]}
         for attempt in range(self.upstream.retries + 1):
@@ -380,6 +302,10 @@ class Server:
                                                     "delta": event["delta"]})
                 if self.fault() == "crash":
                     os._exit(1)
+            elif kind == "response.reasoning_summary_text.delta":
+                notify("item/reasoning/summaryTextDelta", {
+                    **ids, "itemId": event["item_id"], "delta": event["delta"],
+                    "summaryIndex": event.get("summary_index", 0)})
             elif kind == "response.output_item.done":
                 item = event["item"]
                 thread.input.append(item)
@@ -436,22 +362,6 @@ class Server:
             return "dynamic tool call was cancelled before receiving a response"
         items = slot["result"].get("contentItems") or []
         return "".join(i.get("text", "") for i in items if i.get("type") == "inputText")
-
-
-def dynamic_tools(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The thread's usable dynamic tools: like 0.169.0, names of Codex's own
-    tools are silently left out."""
-    return {t["name"]: t for t in params.get("dynamicTools") or ()
-            if t["name"] not in RESERVED_TOOLS}
-
-
-def _message(role: str, text: str) -> dict[str, Any]:
-    kind = "output_text" if role == "assistant" else "input_text"
-    return {"type": "message", "role": role, "content": [{"type": kind, "text": text}]}
-
-
-def _turn(turn: Turn, status: str, error: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"id": turn.id, "items": [], "status": status, "error": error}
 
 
 def main(argv: list[str]) -> int:

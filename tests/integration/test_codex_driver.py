@@ -26,7 +26,8 @@ from pool.cli.codex import CodexDriver
 from pool.cli.driver import DriverConfig, DriverError
 from pool.cli.events import (
     CliEvent, ConversationSetup, LoginRequired, PendingToolCall, RateLimited, SessionStarted,
-    TextChunk, ToolAnswer, ToolsPending, Turn, TurnFailed, TurnFinished, TurnUsage,
+    TextChunk, ThinkingChunk, ToolAnswer, ToolExecuted, ToolOutput, ToolsPending, Turn,
+    TurnFailed, TurnFinished, TurnUsage,
 )
 from pool.model import Message, TextPart, Tool, ToolCallPart, ToolResultPart
 from tests.fakes.responses_upstream import ResponsesUpstream
@@ -411,5 +412,41 @@ async def test_parallel_calls_without_raw_events_are_gathered_by_time(
             'w [[tools:get_weather {"city": "Paris"} get_weather {"city": "Oslo"}]]')))
         assert [e.name for e in first if isinstance(e, PendingToolCall)] == ["get_weather"] * 2
         assert isinstance(first[-1], ToolsPending)
+    finally:
+        await codex.stop()
+
+
+async def test_reasoning_streams_as_thinking_and_effort_is_passed(
+        driver: CodexDriver, upstream: ResponsesUpstream) -> None:
+    conv = await driver.open(ConversationSetup(model=MODEL, system="S", effort="low"))
+    events = await collect(conv.send(user("ponder [[think]]")))
+
+    thinking = [e for e in events if isinstance(e, ThinkingChunk)]
+    assert "".join(e.text for e in thinking) == "Thinking about: ponder"
+    assert events.index(thinking[0]) < next(
+        i for i, e in enumerate(events) if isinstance(e, TextChunk))
+    assert upstream.responses[0].body["reasoning"]["effort"] == "low"
+
+
+@pytest.mark.cli
+async def test_agent_mode_reports_codex_own_tools_as_executed(
+        tmp_path: Path, upstream: ResponsesUpstream) -> None:
+    """Agent mode on the real binary: Codex runs its shell itself; the client
+    sees the call and its output, nothing to answer."""
+    config = driver_config(account_home(tmp_path, KEY), real_command(), upstream)
+    codex = CodexDriver(dataclasses.replace(config, mode="agent"))
+    Path(config.cwd).mkdir(parents=True)
+    (Path(config.cwd) / "hello.txt").write_text("The secret is PEAR.\n")
+    try:
+        await codex.start()
+        conv = await codex.open(ConversationSetup(model=MODEL, system="S"))
+        events = await collect(conv.send(user(
+            'read it [[tool:exec_command {"cmd": "cat hello.txt"}]]')))
+        (ran,) = [e for e in events if isinstance(e, ToolExecuted)]
+        (out,) = [e for e in events if isinstance(e, ToolOutput)]
+        assert "cat hello.txt" in json.loads(ran.arguments)["command"]
+        assert out.call_id == ran.call_id and "PEAR" in out.content and not out.is_error
+        assert "PEAR" in text_of(events) and isinstance(events[-1], TurnFinished)
+        assert not [e for e in events if isinstance(e, PendingToolCall)]
     finally:
         await codex.stop()
