@@ -23,7 +23,7 @@ from ..model import ImagePart, Message, TextPart, Tool, ToolCallPart, ToolResult
 from .driver import DriverError
 
 __all__ = ["native_binary", "app_server_argv", "toml_value", "user_input", "history_items",
-           "dynamic_tools", "codex_name", "CodexOptions", "DEFAULT_CHAT_SYSTEM", "RESERVED_TOOLS",
+           "dynamic_tools", "codex_name", "tool_outputs", "CodexOptions", "DEFAULT_CHAT_SYSTEM", "RESERVED_TOOLS",
            "ALIAS_PREFIX"]
 
 #: chat mode's system prompt when neither the client nor the gateway chose one
@@ -182,6 +182,12 @@ def dynamic_tools(tools: Sequence[Tool]) -> list[dict[str, Any]]:
     return [{"type": "function", "name": codex_name(t.name), "description": t.description or "",
              "inputSchema": dict(t.parameters or {"type": "object", "properties": {}})}
             for t in tools]
+
+
+def tool_outputs(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """The tool results among ``messages`` as ``function_call_output`` items: a
+    rebuilt conversation's new turn can be the answer to a call in its history."""
+    return [i for i in history_items(messages) if i["type"] == "function_call_output"]
 
 
 def history_items(messages: Sequence[Message]) -> list[dict[str, Any]]:

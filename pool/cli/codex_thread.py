@@ -35,7 +35,7 @@ import orjson
 import structlog
 
 from ..errors import kind_for_status
-from .codex_config import user_input
+from .codex_config import tool_outputs, user_input
 from .codex_rpc import Inbound, Notification, RpcClosed, RpcError, ServerRequest
 from .events import (
     CliEvent, LoginRequired, PendingToolCall, RateLimited, Retrying, SessionStarted, TextChunk,
@@ -158,7 +158,11 @@ class CodexThread:
         params: dict[str, Any] = {"threadId": self._id, "input": user_input(turn.messages)}
         if self._effort:
             params["effort"] = self._effort
+        outputs = tool_outputs(turn.messages)
         try:
+            if outputs:  # answers to calls of an injected history: history too
+                await self._rpc.request("thread/inject_items",
+                                        {"threadId": self._id, "items": outputs})
             result = await self._rpc.request("turn/start", params)
         except RpcError as exc:
             yield TurnFailed("invalid_request", exc.message)

@@ -188,7 +188,8 @@ class Server:
         texts = [i.get("text", "") for i in params.get("input", []) if i.get("type") == "text"]
         with open(self.home / "turns.jsonl", "a") as log:  # what the client sent, for tests
             log.write(json.dumps({"threadId": thread.id, "input": params.get("input")}) + "\n")
-        thread.input.append(text_item("user", "\n".join(texts)))
+        if texts:  # an empty input continues from injected items (a tool output)
+            thread.input.append(text_item("user", "\n".join(texts)))
         self.after.append(threading.Thread(target=self.play, args=(turn,), daemon=True).start)
         return {"turn": turn_info(turn, "inProgress")}
 

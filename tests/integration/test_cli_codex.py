@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -277,3 +278,44 @@ def test_codex_cli_as_a_client_of_a_codex_worker(one, upstream, tmp_path):
     assert final_message(events).startswith("tool said: ") and secret in final_message(events)
     kind, _, output = items(upstream)[-1]
     assert kind == "function_call_output" and secret in output
+
+
+def test_a_held_call_is_released_and_a_late_answer_rebuilds(tmp_path, upstream, command):
+    home = codex_home(tmp_path / "a", KEY)
+    worker = codex_worker("codex-a", home, upstream.url, command=command, tool_timeout=0.5)
+    messages: list[dict] = [{"role": "user", "content": f"weather? {CALL}"}]
+    with gateway(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http, \
+            oai(srv) as client:
+        first = client.chat.completions.create(model=MODEL, messages=messages,
+                                               tools=[WEATHER_OAI]).choices[0]
+        (call,) = first.message.tool_calls
+        # the client never came back in time: the held Codex call was released
+        wait_for(lambda: workers(http)["codex-a"]["conversations"] == 0, timeout=15)
+        messages += [first.message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": "Late sun"}]
+        late = client.chat.completions.create(model=MODEL, messages=messages,
+                                              tools=[WEATHER_OAI])
+        assert late.choices[0].message.content == "tool said: Late sun"
+        wait_for(lambda: http.get("/internal/stats", headers=ADMIN).json()
+                 ["cli_sessions"]["workers"]["codex-a"]["rebuilds"] == 1)
+    # rebuilt into a new thread: the call and its late result injected as history
+    assert items(upstream)[-3:] == [("message", "user", f"weather? {CALL}"),
+                                    ("function_call", None, ""),
+                                    ("function_call_output", None, "Late sun")]
+
+
+def test_a_spent_quota_cools_the_account_down_until_it_resets(tmp_path, upstream):
+    spent, spare = codex_home(tmp_path / "a", KEY), codex_home(tmp_path / "b", KEY)
+    (spent / "fault").write_text("usage")  # the fake's 429 usage_limit_reached, reset in 1 h
+    with gateway(codex_worker("codex-a", spent, upstream.url),
+                 codex_worker("codex-b", spare, upstream.url)) as srv, \
+            httpx.Client(base_url=srv.url, timeout=30) as http, oai(srv) as client:
+        wait_for(lambda: all(w["login"] == "ready" for w in workers(http).values()))
+        answers = [client.chat.completions.create(model=MODEL, messages=[
+            {"role": "user", "content": f"q{n}"}]).choices[0].message.content for n in range(3)]
+        assert answers == ["echo: q0", "echo: q1", "echo: q2"]
+        info = wait_for(lambda: (w := workers(http)["codex-a"])["cooldown_until"] and w)
+        # the reset time Codex printed ("try again at H:MM AM"), to the minute
+        assert 3500 < info["cooldown_until"] - time.time() <= 3600
+        assert info["login"] == "ready"  # a quota is not a logout
+        assert len(turn_inputs(spent)) == 1 and len(turn_inputs(spare)) == 3
