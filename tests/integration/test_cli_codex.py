@@ -319,3 +319,54 @@ def test_a_spent_quota_cools_the_account_down_until_it_resets(tmp_path, upstream
         assert 3500 < info["cooldown_until"] - time.time() <= 3600
         assert info["login"] == "ready"  # a quota is not a logout
         assert len(turn_inputs(spent)) == 1 and len(turn_inputs(spare)) == 3
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").exists() and \
+        Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+
+
+def test_kill_9_of_the_worker_child_leaves_no_app_server_behind(one, upstream):
+    srv, http, home = one
+    child = workers(http)["codex-a"]["pid"]
+    server = wait_for(lambda: app_server_pid(home))
+    lines = []
+    with http.stream("POST", "/v1/chat/completions", headers={"authorization": "Bearer sk-team-a"},
+                     json={"model": MODEL, "stream": True, "messages": [
+                         {"role": "user", "content": "one two three [[hang-after:6]]"}]}) as r:
+        for line in r.iter_lines():
+            lines.append(line)
+            if '"content"' in line and alive(child):
+                os.kill(child, signal.SIGKILL)
+    data = [line[6:] for line in lines if line.startswith("data: ")]
+    assert data[-1] == "[DONE]" and any('"error"' in d for d in data[:-1])
+    wait_for(lambda: not alive(server), timeout=10)  # the parent-death signal took it along
+    info = wait_for(lambda: (w := workers(http)["codex-a"])["state"] == "ready"
+                    and w["pid"] != child and w, timeout=30)
+    assert info["restarts"] == 1 and info["conversations"] == 0
+    with oai(srv) as client:
+        out = client.chat.completions.create(model=MODEL, messages=[
+            {"role": "user", "content": "back"}])
+    assert out.choices[0].message.content == "echo: back"
+
+
+def test_a_hung_app_server_is_killed_and_the_account_restarted(tmp_path, upstream, command):
+    home = codex_home(tmp_path / "a", KEY)
+    worker = codex_worker("codex-a", home, upstream.url, command=command,
+                          cli_options={"watchdog_seconds": 0.5})
+    with gateway(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
+        child = wait_for(lambda: (w := workers(http)["codex-a"])["state"] == "ready" and w["pid"])
+        server = wait_for(lambda: app_server_pid(home))
+        os.kill(server, signal.SIGSTOP)  # alive for the OS, answers nothing
+        info = wait_for(lambda: (w := workers(http)["codex-a"])["state"] == "ready"
+                        and w["pid"] != child and w, timeout=30)
+        assert info["restarts"] == 1
+        wait_for(lambda: not alive(server), timeout=10)
+        with oai(srv) as client:
+            out = client.chat.completions.create(model=MODEL, messages=[
+                {"role": "user", "content": "revived"}])
+        assert out.choices[0].message.content == "echo: revived"
