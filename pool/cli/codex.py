@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 from pathlib import Path
 from typing import Any, Callable
 
@@ -109,11 +110,14 @@ class CodexDriver:
 
     async def _watch_exit(self) -> None:
         assert self.process is not None
-        await self.process.proc.wait()
+        code = await self.process.proc.wait()
         if self._stopping:
             return
-        log.error("codex.app_server_exited", worker=self.config.name,
-                  detail=self.process.why_exited())
+        if code == -signal.SIGTERM:  # the worker's group is being stopped: not a failure
+            log.info("codex.app_server_terminated", worker=self.config.name)
+        else:
+            log.error("codex.app_server_exited", worker=self.config.name,
+                      detail=self.process.why_exited())
         if self.on_process_exit is not None:
             self.on_process_exit()
 
