@@ -370,3 +370,22 @@ def test_a_hung_app_server_is_killed_and_the_account_restarted(tmp_path, upstrea
             out = client.chat.completions.create(model=MODEL, messages=[
                 {"role": "user", "content": "revived"}])
         assert out.choices[0].message.content == "echo: revived"
+
+
+def test_responses_api_tool_round_trip_chained_by_previous_response_id(one, upstream):
+    srv, http, home = one
+    tool = {"type": "function", "name": "get_weather", "description": "The weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+    with oai(srv) as client:
+        first = client.responses.create(model=MODEL, input=f"weather? {CALL}", tools=[tool])
+        (call,) = [o for o in first.output if o.type == "function_call"]
+        assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Paris"})
+        second = client.responses.create(model=MODEL, previous_response_id=first.id, tools=[tool],
+                                         input=[{"type": "function_call_output",
+                                                 "call_id": call.call_id, "output": "Hail"}])
+    assert second.output_text == "tool said: Hail"
+    assert items(upstream)[-1] == ("function_call_output", None, "Hail")
+    wait_for(lambda: http.get("/internal/stats", headers=ADMIN).json()
+             ["cli_sessions"]["workers"]["codex-a"] == {"hits": 1, "misses": 1, "rebuilds": 0})
+    if (home / "turns.jsonl").exists():
+        assert [t["text"] for t in turn_inputs(home)] == [f"weather? {CALL}"]
