@@ -111,13 +111,20 @@ class CodexRpc:
         await self._send(message)
 
     async def respond(self, request_id: Any, result: Mapping[str, Any]) -> None:
-        """Answer a server request (a no-op once the process is gone)."""
-        if not self.closed.is_set():
-            await self._send({"id": request_id, "result": dict(result)})
+        """Answer a server request (a no-op once the process is gone: whoever
+        waits on its thread's queue hears about that)."""
+        await self._answer({"id": request_id, "result": dict(result)})
 
     async def refuse(self, request_id: Any, message: str) -> None:
-        if not self.closed.is_set():
-            await self._send({"id": request_id, "error": {"code": -32601, "message": message}})
+        await self._answer({"id": request_id, "error": {"code": -32601, "message": message}})
+
+    async def _answer(self, message: Mapping[str, Any]) -> None:
+        if self.closed.is_set():
+            return
+        try:
+            await self._send(message)
+        except RpcClosed:
+            pass
 
     async def _send(self, message: Mapping[str, Any]) -> None:
         async with self._write_lock:
