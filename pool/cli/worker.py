@@ -140,9 +140,9 @@ class CliWorker(ProcessWorker):
         child = self._child()
         if child is None or super().state not in (WorkerState.READY, WorkerState.DRAINING):
             return
-        with contextlib.suppress(GatewayError, TimeoutError):
-            async with asyncio.timeout(self.spec.health_timeout):
-                self._status = dict(await child.call("status", None))  # type: ignore[call-overload]
+        with contextlib.suppress(GatewayError):
+            status = await child.call("status", None, timeout=self.spec.health_timeout)
+            self._status = dict(status)  # type: ignore[call-overload]
 
     async def start(self) -> bool:
         ready = await super().start()
