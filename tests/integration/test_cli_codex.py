@@ -282,14 +282,15 @@ def test_codex_cli_as_a_client_of_a_codex_worker(one, upstream, tmp_path):
 
 def test_a_held_call_is_released_and_a_late_answer_rebuilds(tmp_path, upstream, command):
     home = codex_home(tmp_path / "a", KEY)
-    worker = codex_worker("codex-a", home, upstream.url, command=command, tool_timeout=0.5)
+    worker = codex_worker("codex-a", home, upstream.url, command=command, tool_timeout=1.5)
     messages: list[dict] = [{"role": "user", "content": f"weather? {CALL}"}]
     with gateway(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http, \
             oai(srv) as client:
         first = client.chat.completions.create(model=MODEL, messages=messages,
                                                tools=[WEATHER_OAI]).choices[0]
         (call,) = first.message.tool_calls
-        # the client never came back in time: the held Codex call was released
+        wait_for(lambda: workers(http)["codex-a"]["held_tool_calls"] == 1)
+        # the client did not come back in time: the held Codex call was released
         wait_for(lambda: workers(http)["codex-a"]["conversations"] == 0, timeout=15)
         messages += [first.message.model_dump(exclude_none=True),
                      {"role": "tool", "tool_call_id": call.id, "content": "Late sun"}]
