@@ -5,6 +5,7 @@ in supervised worker children, its replies from a fake OpenAI upstream."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import anthropic
@@ -278,3 +279,26 @@ def test_a_client_that_never_comes_back_releases_the_held_call(tmp_path, upstrea
         pid = processes(log)[0]["pid"]
         wait_for(lambda: not pid_alive(pid), timeout=10)  # released: the qwen process is gone
         wait_for(lambda: worker_info(http)["qwen-a"]["conversations"] == 0)
+
+
+def test_a_late_client_answers_every_copy_of_a_re_sent_tool_call(tmp_path, upstream):
+    """Qwen waits 30 s for a tools/call answer, then sends the call again (here 1 s)."""
+    log = tmp_path / "qwen.log"
+    worker = fake_cli_worker("qwen", "qwen-a", tmp_path / "a", upstream.url, log, api_key=KEY,
+                             env={"FAKE_QWEN_MCP_TIMEOUT": "1"})
+    tools = [{"type": "function", "function": WEATHER}]
+    with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http, \
+            openai_client(srv) as oai:
+        wait_for(lambda: worker_info(http)["qwen-a"]["state"] == "ready")
+        messages = [{"role": "user", "content":
+                     '[[tool:mcp__gw__get_weather {"city": "Oslo"}]] weather'}]
+        first = oai.chat.completions.create(model=MODEL, messages=messages, tools=tools)
+        [call] = first.choices[0].message.tool_calls
+        time.sleep(1.5)  # the client takes its time: Qwen has sent the call again meanwhile
+        messages += [first.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": "Snow -2C"}]
+        second = oai.chat.completions.create(model=MODEL, messages=messages, tools=tools)
+    assert second.choices[0].message.content == "tool said: Snow -2C"
+    copies = _tool_answers(log)
+    assert len(copies) >= 2 and set(copies) == {"Snow -2C"}
+    assert len(processes(log)) == 1
