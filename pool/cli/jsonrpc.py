@@ -268,7 +268,7 @@ class JsonRpcConversation:
             yield TurnFailed("upstream", "jsonrpc: the agent is not running")
             return
         self._interrupted = False
-        self._notified: list[TurnUsage] = []
+        self._notified = []
         if self._session_id is None:
             started = await self._start_session()
             yield started
