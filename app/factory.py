@@ -165,7 +165,8 @@ def create_app(settings: Any) -> Starlette:
         routes=routes,
         exception_handlers={HTTPException: _http_exception, Exception: _unhandled},
         middleware=[Middleware(GatewayMiddleware, keys=keys, max_body_bytes=server.max_body_bytes,
-                               on_finish=gw.finish)],
+                               on_finish=gw.finish, admin=gw.admin, metrics=gw.metrics_gate,
+                               metrics_public=gw.metrics_public)],
         lifespan=lifespan,
     )
     app.state.gateway = gw
