@@ -61,7 +61,8 @@ def worker_specs(settings: Any) -> list[Spec]:
         elif w.kind == "process":
             specs.append(ProcessSpec(
                 name=w.name, command=tuple(w.command), models=tuple(w.models),
-                aliases=dict(w.aliases), capacity=w.max_in_flight, env=dict(w.env), cwd=w.cwd,
+                aliases=dict(w.aliases), capacity=w.max_in_flight, env=dict(w.env),
+                env_passthrough=tuple(w.env_passthrough), cwd=w.cwd,
                 ready_timeout=w.ready_timeout or 30.0, health_interval=w.health_interval,
                 health_timeout=w.health_timeout, backoff_initial=w.backoff_initial,
                 backoff_max=w.backoff_max, crash_loop_threshold=w.crash_loop_threshold,
@@ -89,6 +90,7 @@ def local_spec(w: Any, settings: Any) -> LocalSpec:
         context_length=w.context_length, capacity=w.capacity, max_in_flight=w.max_in_flight,
         threads=w.threads, gpu_ids=w.gpu_ids, engine_args=dict(w.engine_args),
         chat_template=template, python=w.python, env=dict(w.env),
+        env_passthrough=tuple(w.env_passthrough),
         ready_timeout=w.ready_timeout or 600.0, health_interval=w.health_interval,
         health_timeout=w.health_timeout, stop_timeout=w.stop_timeout)
 

@@ -127,6 +127,9 @@ class WorkerSettings(BaseModel):
     # process: a worker program of ours, supervised, speaking poolgate's worker protocol
     command: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
+    # the gateway's own variables a process/local child also gets, beyond the
+    # default allow-list (pool/childenv.py); nothing else of its environment passes
+    env_passthrough: tuple[str, ...] = ()
     cwd: str | None = None
     # local: a model engine in a supervised child process (see docs/workers.md)
     engine: Literal["llamacpp", "transformers", "vllm", "sglang"] | None = None
