@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from pool.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from pool.errors import UpstreamCredentialsRefused, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from pool.model import (
     ChatRequest, Finish, ImagePart, Logprobs, Message, ReasoningDelta, ReasoningEnd,
     ReasoningPart, ResponseFormat, Sampling, Start, TextDelta, TextPart, TokenLogprob, Tool,
@@ -589,9 +589,15 @@ REFUSALS = [
     ("anthropic 404", 404, {"type": "error", "error": {"type": "not_found_error",
                                                        "message": "model: x"}}, {},
      UpstreamError, 404, "not_found", "model: x", None, None),
-    ("401 message is scrubbed of the key", 401,
+    ("401 is the gateway's credentials, not the client's", 401,
      {"error": {"message": f"Incorrect API key provided: {KEY}"}}, {},
-     UpstreamError, 401, "authentication", "Incorrect API key provided: ***", None, None),
+     UpstreamCredentialsRefused, 502, "upstream", "upstream credentials refused", None, None),
+    ("403 likewise", 403, {"type": "error", "error": {"type": "permission_error",
+                                                      "message": "sk-ant-****wxyz denied"}}, {},
+     UpstreamCredentialsRefused, 502, "upstream", "upstream credentials refused", None, None),
+    ("400 message is scrubbed of the key and of masked keys", 400,
+     {"error": {"message": f"bad {KEY}; also sk-proj-******abcd. and Bearer zz9"}}, {},
+     UpstreamError, 400, "invalid_request", "bad ***; also ***. and ***", None, None),
     ("429 with retry-after", 429, {"error": {"message": "slow"}}, {"retry-after": "7"},
      UpstreamError, 429, "rate_limit", "slow", None, 7.0),
     ("529 with retry-after-ms", 529, {"type": "error", "error": {
@@ -599,8 +605,8 @@ REFUSALS = [
      UpstreamError, 529, "overloaded", "Overloaded", None, 1.5),
     ("FastAPI detail", 422, {"detail": "field required"}, {},
      UpstreamError, 422, "invalid_request", "field required", None, None),
-    ("no envelope", 403, b"<html>forbidden</html>", {},
-     UpstreamError, 403, "permission", "upstream u refused the request (HTTP 403)", None, None),
+    ("no envelope", 404, b"<html>not here</html>", {},
+     UpstreamError, 404, "not_found", "upstream u refused the request (HTTP 404)", None, None),
     ("5xx hides the body", 500, {"error": {"message": f"trace with {KEY}"}}, {},
      UpstreamUnavailable, 502, "upstream", "upstream u failed (HTTP 500)", None, None),
     ("503 keeps retry-after", 503, b"busy", {"retry-after": "2"},
@@ -632,3 +638,16 @@ def test_scrub_and_object_errors() -> None:
     assert scrub("nothing", None) == "nothing"
     exc = error_from_object({"error": "plain string"})
     assert type(exc) is UpstreamUnavailable
+
+
+def test_in_stream_errors_are_scrubbed_and_credential_ones_are_ours() -> None:
+    refused = error_from_object({"error": {"message": "Incorrect API key provided: sk-pro****abcd",
+                                           "type": "invalid_request_error",
+                                           "code": "invalid_api_key"}})
+    assert type(refused) is UpstreamCredentialsRefused and refused.status == 502
+    assert type(error_from_object({"type": "error", "error": {
+        "type": "permission_error", "message": "key sk-ant-api03-xx** lacks access"}})) \
+        is UpstreamCredentialsRefused
+    exc = error_from_object({"type": "error", "error": {
+        "type": "invalid_request_error", "message": "bad sk-ant-api03-AbC***wxyz here"}})
+    assert exc.status == 400 and exc.message == "bad *** here" and "sk-" not in str(exc)
