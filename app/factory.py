@@ -26,6 +26,7 @@ from pool.routing import make_policy
 from sessions.bindings import MemoryBindingStore
 from sessions.responses import MemoryResponseStore
 from pool.remote import RemoteSpec, make_remote_worker
+from pool.remote.policy import PassPolicy
 
 from .gateway import Gateway
 from .http import error_response
@@ -73,8 +74,14 @@ def worker_specs(settings: Any) -> list[Spec]:
                 models=tuple(w.models), aliases=dict(w.aliases),
                 connect_timeout=w.connect_timeout, first_byte_timeout=w.first_byte_timeout,
                 idle_timeout=w.idle_timeout, max_connections=w.max_connections,
-                max_in_flight=w.max_in_flight))
+                max_in_flight=w.max_in_flight, policy=pass_policy(w)))
     return specs
+
+
+def pass_policy(w: Any) -> PassPolicy:
+    return PassPolicy(pass_fields=frozenset(w.pass_fields), pass_betas=frozenset(w.pass_betas),
+                      server_tools=frozenset(w.server_tools), image_urls=w.image_urls,
+                      image_max_bytes=w.image_max_bytes)
 
 
 def local_spec(w: Any, settings: Any) -> LocalSpec:

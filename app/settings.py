@@ -158,6 +158,13 @@ class WorkerSettings(BaseModel):
     idle_timeout: float = Field(300.0, gt=0)
     max_connections: int = Field(0, ge=0)  # 0: unlimited
     max_in_flight: int = Field(256, gt=0)  # requests in flight on this worker before others wait
+    # remote: what a same-dialect pass-through may carry beyond the defaults
+    # (pool/remote/policy.py), and what happens to image URLs (pool/remote/images.py)
+    pass_fields: tuple[str, ...] = ()
+    pass_betas: tuple[str, ...] = ()
+    server_tools: tuple[str, ...] = ()
+    image_urls: Literal["data_only", "fetch", "forward"] = "data_only"
+    image_max_bytes: int = Field(20 * 1024 * 1024, gt=0)
 
     @field_validator("name")
     @classmethod

@@ -27,6 +27,8 @@ from pool.sse import SSEDecoder
 from pool.worker import Capabilities, WorkerState
 
 from .errors import error_from_body, scrub_error
+from .images import vet_images
+from .policy import PassPolicy
 
 __all__ = ["RemoteSpec", "RemoteWorker", "StreamParser"]
 
@@ -54,6 +56,7 @@ class RemoteSpec:
     max_connections: int = 0
     max_in_flight: int = 256            # the admission guard's per-worker capacity
     headers: Mapping[str, str] = field(default_factory=dict)
+    policy: PassPolicy = field(default_factory=PassPolicy)  # what a pass-through may carry
 
 
 class StreamParser(Protocol):
@@ -184,6 +187,7 @@ class RemoteWorker:
         return None
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[Event]:
+        request = await vet_images(request, self.spec.policy)
         body, headers = self.prepare(request)
         if request.dialect == "openai_responses":
             dropped = _encrypted_reasoning(request)

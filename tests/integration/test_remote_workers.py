@@ -24,6 +24,7 @@ from pool.model import (
     ToolCallPart, ToolResultPart,
 )
 from pool.remote import RemoteSpec, make_remote_worker
+from pool.remote.policy import PassPolicy
 from pool.worker import Worker, WorkerState
 from tests.fakes import FakeUpstream, reasoning_for, signature_for
 
@@ -197,7 +198,8 @@ async def test_openai_passthrough_keeps_unknown_fields(make: MakeWorker, fake: F
                                           raw=raw))
     assert done.text == "echo: hi there"
     assert done.usage.cached_tokens == done.usage.input_tokens // 2
-    expected = {**raw, "model": "fake-model"}
+    # service_tier would bill the operator's account differently: not passed by default
+    expected = {k: v for k, v in raw.items() if k != "service_tier"} | {"model": "fake-model"}
     if stream:
         expected["stream_options"] = {"include_usage": True}
     assert fake.last.body == expected
@@ -232,10 +234,10 @@ async def test_anthropic_passthrough_keeps_fields_and_beta_headers(
 
 async def test_anthropic_version_defaults_when_client_sent_none(make: MakeWorker,
                                                                 fake: FakeUpstream) -> None:
-    worker = await make("anthropic")
+    worker = await make("anthropic", policy=PassPolicy(pass_betas=frozenset({"b1"})))
     raw = {"model": "a", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]}
     await collect(worker, chat("x", dialect="anthropic", raw=raw,
-                               passthrough_headers={"anthropic-beta": "b1"}))
+                               passthrough_headers={"anthropic-beta": "b1,web-fetch-2025-09-10"}))
     assert fake.last.headers["anthropic-version"] == "2023-06-01"
     assert fake.last.headers["anthropic-beta"] == "b1"
 

@@ -10,7 +10,9 @@ from typing import Any
 import orjson
 import pytest
 
-from pool.errors import UpstreamCredentialsRefused, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from pool.errors import (
+    BadRequest, UpstreamCredentialsRefused, UpstreamError, UpstreamTimeout, UpstreamUnavailable,
+)
 from pool.model import (
     ChatRequest, Finish, ImagePart, Logprobs, Message, ReasoningDelta, ReasoningEnd,
     ReasoningPart, ResponseFormat, Sampling, Start, TextDelta, TextPart, TokenLogprob, Tool,
@@ -19,6 +21,7 @@ from pool.model import (
 from pool.remote import anthropic_messages as am
 from pool.remote import openai_chat as oc
 from pool.remote.errors import error_from_body, error_from_object, parse_retry_after, scrub
+from pool.remote.policy import PassPolicy
 from pool.sse import SSEDecoder
 
 
@@ -265,12 +268,14 @@ ANTHROPIC_RAW = {"model": "alias", "max_tokens": 64000, "stream": True,
                  "context_management": {"edits": [{"type": "clear_thinking_20251015"}]},
                  "output_config": {"effort": "high"}, "thinking": {"type": "adaptive"}}
 
+# service_tier is not passed on by default (the worker's pass_fields can allow it)
+_OPENAI_KEPT = {k: v for k, v in OPENAI_RAW.items() if k != "service_tier"}
 PASSTHROUGH = [
     ("openai streaming", oc.build_body, "openai_chat", OPENAI_RAW, True,
-     {**OPENAI_RAW, "model": "up-model",
+     {**_OPENAI_KEPT, "model": "up-model",
       "stream_options": {"include_obfuscation": False, "include_usage": True}}),
     ("openai non-streaming drops stream_options", oc.build_body, "openai_chat", OPENAI_RAW, False,
-     {k: v for k, v in OPENAI_RAW.items() if k != "stream_options"}
+     {k: v for k, v in _OPENAI_KEPT.items() if k != "stream_options"}
      | {"model": "up-model", "stream": False}),
     ("anthropic streaming", am.build_body, "anthropic", ANTHROPIC_RAW, True,
      {**ANTHROPIC_RAW, "model": "up-model"}),
@@ -287,6 +292,57 @@ def test_same_dialect_passes_raw_through(build: Any, dialect: str, raw: dict[str
     request = req(user("ignored: raw wins"), dialect=dialect, raw=raw, stream=stream)
     assert build(request) == expected
     assert raw == before  # never mutated
+
+
+ANTHROPIC_EXTRAS = {"mcp_servers": [{"type": "url", "url": "https://mcp.example/sse", "name": "x"}],
+                    "service_tier": "auto", "container": "c1", "inference_geo": "us"}
+
+
+def test_pass_through_drops_what_the_operator_did_not_allow() -> None:
+    raw = {**ANTHROPIC_RAW, **ANTHROPIC_EXTRAS}
+    body = am.build_body(req(user("x"), dialect="anthropic", raw=raw, stream=True))
+    assert body == {**ANTHROPIC_RAW, "model": "up-model"}
+    widened = PassPolicy(pass_fields=frozenset({"service_tier", "mcp_servers"}))
+    body = am.build_body(req(user("x"), dialect="anthropic", raw=raw, stream=True), widened)
+    assert body["service_tier"] == "auto" and body["mcp_servers"] == raw["mcp_servers"]
+    assert "container" not in body
+    raw = {**OPENAI_RAW, "store": True, "metadata": {"a": "b"}, "web_search_options": {}}
+    body = oc.build_body(req(user("x"), dialect="openai_chat", raw=raw, stream=True))
+    assert not {"store", "metadata", "service_tier", "web_search_options"} & body.keys()
+    searching = PassPolicy(server_tools=frozenset({"web_search"}))
+    body = oc.build_body(req(user("x"), dialect="openai_chat", raw=raw, stream=True), searching)
+    assert "web_search_options" in body and "store" not in body
+
+
+@pytest.mark.parametrize("tool_type", ["web_fetch_20250910", "code_execution_20250825",
+                                       "web_search_20250305", "mcp_toolset"])
+def test_server_tools_need_the_operators_consent(tool_type: str) -> None:
+    raw = {**ANTHROPIC_RAW, "tools": [{"name": "f", "input_schema": {"type": "object"}},
+                                      {"type": tool_type, "name": "s"}]}
+    request = req(user("x"), dialect="anthropic", raw=raw)
+    with pytest.raises(BadRequest) as info:
+        am.build_body(request)
+    assert info.value.param == "tools[1].type" and tool_type in info.value.message
+    base = tool_type.rsplit("_", 1)[0] if tool_type[-1].isdigit() else tool_type
+    allowed = PassPolicy(server_tools=frozenset({base}))
+    assert am.build_body(request, allowed)["tools"] == raw["tools"]
+    openai_raw = {**OPENAI_RAW, "tools": [{"type": "web_search"}]}
+    with pytest.raises(BadRequest):
+        oc.build_body(req(user("x"), dialect="openai_chat", raw=openai_raw))
+
+
+def test_betas_are_filtered_to_the_allowed_ones() -> None:
+    claude_code = ("claude-code-20250219,context-1m-2025-08-07,interleaved-thinking-2025-05-14,"
+                   "thinking-token-count-2026-05-13,context-management-2025-06-27,"
+                   "prompt-caching-scope-2026-01-05,mid-conversation-system-2026-04-07,"
+                   "effort-2025-11-24")
+    policy = PassPolicy()
+    assert policy.betas(claude_code) == claude_code
+    assert policy.betas("web-fetch-2025-09-10,code-execution-2025-08-25,mcp-client-2025-04-04,"
+                        "effort-2025-11-24") == "effort-2025-11-24"
+    assert policy.betas("files-api-2025-04-14") is None
+    assert PassPolicy(pass_betas=frozenset({"web-fetch"})).betas("web-fetch-2025-09-10") == \
+        "web-fetch-2025-09-10"
 
 
 def test_other_dialect_is_translated_not_passed_through() -> None:
