@@ -20,7 +20,7 @@ _OPENAI = {
     "invalid_request": ("invalid_request_error", None),
     "authentication": ("authentication_error", "invalid_api_key"),
     "permission": ("permission_error", None),
-    "not_found": ("invalid_request_error", "model_not_found"),
+    "not_found": ("invalid_request_error", "not_found"),  # an unknown model says model_not_found itself
     "request_too_large": ("invalid_request_error", "request_too_large"),
     "rate_limit": ("rate_limit_error", "rate_limit_exceeded"),
     "overloaded": ("rate_limit_error", "rate_limit_exceeded"),
@@ -66,6 +66,9 @@ def error_body(exc: GatewayError, dialect: str) -> dict[str, Any]:
 
 
 def error_headers(exc: GatewayError) -> dict[str, str]:
+    extra = getattr(exc, "headers", None)  # rate limits: Retry-After and the limit headers
+    if extra:
+        return dict(extra)
     if exc.retry_after is not None:
         return {"retry-after": str(max(1, round(exc.retry_after)))}
     return {}

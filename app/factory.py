@@ -16,6 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from auth.keys import KeyRing, TokenGate
+from auth.limits import MemoryLimits
 from pool.errors import GatewayError, InternalError, NotFound
 from pool.admission import AdmissionGuard
 from pool.pool import Pool
@@ -33,7 +34,10 @@ from .http import error_response
 from .middleware import GatewayMiddleware
 from .observability import Metrics
 from .pool_metrics import PoolCollector
-from .routes import chat, models, ops, responses
+from .routes import chat, keys as key_routes, models, ops, responses
+from .settings import EMBEDDED_SAMPLING
+from .state import apply_policy, open_state
+from .teams import Teams, policy_from_settings
 
 __all__ = ["create_app", "worker_specs"]
 
@@ -86,8 +90,10 @@ def pass_policy(w: Any) -> PassPolicy:
 
 def local_spec(w: Any, settings: Any) -> LocalSpec:
     model = w.model
+    sampling = w.sampling_defaults
     if model is None:  # the embedded default (llamacpp only; settings checked that)
         model = find_default_model(os.path.expanduser(settings.server.cache_dir))
+        sampling = sampling or EMBEDDED_SAMPLING
     template = None
     if w.chat_template is not None:
         with open(w.chat_template, encoding="utf-8") as fh:
@@ -98,8 +104,10 @@ def local_spec(w: Any, settings: Any) -> LocalSpec:
         threads=w.threads, gpu_ids=w.gpu_ids, engine_args=dict(w.engine_args),
         chat_template=template, python=w.python, env=dict(w.env),
         env_passthrough=tuple(w.env_passthrough),
+        sampling_defaults=sampling.model_dump(exclude_none=True) if sampling else {},
         ready_timeout=w.ready_timeout or 600.0, health_interval=w.health_interval,
-        health_timeout=w.health_timeout, stop_timeout=w.stop_timeout)
+        health_timeout=w.health_timeout, stop_timeout=w.stop_timeout,
+        call_timeout=w.call_timeout, read_timeout=w.read_timeout)
 
 
 def make_worker(spec: Spec, environment: Mapping[str, str]) -> Any:
@@ -114,7 +122,9 @@ def make_worker(spec: Spec, environment: Mapping[str, str]) -> Any:
 def create_app(settings: Any) -> Starlette:
     server = settings.server
     store = settings.responses
-    keys = KeyRing({name: _secret(key) or "" for name, key in server.api_keys.items()})
+    secrets = {name: _secret(key) or "" for name, key in server.api_keys.items()}
+    secrets.update((name, _secret(key.secret) or "") for name, key in server.keys.items())
+    keys = KeyRing(secrets)
     gw = Gateway(settings=settings, metrics=Metrics(),
                  admin=TokenGate(_secret(server.admin_token)),
                  metrics_gate=TokenGate(_secret(server.metrics_token)),
@@ -128,17 +138,23 @@ def create_app(settings: Any) -> Starlette:
                                              max_items=settings.routing.max_bindings),
                  cooldown_seconds=settings.routing.cooldown_seconds,
                  log_requests=server.log_level in ("debug", "info"),
-                 stream_grace=server.stream_grace, ping_interval=server.ping_interval)
+                 stream_grace=server.stream_grace, ping_interval=server.ping_interval,
+                 keyring=keys, config_keys=frozenset(secrets),
+                 teams=Teams((), MemoryLimits()))
+    for name, key in server.keys.items():
+        apply_policy(gw, policy_from_settings(name, key))
     _build_policies(gw, settings.routing)
     gw.metrics.registry.register(PoolCollector(gw.metrics_snapshot))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
+            await open_state(gw, server.state_dir, stack)
             specs = worker_specs(settings)
             if not specs and settings.server.demo:
                 specs = await _start_demo(stack)
-            gw.pool = Pool([make_worker(spec, settings.environment) for spec in specs])
+            gw.pool = Pool([make_worker(spec, settings.environment) for spec in specs],
+                           default_model=settings.routing.default_model)
             await gw.pool.start()
             stack.push_async_callback(gw.pool.aclose)
             probes = asyncio.ensure_future(gw.pool.probe_forever(server.health_interval))
@@ -169,6 +185,11 @@ def create_app(settings: Any) -> Starlette:
         Route("/internal/workers/{name}/engine", ops.worker_engine, methods=["GET"]),
         Route("/internal/workers/{name}/{action}", ops.worker_action, methods=["POST"]),
         Route("/internal/stats", ops.internal_stats, methods=["GET"]),
+        Route("/internal/usage", key_routes.usage, methods=["GET"]),
+        Route("/internal/keys", key_routes.list_keys, methods=["GET"]),
+        Route("/internal/keys", key_routes.create_key, methods=["POST"]),
+        Route("/internal/keys/{name}", key_routes.update_key, methods=["PATCH"]),
+        Route("/internal/keys/{name}", key_routes.delete_key, methods=["DELETE"]),
     ]
     app = Starlette(
         routes=routes,
@@ -227,7 +248,8 @@ def _build_policies(gw: Gateway, routing: Any) -> None:
 
     def policy(name: str) -> Any:
         return make_policy(name, in_flight=gw.admission.in_flight, store=gw.bindings,
-                           ttl=routing.binding_ttl, busy=busy)
+                           ttl=routing.binding_ttl, busy=busy, imbalance_abs=routing.imbalance_abs,
+                           imbalance_rel=routing.imbalance_rel, owned=True)
 
     gw.policy = policy(routing.policy)
     gw.policies = {model: policy(name) for model, name in routing.models.items()}

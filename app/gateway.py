@@ -3,25 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import structlog
 
-from auth.keys import TokenGate
+from auth.keys import KeyRing, TokenGate
+from auth.limits import MemoryLimits
 from pool.admission import AdmissionGuard, Lease
 from pool.model import ChatRequest
 from pool.pool import Pool
 from pool.worker import Worker
 from sessions.bindings import MemoryBindingStore
-from sessions.keys import session_key
+from sessions.keystore import KeyStore
+from sessions.ledger import UsageLedger
+from sessions.keys import owned_session_key
 from sessions.responses import MemoryResponseStore, ResponseStore
 
 from .record import RequestRecord
+from .teams import Teams
 
 __all__ = ["Gateway"]
 
 access_log = structlog.get_logger("poolgate.access")
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"  # counted, not answered: nothing to charge
 
 
 @dataclass(slots=True, eq=False)
@@ -44,6 +50,11 @@ class Gateway:
     policies: dict[str, Any] = field(default_factory=dict)  # model -> its own policy
     cooldown_seconds: float = 5.0
     log_requests: bool = True  # an access line per request (log level info or debug)
+    keyring: KeyRing = field(default_factory=lambda: KeyRing({}))
+    teams: Teams = field(default_factory=lambda: Teams((), MemoryLimits()))
+    config_keys: frozenset[str] = frozenset()  # names from the configuration (read-only)
+    ledger: UsageLedger | None = None  # set while the app runs
+    keystore: KeyStore | None = None  # the run-time keys, set while the app runs
     _tasks: set[Any] = field(default_factory=set)
 
     async def admit(self, chat: ChatRequest, headers: Mapping[str, str], key: str,
@@ -61,7 +72,7 @@ class Gateway:
                 for worker in free:
                     if worker.name == prefer:
                         return worker
-            session, _source = session_key(routed, headers)
+            session, _source = owned_session_key(key, routed, headers)
             policy = self.policies.get(routed.model, self.policy)
             return await policy.choose(routed, session, free)
 
@@ -109,15 +120,28 @@ class Gateway:
     def metrics_upstream_error(self, worker: str, kind: str) -> None:
         self.metrics.observe_upstream_error(worker=worker, kind=kind)
 
+    def _account(self, record: RequestRecord, model: str) -> None:
+        """Charge an answered inference request to its key's windows and ledger."""
+        tokens_in = record.tokens_in or 0
+        tokens_out = record.tokens_out or 0
+        if record.worker is not None:
+            self.teams.charge(record.key, tokens_in + tokens_out)
+        if self.ledger is not None:
+            self.ledger.add(time.time(), record.key, model, record.worker, tokens_in, tokens_out,
+                            record.tokens_cached or 0, record.status, record.error)
+
     def finish(self, record: RequestRecord) -> None:
         """The end of every HTTP request: one access log line, the metrics."""
         if record.dialect is not None:
+            model = self.pool.model_label(record.model)
             self.metrics.observe_request(
-                dialect=record.dialect,
-                model=record.model if record.model and self.pool.knows(record.model) else "unknown",
+                dialect=record.dialect, model=model,
                 worker=record.worker or "none", key=record.key, status=record.status,
                 duration=record.duration, ttft=record.ttft,
-                tokens_in=record.tokens_in, tokens_out=record.tokens_out)
+                tokens_in=record.tokens_in, tokens_out=record.tokens_out,
+                tokens_cached=record.tokens_cached)
+            if record.path != COUNT_TOKENS_PATH:
+                self._account(record, model)
         if record.status < 500 and not self.log_requests:
             return  # info lines are filtered out: don't build one
         fields: dict[str, Any] = {

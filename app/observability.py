@@ -233,6 +233,7 @@ class Metrics:
     def observe_request(
         self, *, dialect: str, model: str, worker: str, key: str, status: int, duration: float,
         ttft: float | None = None, tokens_in: int | None = None, tokens_out: int | None = None,
+        tokens_cached: int | None = None,
     ) -> None:
         """One finished request: status, duration, time to first token and tokens, when known."""
         data = self._data
@@ -247,7 +248,7 @@ class Metrics:
         if ttft is not None:
             self._observe_ttft(pair, ttft)
         if tokens_in or tokens_out:
-            self._add_tokens(model, key, tokens_in, tokens_out)
+            self._add_tokens(model, key, tokens_in, tokens_out, tokens_cached)
 
     def observe_first_token(self, *, dialect: str, model: str, seconds: float) -> None:
         self._observe_ttft((dialect, self._model(model)), seconds)
@@ -277,8 +278,11 @@ class Metrics:
             hist = self._data.ttft[pair] = _Histogram()
         hist.observe(seconds)
 
-    def _add_tokens(self, model: str, key: str, tokens_in: int | None, tokens_out: int | None) -> None:
+    def _add_tokens(self, model: str, key: str, tokens_in: int | None, tokens_out: int | None,
+                    tokens_cached: int | None = None) -> None:
         tokens = self._data.tokens
+        if tokens_cached:  # of the input tokens, those read from a prompt cache
+            tokens[(model, key, "cached")] = tokens.get((model, key, "cached"), 0) + tokens_cached
         if tokens_in:
             tokens[(model, key, "input")] = tokens.get((model, key, "input"), 0) + tokens_in
         if tokens_out:

@@ -10,7 +10,7 @@ class RequestRecord:
     the dialect, model and worker, the stream its tokens and outcome."""
 
     __slots__ = ("request_id", "method", "path", "status", "key", "dialect", "model", "worker",
-                 "tokens_in", "tokens_out", "ttft", "error", "disconnected", "duration",
+                 "tokens_in", "tokens_out", "tokens_cached", "ttft", "error", "disconnected", "duration",
                  "anthropic_version", "stream", "started")
 
     def __init__(self, request_id: str, method: str, path: str, started: float = 0.0) -> None:
@@ -25,6 +25,7 @@ class RequestRecord:
         self.worker: str | None = None
         self.tokens_in: int | None = None
         self.tokens_out: int | None = None
+        self.tokens_cached: int | None = None
         self.ttft: float | None = None
         self.error: str | None = None
         self.disconnected = False

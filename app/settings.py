@@ -25,6 +25,8 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSetti
 from pydantic_settings.exceptions import SettingsError
 from pydantic_settings.sources.utils import parse_env_vars
 
+from .key_settings import KeySettings, missing_key_secrets, resolve_key_secrets
+
 __all__ = [
     "CONFIG_ENV", "API_KEYS_ENV", "ConfigError", "ServerSettings", "WorkerSettings", "Settings",
     "load_settings", "check_config", "is_loopback_host",
@@ -32,6 +34,7 @@ __all__ = [
 
 CONFIG_ENV = "POOLGATE_CONFIG"
 API_KEYS_ENV = "POOLGATE_API_KEYS"
+STATE_DIR_ENV = "POOLGATE_STATE_DIR"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SECTIONS = ("server", "responses", "routing")  # tables whose keys merge field by field across layers
@@ -65,6 +68,8 @@ class ServerSettings(BaseModel):
     host: str = Field("127.0.0.1", min_length=1)
     port: int = Field(8000, ge=0, le=65535)  # 0: let the OS pick (tests)
     api_keys: dict[str, SecretStr] = Field(default_factory=dict)
+    keys: dict[str, KeySettings] = Field(default_factory=dict)  # [server.keys.<name>]: key + policy
+    state_dir: str | None = None  # the usage ledger and run-time keys; None: memory only
     admin_token_env: str | None = "POOLGATE_ADMIN_TOKEN"
     admin_token: SecretStr | None = None  # resolved from admin_token_env
     metrics_token_env: str | None = "POOLGATE_METRICS_TOKEN"
@@ -104,6 +109,19 @@ class ServerSettings(BaseModel):
             seen[value] = name
         return keys
 
+    @model_validator(mode="after")
+    def _check_policy_keys(self) -> ServerSettings:
+        for name, key in self.keys.items():
+            if not _NAME.match(name):
+                raise ValueError(f"key name {name!r} must be letters, digits, '.', '_' or '-'")
+            if name in self.api_keys:
+                raise ValueError(f"key {name!r} is both in api_keys and in keys")
+        secrets = [s.get_secret_value() for s in self.api_keys.values()]
+        secrets += [k.secret.get_secret_value() for k in self.keys.values() if k.secret]
+        if len(set(secrets)) != len(secrets):
+            raise ValueError("two api keys have the same secret")
+        return self
+
     def plain_api_keys(self) -> dict[str, str]:
         """name -> secret, for ``auth.keys.KeyRing``."""
         return {name: secret.get_secret_value() for name, secret in self.api_keys.items()}
@@ -111,7 +129,20 @@ class ServerSettings(BaseModel):
     @property
     def needs_insecure_opt_in(self) -> bool:
         """Listening beyond loopback with no API keys: refused unless explicitly allowed."""
-        return not self.api_keys and not is_loopback_host(self.host)
+        return not self.api_keys and not self.keys and not is_loopback_host(self.host)
+
+
+class SamplingDefaultsSettings(BaseModel):
+    """A local worker's ``sampling_defaults``: what a request gets for what it
+    leaves out (the client's values always win; these win over the model's own
+    ``generation_config.json`` / GGUF ``general.sampling.*``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    max_tokens: int | None = Field(None, gt=0)
 
 
 class WorkerSettings(BaseModel):
@@ -140,6 +171,9 @@ class WorkerSettings(BaseModel):
     gpu_ids: tuple[int, ...] | None = None  # CUDA devices (CUDA_VISIBLE_DEVICES)
     engine_args: dict[str, Any] = Field(default_factory=dict)  # engine-specific settings
     chat_template: str | None = None  # a Jinja chat template file replacing the model's own
+    # what requests get for sampling they leave out; None: the model's own (embedded default:
+    # its model card's temperature 0.2, top_p 0.9, and short answers)
+    sampling_defaults: SamplingDefaultsSettings | None = None
     python: str | None = None  # the interpreter whose environment has the engine
     ready_timeout: float | None = Field(None, gt=0)  # default 30 s (process), 600 s (local)
     health_interval: float = Field(5.0, gt=0)
@@ -149,6 +183,8 @@ class WorkerSettings(BaseModel):
     crash_loop_threshold: int = Field(5, gt=0)
     crash_loop_window: float = Field(60.0, gt=0)
     stop_timeout: float = Field(10.0, gt=0)
+    call_timeout: float = Field(30.0, gt=0)   # local: count_tokens / engine stats deadline
+    read_timeout: float = Field(120.0, gt=0)  # local: longest the engine may go without a token
     api_key_env: str | None = None
     api_key: SecretStr | None = None  # resolved from api_key_env
     models: tuple[str, ...] = ()  # a local worker defaults to the model file's name
@@ -247,6 +283,8 @@ def default_model_name(model: str | None) -> str:
 
 
 DEFAULT_LOCAL_MODEL = "smollm2-135m-instruct"
+# SmolLM2's model card recommends temperature 0.2 and top_p 0.9; a demo answer stays short.
+EMBEDDED_SAMPLING = SamplingDefaultsSettings(temperature=0.2, top_p=0.9, max_tokens=256)
 
 
 DEFAULT_WORKER = WorkerSettings(name="local", kind="local", engine="llamacpp", capacity=4,
@@ -260,8 +298,15 @@ class RoutingSettings(BaseModel):
 
     policy: Literal["session_affinity", "least_in_flight"] = "session_affinity"
     models: dict[str, Literal["session_affinity", "least_in_flight"]] = Field(default_factory=dict)
+    # a model name nothing serves (nor matches an alias or a glob alias such as
+    # "claude-*") goes to this served model instead of a 404; None: a 404
+    default_model: str | None = None
     binding_ttl: float = Field(3600.0, gt=0)
     max_bindings: int = Field(100_000, gt=0)
+    # an implicit session (content hash, `user`) leaves a worker holding more than
+    # imbalance_abs requests more than the least loaded AND imbalance_rel times as many
+    imbalance_abs: int = Field(2, ge=0)
+    imbalance_rel: float = Field(1.5, ge=1)
     cooldown_seconds: float = Field(5.0, ge=0)
 
 
@@ -323,6 +368,15 @@ class Settings(BaseSettings):
                     )
         return workers
 
+    @model_validator(mode="after")
+    def _check_default_model(self) -> Settings:
+        default = self.routing.default_model
+        if default is not None and self.workers and not any(
+                default in w.models or default in w.aliases for w in self.workers):
+            raise ValueError(f"routing.default_model {default!r} is not a model or alias any "
+                             "worker serves")
+        return self
+
     def model_names(self) -> frozenset[str]:
         """Every model and alias some worker serves (the label set for metrics)."""
         return frozenset(n for w in self.workers for n in (*w.models, *w.aliases))
@@ -347,6 +401,7 @@ def load_settings(config_path: str | None, environ: Mapping[str, str], overrides
     data = _merge(data, _env_layer(environ, problems))
     data = _merge(data, overrides or {})
     problems.extend(_missing_worker_secrets(data, environ))
+    problems.extend(missing_key_secrets(data.get("server"), environ))
     try:
         settings = Settings.model_validate(data)
     except ValidationError as exc:
@@ -394,6 +449,9 @@ def _env_layer(environ: Mapping[str, str], problems: list[str]) -> dict:
         keys = _parse_api_keys(raw_keys, problems)
         if keys is not None:
             data["server"] = {**data.get("server", {}), "api_keys": keys}
+    state_dir = environ.get(STATE_DIR_ENV)
+    if state_dir:
+        data["server"] = {**data.get("server", {}), "state_dir": state_dir}
     return data
 
 
@@ -454,8 +512,14 @@ def _resolve_secrets(settings: Settings, environ: Mapping[str, str]) -> Settings
         w.model_copy(update={"api_key": SecretStr(environ[w.api_key_env])}) if w.api_key_env else w
         for w in settings.workers
     )
-    resolved = settings.model_copy(update={"server": server.model_copy(update=update),
-                                           "workers": workers})
+    if server.keys:
+        update["keys"] = resolve_key_secrets(server.keys, environ)  # type: ignore[assignment]
+    # model_validate, not model_copy: the secrets just read must be checked for clashes
+    try:
+        server = ServerSettings.model_validate({**server.model_dump(), **update})
+    except ValidationError as exc:
+        raise ConfigError([_format_error(err) for err in exc.errors()]) from None
+    resolved = settings.model_copy(update={"server": server, "workers": workers})
     resolved._environment = dict(environ)
     return resolved
 

@@ -44,15 +44,20 @@ class Encoder(Protocol):
 class StreamOutcome:
     """What became of a stream, for the access log and metrics."""
 
-    __slots__ = ("usage_in", "usage_out", "finish", "error", "disconnected", "first_token_at")
+    __slots__ = ("usage_in", "usage_out", "usage_cached", "finish", "error", "disconnected",
+                 "first_token_at", "content_events")
 
     def __init__(self) -> None:
         self.usage_in: int | None = None
         self.usage_out: int | None = None
+        self.usage_cached: int | None = None
         self.finish: str | None = None
         self.error: GatewayError | None = None
         self.disconnected = False
         self.first_token_at: float | None = None
+        # events with content sent to the client: what a stream cut before
+        # the worker reported usage is charged (about a token each)
+        self.content_events = 0
 
 
 class EventStreamResponse:
@@ -120,10 +125,14 @@ class EventStreamResponse:
                         outcome.usage_in = event.input_tokens
                     if event.output_tokens is not None:
                         outcome.usage_out = event.output_tokens
+                    if event.cached_tokens is not None:
+                        outcome.usage_cached = event.cached_tokens
                 elif t is Finish:
                     outcome.finish = event.reason
-                elif outcome.first_token_at is None:
-                    outcome.first_token_at = time.perf_counter()
+                else:
+                    outcome.content_events += 1
+                    if outcome.first_token_at is None:
+                        outcome.first_token_at = time.perf_counter()
                 frame = enc.feed(event)
                 if frame:
                     self._last_send = loop.time()

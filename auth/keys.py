@@ -1,8 +1,10 @@
 """Inbound API keys and the admin / metrics tokens.
 
-Comparisons are constant time: presented and stored secrets are compared as
-SHA-256 digests (equal length, so the length of a key does not leak) and every
-configured key is compared, a match does not end the loop early.
+Keys are found by the SHA-256 digest of the presented secret in a dict, so a
+request costs the same with 10,000 keys as with one; what a lookup's timing
+could reveal is about the digest, which says nothing useful about a secret.
+The entry found is then compared in constant time. Keys added at run time are
+stored (and handed here) as that digest only.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import hmac
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["ANONYMOUS", "extract_key", "extract_key_from_scope", "KeyRing", "TokenGate"]
+__all__ = ["ANONYMOUS", "extract_key", "extract_key_from_scope", "KeyRing", "TokenGate",
+           "digest"]
 
 ANONYMOUS = "anonymous"
 
@@ -56,6 +59,11 @@ def _scan(raw: Iterable[tuple[bytes, bytes]]) -> str | None:
     return bearer if bearer is not None else api_key
 
 
+def digest(secret: str) -> bytes:
+    """The SHA-256 digest a key is stored and looked up by."""
+    return _digest(secret)
+
+
 def _digest(secret: str) -> bytes:
     return hashlib.sha256(secret.encode("utf-8", "surrogateescape")).digest()
 
@@ -66,35 +74,59 @@ def _plain(secret: Any) -> str:
 
 
 class KeyRing:
-    """The configured inbound keys, name -> secret. Empty means auth is off."""
+    """The inbound keys, name -> secret digest. Empty means auth is off
+    (unless ``required``: run-time keys may all be deleted, and the gateway
+    must not open up then)."""
 
-    __slots__ = ("_entries",)
+    __slots__ = ("_by_digest", "_by_name", "_required")
 
-    def __init__(self, keys: Mapping[str, Any]) -> None:
-        self._entries: tuple[tuple[str, bytes], ...] = tuple(
-            (name, _digest(_plain(secret))) for name, secret in keys.items()
-        )
+    def __init__(self, keys: Mapping[str, Any], *, required: bool = False) -> None:
+        self._by_digest: dict[bytes, str] = {}
+        self._by_name: dict[str, bytes] = {}
+        self._required = required
+        for name, secret in keys.items():
+            self.add(name, _digest(_plain(secret)))
 
     @property
     def enabled(self) -> bool:
-        return bool(self._entries)
+        return self._required or bool(self._by_name)
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(name for name, _ in self._entries)
+        return tuple(self._by_name)
+
+    def require(self) -> None:
+        """Keep auth on from now on, even if every key is removed."""
+        self._required = True
+
+    def add(self, name: str, secret_digest: bytes) -> None:
+        """Accept the key whose secret has ``secret_digest`` as ``name`` (replacing its old secret)."""
+        self.remove(name)
+        self._by_digest[secret_digest] = name
+        self._by_name[name] = secret_digest
+
+    def remove(self, name: str) -> bool:
+        """Refuse ``name`` from now on; False if it was not there."""
+        old = self._by_name.pop(name, None)
+        if old is None:
+            return False
+        del self._by_digest[old]
+        return True
+
+    def knows_secret(self, secret_digest: bytes) -> bool:
+        return secret_digest in self._by_digest
 
     def identify(self, presented: str | None) -> str | None:
         """The name of the key presented, ``ANONYMOUS`` when auth is off, None when refused."""
-        if not self._entries:
+        if not self.enabled:
             return ANONYMOUS
         if presented is None:
             return None
-        digest = _digest(presented)
-        found = None
-        for name, stored in self._entries:
-            if hmac.compare_digest(digest, stored) and found is None:
-                found = name
-        return found
+        presented_digest = _digest(presented)
+        name = self._by_digest.get(presented_digest)
+        if name is None or not hmac.compare_digest(presented_digest, self._by_name[name]):
+            return None
+        return name
 
     def __repr__(self) -> str:
         return f"KeyRing(names={self.names!r})"

@@ -89,14 +89,31 @@ def http(method: str, url: str, body: bytes | None = None, timeout: float = 5.0)
         return e.code, e.read()
 
 
-def config_toml(port: int, upstream_port: int, log_level: str) -> str:
+def teams_config(keys: int, state_dir: Path) -> tuple[str, dict[str, str]]:
+    """``--teams N``: the bench key with a full policy (model globs, in-flight,
+    rpm, tpm, budgets; limits far above the load) and the usage ledger in
+    ``state_dir``, among N keys in all; the TOML and the environment holding
+    the secrets."""
+    toml = [f'state_dir = "{state_dir}"', "",
+            "[server.keys.bench]", 'secret_env = "BENCH_KEY_0"', 'models = ["mock-*"]',
+            "max_in_flight = 100000", "rpm = 1000000000", "tpm = 1000000000000",
+            "budget_tokens = { day = 1000000000000000, month = 1000000000000000 }"]
+    env = {"BENCH_KEY_0": API_KEY}
+    for i in range(1, keys):
+        toml += ["", f"[server.keys.k{i}]", f'secret_env = "BENCH_KEY_{i}"', "rpm = 600",
+                 'models = ["mock-gpt"]']
+        env[f"BENCH_KEY_{i}"] = f"sk-bench-{i}-{os.urandom(8).hex()}"
+    return "\n".join(toml) + "\n", env
+
+
+def config_toml(port: int, upstream_port: int, log_level: str, teams: str | None = None) -> str:
     up = f"http://127.0.0.1:{upstream_port}"
+    keys = teams if teams is not None else f'api_keys = {{ bench = "{API_KEY}" }}\n'
     return f"""[server]
 host = "127.0.0.1"
 port = {port}
-api_keys = {{ bench = "{API_KEY}" }}
 log_level = "{log_level}"
-
+{keys}
 [[workers]]
 name = "mock-openai"
 kind = "remote"
@@ -117,13 +134,15 @@ models = ["mock-claude"]
 class Proc:
     """A child in its own session (pgid == pid), so stopping it stops only what it started."""
 
-    def __init__(self, name: str, argv: list[str], log_path: Path, cpu: str | None) -> None:
+    def __init__(self, name: str, argv: list[str], log_path: Path, cpu: str | None,
+                 env: dict[str, str] | None = None) -> None:
         self.name = name
         self.log_path = log_path
         pin = ["taskset", "-c", cpu] if cpu is not None else []
         self._log = open(log_path, "wb")
         self.popen = subprocess.Popen(pin + argv, cwd=ROOT, stdout=self._log,
-                                      stderr=subprocess.STDOUT, start_new_session=True)
+                                      stderr=subprocess.STDOUT, start_new_session=True,
+                                      env={**os.environ, **env} if env else None)
         self.pid = self.popen.pid
 
     def alive(self) -> bool:
@@ -273,6 +292,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--cpus", default="0,0,1", help="cores for upstream,loadgen,poolgate")
     ap.add_argument("--no-pin", action="store_true", help="do not use taskset")
     ap.add_argument("--out", help="results directory (default /tmp/poolgate-bench/<stamp>)")
+    ap.add_argument("--teams", type=int, default=0, metavar="N",
+                    help="a key policy and the usage ledger on, with N keys configured "
+                         "(bench/teams.py compares; 0: one plain api key, no state dir)")
     a = ap.parse_args(argv)
     if a.quick:
         a.duration, a.warmup = 2.0, 0.5
@@ -322,9 +344,11 @@ def main(argv: list[str] | None = None) -> int:
         procs.append(upstream)
         wait_ready(upstream, lambda: http("GET", upstream_url + "/health")[0] == 200, 30)
         config = out / "poolgate.toml"
-        config.write_text(config_toml(gw_port, up_port, a.log_level))
+        teams, env = teams_config(a.teams, out / "state") if a.teams > 0 else (None, None)
+        config.write_text(config_toml(gw_port, up_port, a.log_level, teams))
         gateway = Proc("poolgate", [*poolgate_argv(a), "serve", "--config", str(config), "--host", "127.0.0.1",
-                                    "--port", str(gw_port)], out / "poolgate.log", cpus["gateway"])
+                                    "--port", str(gw_port)], out / "poolgate.log", cpus["gateway"],
+                       env=env)
         procs.append(gateway)
         probe = json.dumps({"model": "mock-gpt", "max_tokens": 4,
                             "messages": [{"role": "user", "content": "ready?"}]}).encode()

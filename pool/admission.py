@@ -92,6 +92,7 @@ class AdmissionGuard:
                  max_wait: float, retry_after: float = 1.0) -> None:
         self._global_limit = global_limit
         self._key_limit = per_key_limit
+        self._key_limits: dict[str, int | None] = {}  # per-key overrides of per_key_limit
         self._max_wait = max_wait
         self._retry_after = max(1, math.ceil(retry_after))
         self._total = 0
@@ -137,6 +138,16 @@ class AdmissionGuard:
         self._admitted += 1
         return Lease(self, chosen, key, waited)
 
+    def set_key_limit(self, key: str, limit: int | None) -> None:
+        """Give ``key`` its own in-flight limit (``None``: the default one again)."""
+        if limit is None:
+            self._key_limits.pop(key, None)
+        else:
+            self._key_limits[key] = limit
+
+    def _limit_of(self, key: str) -> int | None:
+        return self._key_limits.get(key, self._key_limit)
+
     def in_flight(self, worker_name: str) -> int:
         return self._by_worker.get(worker_name, 0)
 
@@ -164,7 +175,8 @@ class AdmissionGuard:
             return None
         by_key = self._by_key
         held_by_key = by_key.get(key, 0)
-        if self._key_limit is not None and held_by_key >= self._key_limit:
+        key_limit = self._key_limits.get(key, self._key_limit)
+        if key_limit is not None and held_by_key >= key_limit:
             return None
         counts = self._by_worker
         for worker in workers:
@@ -258,10 +270,11 @@ class AdmissionGuard:
             waiter.future.set_result(None)
 
     def _reject(self, key: str, workers: Sequence[Worker]) -> Overloaded:
-        if self._key_limit is not None and self._by_key.get(key, 0) >= self._key_limit:
+        key_limit = self._limit_of(key)
+        if key_limit is not None and self._by_key.get(key, 0) >= key_limit:
             self._rejected["key"] += 1
             return KeyLimitExceeded(
-                f"This API key already has {self._key_limit} requests in flight; "
+                f"This API key already has {key_limit} requests in flight; "
                 "retry when one finishes.",
                 code="rate_limit_exceeded", retry_after=self._retry_after)
         if self._global_limit is not None and self._total >= self._global_limit:

@@ -13,9 +13,9 @@ import signal
 
 import structlog
 
-from .errors import GatewayError, WorkerCrashed
+from .errors import GatewayError, UpstreamTimeout, WorkerCrashed
 from .model import ChatRequest, Event
-from .supervisor import ChildGone
+from .supervisor import ChildGone, ChildUnhealthy
 from .wire import FrameDecoder, error_from_dict, event_from_dict, frame, request_to_dict
 
 __all__ = ["Call", "Incarnation"]
@@ -137,7 +137,11 @@ class Incarnation(asyncio.Protocol):
             elif op == "pong":
                 fut = self._pings.pop(msg.get("id"), None)
                 if fut is not None and not fut.done():
-                    fut.set_result(None)
+                    why = msg.get("unhealthy")
+                    if why:  # it answered, but cannot serve (its engine hangs...)
+                        fut.set_exception(ChildUnhealthy(str(why)))
+                    else:
+                        fut.set_result(None)
             elif op == "ready" and not self._ready.done():
                 self._ready.set_result(None)
 
@@ -215,15 +219,21 @@ class Incarnation(asyncio.Protocol):
                                      "request": request_to_dict(request)}))
         return call
 
-    async def call(self, method: str, params: object) -> object:
-        """A named call to the child (``count_tokens``...): its JSON result, or its error raised."""
+    async def call(self, method: str, params: object, *, timeout: float) -> object:
+        """A named call to the child (``count_tokens``...): its JSON result, or its
+        error raised; :class:`UpstreamTimeout` when no answer comes within ``timeout``
+        seconds (a wedged child must not hold the caller forever)."""
         if self._transport is None:
             raise WorkerCrashed(f"worker {self.name} went away", before_first_event=True)
         rid = next(self._ids)
         fut = self._results[rid] = self._loop.create_future()
         self._transport.write(frame({"op": "call", "id": rid, "method": method, "params": params}))
         try:
-            return await fut
+            async with asyncio.timeout(timeout):
+                return await fut
+        except TimeoutError:
+            raise UpstreamTimeout(f"worker {self.name} did not answer {method} within "
+                                  f"{timeout:g} s") from None
         finally:
             if self._results.pop(rid, None) is not None and self._transport is not None:
                 self._transport.write(frame({"op": "cancel", "id": rid}))

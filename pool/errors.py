@@ -11,7 +11,8 @@ from __future__ import annotations
 __all__ = [
     "GatewayError", "BadRequest", "AuthenticationFailed", "PermissionDenied", "NotFound",
     "PayloadTooLarge", "Overloaded", "UpstreamError", "UpstreamUnavailable", "UpstreamTimeout",
-    "InternalError", "WorkerCrashed", "UpstreamCredentialsRefused",
+    "InternalError", "WorkerCrashed", "EngineUnavailable", "EngineFailed",
+    "UpstreamCredentialsRefused",
 ]
 
 
@@ -109,6 +110,19 @@ class WorkerCrashed(UpstreamUnavailable):
     def __init__(self, message: str, *, before_first_event: bool) -> None:
         super().__init__(message)
         self.before_first_event = before_first_event
+
+
+class EngineUnavailable(UpstreamUnavailable):
+    """A local worker's engine cannot serve now (model not loaded, its server
+    gone or not answering): the worker's fault, so retried elsewhere."""
+
+    status = 503
+
+
+class EngineFailed(UpstreamUnavailable):
+    """A local worker's engine failed while generating."""
+
+    status = 500
 
 
 class UpstreamTimeout(GatewayError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from fnmatch import fnmatchcase
 from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
@@ -31,16 +32,29 @@ class ModelEntry:
     alias_of: str | None = None
 
 
+def is_pattern(alias: str) -> bool:
+    """A glob alias (``claude-*``) rather than one name."""
+    return any(c in alias for c in "*?[")
+
+
 class Pool:
-    def __init__(self, workers: Sequence[Worker]) -> None:
+    def __init__(self, workers: Sequence[Worker], *, default_model: str | None = None) -> None:
         self.workers: tuple[Worker, ...] = tuple(workers)
         self._serving: dict[str, list[Worker]] = {}
         self._aliases: dict[str, str] = {}
+        self._patterns: list[tuple[str, str]] = []  # (glob, model) in configuration order
         for worker in self.workers:
             for model in worker.models:
                 self._serving.setdefault(model, []).append(worker)
             for alias, model in worker.aliases.items():
-                self._aliases.setdefault(alias, model)
+                if is_pattern(alias):
+                    self._patterns.append((alias, model))
+                else:
+                    self._aliases.setdefault(alias, model)
+        self._matched: dict[str, str | None] = {}  # names already looked up among the globs
+        if default_model is not None and self._named(default_model) is None:
+            raise ValueError(f"default_model {default_model!r} is not served by any worker")
+        self.default_model = default_model
         self.in_flight: dict[str, int] = {w.name: 0 for w in self.workers}
         self.probe_seconds: dict[str, float] = {}
         self._cooling_until: dict[str, tuple[float, int]] = {}
@@ -54,21 +68,53 @@ class Pool:
             for model in worker.models:
                 entries.setdefault(model, ModelEntry(model, worker.name))
             for alias, model in worker.aliases.items():
-                entries.setdefault(alias, ModelEntry(alias, worker.name, alias_of=model))
+                if not is_pattern(alias):  # a glob is no model id to list
+                    entries.setdefault(alias, ModelEntry(alias, worker.name, alias_of=model))
         return list(entries.values())
 
     def resolve(self, name: str) -> str:
-        """The served model id for a client-facing name (a model or an alias)."""
+        """The served model id for a client-facing name: a model, an alias, the
+        first glob alias it matches (``claude-*``), else the ``default_model``."""
+        if name in self._serving:
+            return name
+        target = self._named(name)
+        if target is None and self.default_model is not None:
+            target = self._named(self.default_model)
+        if target is not None:
+            return target
+        raise NotFound(f"The model '{name}' does not exist or is not served here.",
+                       param="model", code="model_not_found")
+
+    def _named(self, name: str) -> str | None:
         if name in self._serving:
             return name
         target = self._aliases.get(name)
         if target is not None and target in self._serving:
             return target
-        raise NotFound(f"The model '{name}' does not exist or is not served here.",
-                       param="model", code="model_not_found")
+        if not self._patterns:
+            return None
+        if name in self._matched:
+            return self._matched[name]
+        target = next((m for glob, m in self._patterns
+                       if fnmatchcase(name, glob) and m in self._serving), None)
+        if len(self._matched) >= 4096:  # client-chosen names: keep the memo bounded
+            self._matched.clear()
+        self._matched[name] = target
+        return target
+
+    def model_label(self, name: str | None) -> str:
+        """A bounded metrics label for a client's model name: the served model it
+        resolves to, else ``unknown`` (clients choose names; labels must not grow)."""
+        if not name:
+            return "unknown"
+        try:
+            return self.resolve(name)
+        except NotFound:
+            return "unknown"
 
     def knows(self, name: str) -> bool:
-        return name in self._serving or self._aliases.get(name) in self._serving
+        return self._named(name) is not None or (
+            self.default_model is not None and self._named(self.default_model) is not None)
 
     # --- choosing a worker --------------------------------------------------------
 

@@ -136,6 +136,16 @@ class SessionAffinity:
       has no free slot, so this request goes elsewhere (by hash) without
       rebinding (a ``spill``); the next turn goes home again.
     * ``session`` is ``None`` → the ``fallback`` policy (a ``no_session``).
+    * an *implicit* session (a content hash or an OpenAI ``user``: guesses, not
+      a client's word that these requests belong together) keeps its worker
+      only while the load stays balanced, as SGLang's cache-aware router
+      does: when its worker holds more than ``imbalance_abs`` requests more
+      than the least loaded one *and* more than ``imbalance_rel`` times as
+      many, the request goes to the least loaded worker (a ``load_move``).
+      A session moved on consecutive turns has moved for good: its binding
+      follows (a ``load_rebind``). Explicit sessions (headers,
+      ``previous_response_id``, a CLI conversation) stay put unless their
+      worker is full or gone.
 
     Concurrent first turns of one session agree without coordination: the
     hash gives each the same worker, so their racing writes store one value.
@@ -143,12 +153,23 @@ class SessionAffinity:
 
     def __init__(self, store: BindingStore, *, fallback: RoutingPolicy,
                  ttl: float | None = None,
-                 busy: Callable[[str], bool] | None = None) -> None:
+                 busy: Callable[[str], bool] | None = None,
+                 in_flight: Callable[[str], int] | None = None,
+                 imbalance_abs: int = 2, imbalance_rel: float = 1.5,
+                 owned: bool = False) -> None:
         self._store = store
+        # session keys carry their API key's name first ("team-a:content:…")
+        self._owned = owned
         self._fallback = fallback
         self._ttl = ttl
         self._busy = busy
+        self._in_flight = in_flight
+        self._imbalance_abs = imbalance_abs
+        self._imbalance_rel = imbalance_rel
+        # implicit sessions whose last turn was moved for load (bounded: a hint, not state)
+        self._moved: dict[str, None] = {}
         self._hits = self._binds = self._rebinds = self._spills = self._no_session = 0
+        self._load_moves = self._load_rebinds = 0
 
     async def choose(self, request: ChatRequest, session: str | None,
                      workers: Sequence[Worker]) -> Worker:
@@ -160,12 +181,20 @@ class SessionAffinity:
         if bound is not None:
             for worker in workers:
                 if worker.name == bound:
+                    lighter = self._lighter(session, worker, workers)
+                    if lighter is not None:
+                        return await self._move(key, lighter)
+                    self._moved.pop(key, None)
                     self._hits += 1
                     return worker
             if self._busy is not None and self._busy(bound):
                 self._spills += 1
                 return rendezvous(session, workers)
         worker = rendezvous(session, workers)
+        lighter = self._lighter(session, worker, workers)
+        if lighter is not None:
+            self._load_moves += 1
+            return lighter  # not bound: the next turn tries its hashed home again
         await self._store.set(key, worker.name, self._ttl)
         if bound is None:
             self._binds += 1
@@ -173,25 +202,69 @@ class SessionAffinity:
             self._rebinds += 1
         return worker
 
+    def _lighter(self, session: str, home: Worker, workers: Sequence[Worker]) -> Worker | None:
+        """The least loaded worker when ``home`` is too busy for an implicit session to wait."""
+        if self._in_flight is None or len(workers) == 1 or not self._implicit(session):
+            return None
+        load = self._in_flight(home.name)
+        if load <= self._imbalance_abs:
+            return None
+        least, least_load = home, load
+        for worker in workers:
+            n = self._in_flight(worker.name)
+            if n < least_load:
+                least, least_load = worker, n
+        if load - least_load > self._imbalance_abs and load > self._imbalance_rel * least_load:
+            return least
+        return None
+
+    def _implicit(self, session: str) -> bool:
+        if self._owned:
+            session = session.partition(":")[2]  # after the owner's name, which holds no ':'
+        return session.startswith(_IMPLICIT)
+
+    async def _move(self, key: str, to: Worker) -> Worker:
+        self._load_moves += 1
+        if key in self._moved:  # moved last turn too: the load has moved for good
+            del self._moved[key]
+            await self._store.set(key, to.name, self._ttl)
+            self._load_rebinds += 1
+        else:
+            if len(self._moved) >= _MAX_MOVED:
+                del self._moved[next(iter(self._moved))]
+            self._moved[key] = None
+        return to
+
     def stats(self) -> dict[str, int]:
         return {"hits": self._hits, "binds": self._binds, "rebinds": self._rebinds,
-                "spills": self._spills, "no_session": self._no_session}
+                "spills": self._spills, "no_session": self._no_session,
+                "load_moves": self._load_moves, "load_rebinds": self._load_rebinds}
+
+
+# Session keys that are the gateway's guesses (see ``sessions.keys``), not a client's word.
+_IMPLICIT = ("content:", "user:")
+_MAX_MOVED = 10_000
 
 
 def make_policy(name: str, *, in_flight: Callable[[str], int],
                 store: BindingStore | None = None, ttl: float | None = None,
-                busy: Callable[[str], bool] | None = None) -> RoutingPolicy:
+                busy: Callable[[str], bool] | None = None, imbalance_abs: int = 2,
+                imbalance_rel: float = 1.5, owned: bool = False) -> RoutingPolicy:
     """The policy a model's configuration names (``POLICIES``).
 
     ``in_flight(name)`` counts a worker's requests in flight (the admission
     guard's); ``store`` holds session bindings (required for
     ``session_affinity``; share one store across models — keys carry the
-    model); ``busy(name)`` tells an eligible worker without a free slot.
+    model); ``busy(name)`` tells an eligible worker without a free slot;
+    ``imbalance_abs`` / ``imbalance_rel`` when implicit sessions yield to load;
+    ``owned``: session keys start with their API key's name.
     """
     if name == "least_in_flight":
         return LeastInFlight(in_flight)
     if name == "session_affinity":
         if store is None:
             raise ValueError("the session_affinity policy needs a binding store")
-        return SessionAffinity(store, fallback=LeastInFlight(in_flight), ttl=ttl, busy=busy)
+        return SessionAffinity(store, fallback=LeastInFlight(in_flight), ttl=ttl, busy=busy,
+                               in_flight=in_flight, imbalance_abs=imbalance_abs,
+                               imbalance_rel=imbalance_rel, owned=owned)
     raise ValueError(f"unknown routing policy {name!r}; expected one of {', '.join(POLICIES)}")

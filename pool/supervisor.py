@@ -10,6 +10,11 @@ failures inside ``crash_loop_window`` raise the ``crash_looping`` flag; the
 slot keeps retrying at the (capped) backoff. An incarnation that stays up for
 ``crash_loop_window`` resets the backoff and clears the flag.
 
+The loop outlives its own mistakes: an unexpected exception (in the launch,
+the watch or the bookkeeping) is logged, counted as a failure and followed by
+a backoff, and :meth:`Supervisor.restart` brings back a slot whose loop did
+end (stopped, or cancelled from outside).
+
 ``stop()`` is graceful: SIGTERM to the process group, ``stop_timeout``, then
 SIGKILL.
 """
@@ -28,13 +33,18 @@ import structlog
 
 from .worker import WorkerState
 
-__all__ = ["Child", "ChildGone", "ExitInfo", "SupervisorPolicy", "Supervisor"]
+__all__ = ["Child", "ChildGone", "ChildUnhealthy", "ExitInfo", "SupervisorPolicy", "Supervisor"]
 
 log = structlog.get_logger("pool.supervisor")
 
 
 class ChildGone(Exception):
     """The incarnation went away (its channel closed) while we waited on it."""
+
+
+class ChildUnhealthy(ChildGone):
+    """The incarnation answered its ping, but reported that it cannot serve
+    (its engine hangs, or stopped making progress): it is replaced like a hung one."""
 
 
 class Child(Protocol):
@@ -46,7 +56,8 @@ class Child(Protocol):
         """Return once the child says it is ready; raise :class:`ChildGone` if it goes first."""
 
     async def ping(self) -> None:
-        """Return when the child answers; raise :class:`ChildGone` if it is gone."""
+        """Return when the child answers; raise :class:`ChildGone` if it is gone,
+        :class:`ChildUnhealthy` if it says it cannot serve."""
 
     async def wait(self) -> int:
         """The OS return code once the process has exited (negative: the signal)."""
@@ -63,7 +74,8 @@ class ExitInfo:
     code: int | None      # exit status, or None when killed by a signal
     signal: int | None    # the signal that ended it
     at: float             # wall-clock time (time.time())
-    reason: str           # "exited", "hung", "not_ready", "stopped", "restarted", "spawn_failed"
+    reason: str           # "exited", "hung", "unhealthy", "not_ready", "stopped", "restart",
+                          # "spawn_failed", "supervisor_error"
 
     def as_dict(self) -> dict[str, object]:
         return {"code": self.code, "signal": self.signal, "at": self.at, "reason": self.reason}
@@ -82,7 +94,10 @@ class SupervisorPolicy:
     jitter: float = 0.1   # each delay is scaled by a uniform factor in [1-jitter, 1+jitter]
 
 
-_Outcome = Literal["exited", "hung", "restart"]
+_Outcome = Literal["exited", "hung", "unhealthy", "restart"]
+
+#: past this many doublings every delay is ``backoff_max`` anyway (2.0 ** 1024 overflows)
+_MAX_DOUBLINGS = 64
 
 
 class Supervisor:
@@ -116,17 +131,25 @@ class Supervisor:
     async def start(self) -> bool:
         """Launch the slot; return whether the first incarnation got ready (the
         slot keeps trying in the background either way)."""
+        self._begin()
+        assert self._first_outcome is not None
+        return await asyncio.shield(self._first_outcome)
+
+    def _begin(self) -> None:
         if self._task is None or self._task.done():
             loop = asyncio.get_running_loop()
             self._first_outcome = loop.create_future()
             self.state = WorkerState.STARTING
+            self._restart = False
+            self._wake.clear()
             self._task = loop.create_task(self._run(), name=f"supervise:{self.name}")
-        assert self._first_outcome is not None
-        return await asyncio.shield(self._first_outcome)
 
     async def restart(self) -> None:
-        """Replace the running incarnation now (gracefully, no backoff)."""
+        """Replace the running incarnation now (gracefully, no backoff); a slot
+        whose loop has ended (stopped, or killed by a bug) is started again."""
         if self._task is None or self._task.done():
+            log.info("worker.supervisor_revived", worker=self.name)
+            self._begin()  # not waiting for readiness: that may take ready_timeout
             return
         self._restart = True
         self._wake.set()
@@ -147,57 +170,79 @@ class Supervisor:
     # --- the loop ----------------------------------------------------------------------
 
     async def _run(self) -> None:
-        child: Child | None = None
         try:
             while True:
-                self.state = WorkerState.STARTING
-                reason: str
                 try:
-                    child = await self._launch()
-                except OSError as exc:
-                    log.error("worker.spawn_failed", worker=self.name, error=str(exc))
-                    self._record(None, "spawn_failed")
+                    await self._incarnation()
+                except Exception as exc:  # noqa: BLE001 - the slot must outlive our own bugs
+                    log.exception("worker.supervisor_error", worker=self.name,
+                                  error=type(exc).__name__)
+                    await self._discard()
+                    self._record(None, "supervisor_error")
                     self._settle_first(False)
                     await self._backoff()
-                    continue
-                self.child = child
-                log.info("worker.spawned", worker=self.name, pid=child.pid)
-                outcome = await self._until_ready(child)
-                if outcome == "ready":
-                    self.state = WorkerState.READY
-                    self.ready_since = asyncio.get_running_loop().time()
-                    log.info("worker.ready", worker=self.name, pid=child.pid)
-                    self._settle_first(True)
-                    if self._on_ready is not None:
-                        self._on_ready(child)
-                    reason = await self._watch(child)
-                else:
-                    reason = outcome
-                    self._settle_first(False)
-                self.ready_since = None
-                if reason == "restart":
-                    self.state = WorkerState.STARTING
-                    code = await self._terminate(child)
-                else:
-                    self.state = WorkerState.UNHEALTHY
-                    code = await self._kill(child)
-                self._record(code, reason)
-                self.child, child = None, None
-                self.restarts += 1
-                if reason == "restart":
-                    self._restart = False
-                    continue
-                log.warning("worker.failed", worker=self.name, reason=reason,
-                            exit=self.last_exit.as_dict() if self.last_exit else None,
-                            crash_looping=self.crash_looping)
-                await self._backoff()
         finally:
-            if child is not None:
-                code = await asyncio.shield(self._terminate(child))
-                self._record(code, "stopped", failure=False)
-                self.child = None
+            await self._discard(stopping=True)
             self.ready_since = None
             self.state = WorkerState.STOPPED
+
+    async def _incarnation(self) -> None:
+        """One incarnation from launch to its end, and the backoff after a failure."""
+        self.state = WorkerState.STARTING
+        reason: str
+        try:
+            child = await self._launch()
+        except OSError as exc:
+            log.error("worker.spawn_failed", worker=self.name, error=str(exc))
+            self._record(None, "spawn_failed")
+            self._settle_first(False)
+            await self._backoff()
+            return
+        self.child = child
+        log.info("worker.spawned", worker=self.name, pid=child.pid)
+        outcome = await self._until_ready(child)
+        if outcome == "ready":
+            self.state = WorkerState.READY
+            self.ready_since = asyncio.get_running_loop().time()
+            log.info("worker.ready", worker=self.name, pid=child.pid)
+            self._settle_first(True)
+            if self._on_ready is not None:
+                self._on_ready(child)
+            reason = await self._watch(child)
+        else:
+            reason = outcome
+            self._settle_first(False)
+        self.ready_since = None
+        if reason == "restart":
+            self.state = WorkerState.STARTING
+            code = await self._terminate(child)
+        else:
+            self.state = WorkerState.UNHEALTHY
+            code = await self._kill(child)
+        self._record(code, reason)
+        self.child = None
+        self.restarts += 1
+        if reason == "restart":
+            self._restart = False
+            return
+        log.warning("worker.failed", worker=self.name, reason=reason,
+                    exit=self.last_exit.as_dict() if self.last_exit else None,
+                    crash_looping=self.crash_looping)
+        await self._backoff()
+
+    async def _discard(self, *, stopping: bool = False) -> None:
+        """End the current incarnation, if any: gracefully when the slot stops,
+        by SIGKILL after an error of ours (its state is unknown)."""
+        child, self.child = self.child, None
+        self.ready_since = None
+        if child is None:
+            return
+        if stopping:
+            code = await asyncio.shield(self._terminate(child))
+            self._record(code, "stopped", failure=False)
+        else:
+            await self._kill(child)
+            self.restarts += 1
 
     async def _until_ready(self, child: Child) -> str:
         exited = asyncio.ensure_future(child.wait())
@@ -233,11 +278,12 @@ class Supervisor:
                 try:
                     async with asyncio.timeout(policy.health_timeout):
                         await child.ping()
-                except (TimeoutError, ChildGone):
+                except (TimeoutError, ChildGone) as exc:
                     if exited.done():
                         return "exited"
-                    log.warning("worker.unhealthy", worker=self.name, pid=child.pid)
-                    return "hung"
+                    log.warning("worker.unhealthy", worker=self.name, pid=child.pid,
+                                why=str(exc) or type(exc).__name__)
+                    return "unhealthy" if isinstance(exc, ChildUnhealthy) else "hung"
         finally:
             exited.cancel()
 
@@ -294,8 +340,8 @@ class Supervisor:
     def next_delay(self) -> float:
         """The backoff before the next launch: exponential in consecutive failures, jittered."""
         policy = self.policy
-        base = min(policy.backoff_max,
-                   policy.backoff_initial * 2.0 ** max(0, self._consecutive - 1))
+        doublings = min(max(0, self._consecutive - 1), _MAX_DOUBLINGS)
+        base = min(policy.backoff_max, policy.backoff_initial * 2.0 ** doublings)
         return base * (1.0 + policy.jitter * (2.0 * self._rng() - 1.0))
 
     async def _backoff(self) -> None:

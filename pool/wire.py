@@ -25,8 +25,8 @@ from typing import Any, Mapping
 import orjson
 
 from . import model
-from .errors import (AuthenticationFailed, BadRequest, GatewayError, InternalError, NotFound,
-                     Overloaded, PayloadTooLarge, PermissionDenied, UpstreamError,
+from .errors import (AuthenticationFailed, BadRequest, EngineFailed, EngineUnavailable,
+                     GatewayError, InternalError, NotFound, Overloaded, PayloadTooLarge, PermissionDenied, UpstreamError,
                      UpstreamTimeout, UpstreamUnavailable)
 
 __all__ = ["encode", "decode", "event_to_dict", "event_from_dict", "request_to_dict",
@@ -116,7 +116,7 @@ _ERRORS: dict[str, type[GatewayError]] = {
 
 # by class name; a child cannot claim WorkerCrashed (retry safety is the gateway's call)
 _BY_NAME: dict[str, type[GatewayError]] = {
-    cls.__name__: cls for cls in (*_ERRORS.values(), UpstreamError)}
+    cls.__name__: cls for cls in (*_ERRORS.values(), UpstreamError, EngineUnavailable, EngineFailed)}
 
 
 def error_to_dict(exc: GatewayError) -> dict[str, Any]:

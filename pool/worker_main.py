@@ -21,7 +21,9 @@ flight are cancelled (the gateway only sends it after draining).
 
 ``ping`` is answered by this event loop, so a handler that blocks the loop
 (CPU-bound model code run inline instead of in a thread) fails health checks
-and gets the worker replaced.
+and gets the worker replaced. A program with a ``health`` callable (a model
+engine: is its server answering, is it making progress) is asked too, and a
+reason it returns goes back with the pong: the gateway replaces the worker.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from .errors import GatewayError
 from .model import ChatRequest, Event, TextDelta
 from .wire import FrameDecoder, error_to_dict, event_to_dict, frame, request_from_dict
 
-__all__ = ["run", "serve", "guard_parent", "Handler", "ENV_SOCKET_FD", "ENV_WATCHDOG_FD"]
+__all__ = ["run", "serve", "guard_parent", "Handler", "HealthCheck", "ENV_SOCKET_FD", "ENV_WATCHDOG_FD"]
 
 ENV_SOCKET_FD = "POOLGATE_WORKER_FD"
 ENV_WATCHDOG_FD = "POOLGATE_WATCHDOG_FD"
@@ -52,6 +54,8 @@ Handler = Callable[[ChatRequest], AsyncIterator[Event]]
 #: a named call the gateway may make besides requests (``count_tokens``...):
 #: plain JSON in, plain JSON out; GatewayErrors travel back as errors
 CallHandler = Callable[[Any], Awaitable[Any]]
+#: why the worker cannot serve now, or None when it can; must answer promptly
+HealthCheck = Callable[[], Awaitable[str | None]]
 log = structlog.get_logger("pool.worker_main")
 
 
@@ -86,7 +90,8 @@ def _watch(fd: int) -> None:
 
 async def serve(handler: Handler, *, setup: Callable[[], Awaitable[None]] | None = None,
                 sock: socket.socket | None = None, handle_sigterm: bool = True,
-                calls: dict[str, CallHandler] | None = None) -> None:
+                calls: dict[str, CallHandler] | None = None,
+                health: HealthCheck | None = None) -> None:
     """Serve the protocol on ``sock`` (default: the fd the gateway passed) until
     the gateway closes it or SIGTERM arrives (unless ``handle_sigterm`` is false:
     then SIGTERM is the program's business)."""
@@ -96,7 +101,7 @@ async def serve(handler: Handler, *, setup: Callable[[], Awaitable[None]] | None
     if setup is not None:
         await setup()
     loop = asyncio.get_running_loop()
-    server = _Server(handler, loop, calls or {})
+    server = _Server(handler, loop, calls or {}, health)
     await loop.create_connection(lambda: server, sock=sock)
     if handle_sigterm:
         try:
@@ -112,9 +117,11 @@ async def serve(handler: Handler, *, setup: Callable[[], Awaitable[None]] | None
 
 class _Server(asyncio.Protocol):
     def __init__(self, handler: Handler, loop: asyncio.AbstractEventLoop,
-                 calls: dict[str, CallHandler]) -> None:
+                 calls: dict[str, CallHandler], health: HealthCheck | None = None) -> None:
         self._handler = handler
         self._calls = calls
+        self._health = health
+        self._checks: set[asyncio.Task[None]] = set()
         self._loop = loop
         self._decoder = FrameDecoder()
         self._tasks: dict[int, asyncio.Task[None]] = {}
@@ -157,7 +164,12 @@ class _Server(asyncio.Protocol):
                 if task is not None:
                     task.cancel()
             elif op == "ping":
-                self.send({"op": "pong", "id": msg.get("id")})
+                if self._health is None:
+                    self.send({"op": "pong", "id": msg.get("id")})
+                else:
+                    task = self._loop.create_task(self._pong(msg.get("id")))
+                    self._checks.add(task)
+                    task.add_done_callback(self._checks.discard)
             elif op == "call":
                 rid = msg["id"]
                 self._tasks[rid] = self._loop.create_task(
@@ -174,7 +186,7 @@ class _Server(asyncio.Protocol):
             self.closed.set_result(None)
 
     async def shutdown(self) -> None:
-        tasks = list(self._tasks.values())
+        tasks = [*self._tasks.values(), *self._checks]
         for task in tasks:
             task.cancel()
         if tasks:
@@ -208,6 +220,15 @@ class _Server(asyncio.Protocol):
             self._tasks.pop(rid, None)
             if events is not None and hasattr(events, "aclose"):
                 await events.aclose()
+
+    async def _pong(self, pid: Any) -> None:
+        assert self._health is not None
+        try:
+            why = await self._health()
+        except Exception as exc:  # noqa: BLE001 - a check that breaks is a failed check
+            log.exception("worker.health_failed", error=type(exc).__name__)
+            why = f"the health check failed ({type(exc).__name__})"
+        self.send({"op": "pong", "id": pid, **({"unhealthy": why} if why else {})})
 
     async def _call(self, rid: int, method: Any, params: Any) -> None:
         try:

@@ -45,7 +45,7 @@ from pool.model import (
     ChatRequest, ImagePart, Part, ReasoningPart, TextPart, ToolCallPart, ToolResultPart,
 )
 
-__all__ = ["session_key", "response_key", "content_hash", "SESSION_HEADERS", "SOURCES"]
+__all__ = ["session_key", "owned_session_key", "response_key", "content_hash", "SESSION_HEADERS", "SOURCES"]
 
 SESSION_HEADERS = ("x-session-id", "x-claude-code-session-id", "session-id")
 SOURCES = (*(f"header:{h}" for h in SESSION_HEADERS), "metadata.user_id", "session_id",
@@ -84,6 +84,16 @@ def session_key(request: ChatRequest, headers: Mapping[str, str]) -> tuple[str, 
     if request.user:
         return "user:" + _bounded(request.user), "user"
     return "content:" + content_hash(request), "content_hash"
+
+
+def owned_session_key(owner: str, request: ChatRequest,
+                      headers: Mapping[str, str]) -> tuple[str, str]:
+    """:func:`session_key` inside the namespace of the API key ``owner`` (its
+    name): two teams sending the same conversation (same session id, same
+    prompt) never share a binding or an upstream session. Key names cannot
+    hold ``:``, so ``owner:`` cannot be forged by a session id."""
+    key, source = session_key(request, headers)
+    return owner + ":" + key, source
 
 
 def response_key(response_id: str) -> str:

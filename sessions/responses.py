@@ -30,7 +30,9 @@ class StoredResponse:
     """One stored answer. ``response`` is the Response object as returned to
     the client; ``input_items`` this request's input items (with ids);
     ``history`` everything earlier in the chain; ``worker`` the worker that
-    served it (for affinity); ``created_at`` wall-clock seconds."""
+    served it (for affinity); ``created_at`` wall-clock seconds; ``owner`` the
+    name of the API key that created it (``anonymous`` with auth off): only
+    that key may read, delete or continue it."""
 
     id: str
     response: Mapping[str, Any]
@@ -38,6 +40,7 @@ class StoredResponse:
     history: tuple[Mapping[str, Any], ...]
     worker: str | None
     created_at: float
+    owner: str = "anonymous"
 
 
 class ResponseStore(Protocol):
@@ -77,7 +80,8 @@ def dumps(item: StoredResponse) -> bytes:
     """The entry as JSON bytes (what a shared store keeps)."""
     return orjson.dumps({"id": item.id, "response": item.response,
                          "input_items": item.input_items, "history": item.history,
-                         "worker": item.worker, "created_at": item.created_at},
+                         "worker": item.worker, "created_at": item.created_at,
+                         "owner": item.owner},
                         default=_json_default)
 
 
@@ -86,7 +90,8 @@ def loads(raw: bytes | str) -> StoredResponse:
     obj = orjson.loads(raw)
     return StoredResponse(id=obj["id"], response=obj["response"],
                           input_items=tuple(obj["input_items"]), history=tuple(obj["history"]),
-                          worker=obj["worker"], created_at=obj["created_at"])
+                          worker=obj["worker"], created_at=obj["created_at"],
+                          owner=obj.get("owner", "anonymous"))
 
 
 class MemoryResponseStore:

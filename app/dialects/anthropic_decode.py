@@ -22,7 +22,9 @@ Mapping choices:
   sees them in ``raw``;
 * ``metadata.user_id`` is ``ChatRequest.user``; Claude Code sends it as a JSON
   string holding ``session_id``, which becomes ``ChatRequest.session_id``
-  (falling back to the ``x-claude-code-session-id`` header);
+  (falling back to the ``x-claude-code-session-id`` header); a top-level
+  ``session_id`` (string or integer, the seed gateway's field) wins over both
+  and is taken out of the body before it goes upstream;
 * ``thinking: {"type": "enabled", "budget_tokens": N}`` is ``thinking_budget``
   (a budget above ``max_tokens`` is accepted: Qwen Code sends one);
   ``output_config.effort`` is ``reasoning_effort`` and
@@ -355,6 +357,18 @@ def _decode(body: object, headers: Mapping[str, str] | None, *,
         user = _opt_str(metadata, "user_id", "metadata")
         if user:
             session_id = _session_from_user_id(user)
+
+    # The seed gateway's own field: a session key (affinity, CLI session reuse) that is
+    # poolgate's business only, so it never reaches an upstream.
+    if "session_id" in body:
+        explicit = body["session_id"]
+        if type(explicit) is int:
+            explicit = str(explicit)
+        elif type(explicit) is not str or not explicit:
+            raise BadRequest("session_id must be a non-empty string or an integer.",
+                             param="session_id")
+        session_id = explicit
+        body = {k: v for k, v in body.items() if k != "session_id"}
 
     passthrough: dict[str, str] = {}
     if headers:

@@ -18,6 +18,7 @@ from starlette.responses import Response
 from pool.accumulate import Accumulator
 from pool.errors import GatewayError, UpstreamUnavailable
 from pool.model import ChatRequest, Completion, Event
+from pool.tokens import estimate_tokens
 
 from ..gateway import Gateway
 from ..http import error_response, json_response, new_id, now
@@ -85,6 +86,7 @@ async def _with_retry(gw: Gateway, request: Request, chat: ChatRequest, record: 
     """Admit and route ``chat``, run ``attempt(lease, routed)``; on a retryable
     failure try once more on another eligible worker. Raises the GatewayError
     the client must see, with ``.worker`` naming the last worker tried."""
+    await gw.teams.admit(record.key, chat.model)  # the key's models, rate and budget
     tried: list[str] = []
     failure: GatewayError | None = None
     while True:
@@ -127,7 +129,7 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: Cha
 
             def on_done(outcome: StreamOutcome) -> None:
                 gw.release(lease)
-                _record_stream(record, outcome, gw)
+                _record_stream(record, outcome, gw, routed)
 
             after = None
             if finalize is not None:
@@ -143,6 +145,7 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: Cha
         usage = completion.usage
         record.tokens_in = usage.input_tokens
         record.tokens_out = usage.output_tokens
+        record.tokens_cached = usage.cached_tokens
         body = dialect.encode_completion(completion, chat, response_id=response_id,
                                          created=now(), model=chat.model)
         if finalize is not None:
@@ -186,9 +189,16 @@ async def _fold(events: Any) -> Any:
     return acc.finish()
 
 
-def _record_stream(record: RequestRecord, outcome: StreamOutcome, gw: Gateway) -> None:
+def _record_stream(record: RequestRecord, outcome: StreamOutcome, gw: Gateway,
+                   chat: ChatRequest) -> None:
     record.tokens_in = outcome.usage_in
     record.tokens_out = outcome.usage_out
+    record.tokens_cached = outcome.usage_cached
+    if outcome.usage_out is None and outcome.content_events:
+        # cut before the worker reported usage: charge what was sent
+        record.tokens_out = outcome.content_events
+        if outcome.usage_in is None:
+            record.tokens_in = estimate_tokens(chat)
     record.disconnected = outcome.disconnected
     if outcome.error is not None:
         record.error = outcome.error.kind

@@ -8,11 +8,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from pool.errors import NotFound
 from pool.pool import ModelEntry
 
 from ..gateway import Gateway
 from ..http import error_response, json_response
+from ..teams import model_not_found
 
 __all__ = ["list_models", "get_model"]
 
@@ -31,7 +31,8 @@ def _anthropic(entry: ModelEntry) -> dict[str, Any]:
 
 async def list_models(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
-    entries = gw.pool.models()
+    key = request.scope["state"]["record"].key
+    entries = [e for e in gw.pool.models() if gw.teams.sees(key, e.id)]
     if "anthropic-version" in request.headers:
         data = [_anthropic(e) for e in entries]
         return json_response({"data": data, "has_more": False,
@@ -44,9 +45,8 @@ async def get_model(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
     model_id = request.path_params["model_id"]
     anthropic = "anthropic-version" in request.headers
+    visible = gw.teams.sees(request.scope["state"]["record"].key, model_id)
     for entry in gw.pool.models():
-        if entry.id == model_id:
+        if entry.id == model_id and visible:
             return json_response(_anthropic(entry) if anthropic else _openai(entry))
-    exc = NotFound(f"The model '{model_id}' does not exist or is not served here.",
-                   param="model", code="model_not_found")
-    return error_response(exc, "anthropic" if anthropic else "openai")
+    return error_response(model_not_found(model_id), "anthropic" if anthropic else "openai")

@@ -13,12 +13,13 @@ from starlette.responses import Response
 
 from auth.keys import extract_key
 from pool.errors import AuthenticationFailed, GatewayError, NotFound
+from pool.worker import WorkerState
 
 from ..gateway import Gateway
 from ..http import error_response, json_response
 
 __all__ = ["root", "healthz", "readyz", "metrics", "internal_workers", "worker_action",
-           "worker_engine", "internal_stats"]
+           "worker_engine", "internal_stats", "admin_denied"]
 
 log = structlog.get_logger("poolgate.admin")
 
@@ -29,7 +30,12 @@ async def root(request: Request) -> Response:
 
 
 async def healthz(request: Request) -> Response:
-    return json_response({"status": "ok"})
+    """Alive, with the pool at a glance (the seed gateway's summary); O(workers), no I/O."""
+    gw: Gateway = request.app.state.gateway
+    workers = gw.pool.workers
+    ready = sum(1 for w in workers if w.state is WorkerState.READY)
+    return json_response({"status": "ok", "workers": {"ready": ready, "total": len(workers)},
+                          "in_flight": sum(gw.pool.in_flight.values())})
 
 
 async def readyz(request: Request) -> Response:
@@ -51,7 +57,7 @@ async def metrics(request: Request) -> Response:
     return Response(body, media_type=content_type)
 
 
-def _admin_denied(gw: Gateway, request: Request) -> Response | None:
+def admin_denied(gw: Gateway, request: Request) -> Response | None:
     if gw.admin.closed:
         # Closed, not merely unauthorised: say nothing about what is behind it.
         return error_response(NotFound("Admin endpoints are disabled: no admin token is set."),
@@ -92,7 +98,7 @@ def _engine_info(w: Any) -> dict[str, Any]:
 
 async def internal_workers(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
-    denied = _admin_denied(gw, request)
+    denied = admin_denied(gw, request)
     if denied is not None:
         return denied
     now = time.time()
@@ -104,7 +110,7 @@ async def worker_action(request: Request) -> Response:
     """``POST /internal/workers/{name}/drain`` (no new requests, in-flight ones
     finish), ``/resume`` (take requests again) and ``/restart``."""
     gw: Gateway = request.app.state.gateway
-    denied = _admin_denied(gw, request)
+    denied = admin_denied(gw, request)
     if denied is not None:
         return denied
     action = request.path_params["action"]
@@ -131,7 +137,7 @@ async def worker_engine(request: Request) -> Response:
     """``GET /internal/workers/{name}/engine``: a local worker's engine, as it
     sees itself (engine name, sequences generating now, context length)."""
     gw: Gateway = request.app.state.gateway
-    denied = _admin_denied(gw, request)
+    denied = admin_denied(gw, request)
     if denied is not None:
         return denied
     try:
@@ -146,7 +152,7 @@ async def worker_engine(request: Request) -> Response:
 
 async def internal_stats(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
-    denied = _admin_denied(gw, request)
+    denied = admin_denied(gw, request)
     if denied is not None:
         return denied
     return json_response(gw.stats())

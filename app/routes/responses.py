@@ -26,6 +26,15 @@ def _not_found(response_id: str, param: str | None = None) -> NotFound:
                     code="response_not_found")
 
 
+async def _owned(gw: Gateway, response_id: str, owner: str) -> StoredResponse | None:
+    """The stored response if the key ``owner`` created it; another key's
+    response is ``None``, exactly like one that does not exist."""
+    stored = await gw.responses.get(response_id)
+    if stored is None or stored.owner != owner:
+        return None
+    return stored
+
+
 async def create_response(request: Request) -> Any:
     gw: Gateway = request.app.state.gateway
     record = request.scope["state"]["record"]
@@ -39,7 +48,7 @@ async def create_response(request: Request) -> Any:
             if not isinstance(previous, str):
                 raise BadRequest("previous_response_id must be a string.",
                                  param="previous_response_id")
-            stored = await gw.responses.get(previous)
+            stored = await _owned(gw, previous, record.key)
             if stored is None:
                 raise _not_found(previous, "previous_response_id")
             history = conversation(stored)
@@ -56,7 +65,8 @@ async def create_response(request: Request) -> Any:
         async def finalize(response: dict[str, Any], worker: str) -> None:
             await gw.responses.put(StoredResponse(
                 id=response["id"], response=response, input_items=items,
-                history=tuple(history), worker=worker, created_at=time.time()))
+                history=tuple(history), worker=worker, created_at=time.time(),
+                owner=record.key))
 
     return await serve(gw, request, chat, openai_responses, record, prefer=prefer,
                        finalize=finalize)
@@ -65,7 +75,7 @@ async def create_response(request: Request) -> Any:
 async def get_response(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
     response_id = request.path_params["response_id"]
-    stored = await gw.responses.get(response_id)
+    stored = await _owned(gw, response_id, request.scope["state"]["record"].key)
     if stored is None:
         return error_response(_not_found(response_id), "openai")
     return json_response(stored.response)
@@ -74,7 +84,8 @@ async def get_response(request: Request) -> Response:
 async def delete_response(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
     response_id = request.path_params["response_id"]
-    if not await gw.responses.delete(response_id):
+    owner = request.scope["state"]["record"].key
+    if await _owned(gw, response_id, owner) is None or not await gw.responses.delete(response_id):
         return error_response(_not_found(response_id), "openai")
     return json_response({"id": response_id, "object": "response.deleted", "deleted": True})
 
@@ -89,7 +100,7 @@ async def list_input_items(request: Request) -> Response:
         limit, order, after = _page_params(request)
     except BadRequest as exc:
         return error_response(exc, "openai")
-    stored = await gw.responses.get(response_id)
+    stored = await _owned(gw, response_id, request.scope["state"]["record"].key)
     if stored is None:
         return error_response(_not_found(response_id), "openai")
     items = [*stored.history, *stored.input_items]

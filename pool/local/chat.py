@@ -30,7 +30,9 @@ from ..model import (
     TextDelta, TextPart, TokenLogprob, ToolCallDelta, ToolCallEnd, ToolCallPart, ToolCallStart,
     ToolResultPart, Usage,
 )
-from .engine import Engine, EngineError, GenParams
+from .engine import Engine, EngineError, GenParams, Step
+from .health import EngineWatch
+from .sampling import SamplingDefaults
 from .shield import SpecialShield
 from .template import TemplateError
 from .toolcalls import OPEN, CallOut, HermesParser, TextOut, new_call_id
@@ -135,12 +137,21 @@ class StopMatcher:
 
 # --- the worker's answer ---------------------------------------------------------------------------
 
+def _first(*values: Any) -> Any:
+    """The first value that is set (the client's, then the worker's defaults)."""
+    return next(v for v in values if v is not None)
+
+
 class LocalChat:
     """Serves canonical requests from one loaded engine."""
 
-    def __init__(self, engine: Engine, model_name: str) -> None:
+    def __init__(self, engine: Engine, model_name: str, watch: EngineWatch | None = None,
+                 defaults: SamplingDefaults = SamplingDefaults()) -> None:
         self.engine = engine
         self.model_name = model_name
+        # the engine's progress: a stalled engine fails its waiting sequences (504)
+        self._next_step = watch.next_step if watch is not None else _next_step
+        self.defaults = defaults
 
     # --- the prompt ------------------------------------------------------------------------
 
@@ -204,8 +215,7 @@ class LocalChat:
                              param=param)
         context = self.engine.context_length
         s = request.sampling
-        prompt_param = "input_ids" if request.prompt_ids is not None and request.dialect == "native" \
-            else "prompt" if request.prompt is not None or request.prompt_ids is not None else "messages"
+        prompt_param = _prompt_param(request)
         if prompt_len >= context:
             raise BadRequest(f"The prompt is {prompt_len} tokens; this model's context is {context} "
                              "tokens.", param=prompt_param)
@@ -218,11 +228,15 @@ class LocalChat:
         stop_ids = frozenset(s.stop_token_ids) | (frozenset() if s.ignore_eos
                                                   else self.engine.tokenizer.eos_ids)
         want_logprobs = request.logprobs or request.dialect == "native"
+        d = self.defaults
+        max_tokens = s.max_tokens
+        if max_tokens is None:
+            max_tokens = room if d.max_tokens is None else min(d.max_tokens, room)
         return GenParams(
-            max_tokens=room if s.max_tokens is None else s.max_tokens,
-            temperature=1.0 if s.temperature is None else s.temperature,
-            top_p=1.0 if s.top_p is None else s.top_p,
-            top_k=s.top_k or 0,
+            max_tokens=max_tokens,
+            temperature=_first(s.temperature, d.temperature, 1.0),
+            top_p=_first(s.top_p, d.top_p, 1.0),
+            top_k=_first(s.top_k, d.top_k, 0),
             seed=s.seed,
             logprobs=want_logprobs,
             top_logprobs=request.top_logprobs or 0 if want_logprobs else 0,
@@ -236,7 +250,7 @@ class LocalChat:
             ids, forced = self.prompt_ids(request)
             params = self.params(request, len(ids))
         except EngineError as exc:
-            raise BadRequest(exc.message, param=exc.param) from None
+            raise exc.gateway_error(_prompt_param(request)) from None
         tok = self.engine.tokenizer
         special = getattr(tok, "special_ids", frozenset())
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -245,16 +259,18 @@ class LocalChat:
         parser = HermesParser(inside=forced[len(OPEN):] if forced else None) \
             if template_tools(request) and request.dialect != "native" else None
         state = _Calls()
-        yield Start(model=self.model_name)
-        yield Usage(input_tokens=len(ids))
-
         n = 0
         reason: FinishReason = "length"
         stop_sequence: str | None = None
         steps = self.engine.generate(ids, params)
         try:
             async with contextlib.aclosing(steps):
-                async for step in steps:
+                # the first step before the first event: an engine that cannot serve
+                # fails the request while the gateway may still retry it elsewhere
+                step = await self._next_step(steps)
+                yield Start(model=self.model_name)
+                yield Usage(input_tokens=len(ids))
+                while step is not None:
                     n += 1
                     token = step.token_id
                     piece = step.piece if step.piece is not None else tok.token_bytes(token)
@@ -279,8 +295,9 @@ class LocalChat:
                     if hit is not None:
                         reason, stop_sequence = "stop_sequence", hit
                         break
+                    step = await self._next_step(steps)
         except EngineError as exc:
-            raise BadRequest(exc.message, param=exc.param) from None
+            raise exc.gateway_error(_prompt_param(request)) from None
         if reason != "stop_sequence":
             tail, hit = stops.feed(decoder.decode(b"", final=True))
             tail += stops.flush() if hit is None else ""
@@ -301,6 +318,17 @@ class LocalChat:
         top = tuple((tok.token_bytes(i).decode("utf-8", "replace"), lp) for i, lp in step.top)
         return TokenLogprob(token=piece.decode("utf-8", "replace"), logprob=logprob, id=step.token_id,
                             bytes=tuple(piece), top=top, top_ids=tuple(i for i, _ in step.top))
+
+
+async def _next_step(steps: AsyncIterator[Step]) -> Step | None:
+    return await anext(steps, None)
+
+
+def _prompt_param(request: ChatRequest) -> str:
+    """The client's name for the prompt in its dialect."""
+    if request.prompt_ids is not None and request.dialect == "native":
+        return "input_ids"
+    return "prompt" if request.prompt is not None or request.prompt_ids is not None else "messages"
 
 
 class _Calls:

@@ -14,20 +14,42 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Protocol, Sequence
 
+from ..errors import (BadRequest, EngineFailed, EngineUnavailable, GatewayError, Overloaded,
+                      UpstreamTimeout, UpstreamUnavailable)
+
 __all__ = ["GenParams", "Step", "Tokenizer", "Engine", "EngineError"]
 
 
 class EngineError(Exception):
-    """The engine cannot serve a request (bad parameter, context overflow...).
+    """The engine cannot serve a request.
 
-    ``param`` names the client's parameter when one is at fault; the chat
-    layer turns it into a 400 in the caller's dialect."""
+    ``status`` says whose fault it is: a 4xx is the client's (bad parameter,
+    context overflow; ``param`` names the parameter), a 5xx the engine's
+    (503: not loaded or its server gone, 502: its server broke off, 504: it
+    went silent, 500: generation failed). :meth:`gateway_error` maps it."""
 
     def __init__(self, message: str, *, param: str | None = None, status: int = 400) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.status = status
+
+    def gateway_error(self, param: str | None = None) -> GatewayError:
+        """The error the client sees; ``param`` names the client's parameter
+        when the engine refused the input without saying which. A 5xx is the
+        worker's failure: the gateway retries it elsewhere and cools it down."""
+        status = self.status
+        if status == 429:
+            return Overloaded(self.message, retry_after=1)
+        if 400 <= status < 500:
+            return BadRequest(self.message, param=self.param or param)
+        if status == 503:
+            return EngineUnavailable(self.message)
+        if status == 504:
+            return UpstreamTimeout(self.message)
+        if status == 502:
+            return UpstreamUnavailable(self.message)
+        return EngineFailed(self.message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +129,11 @@ class Engine(Protocol):
         """Steps as the tokens come. Ends after a stop id (included as the last
         step) or ``max_tokens`` steps. Closing the iterator early (``aclose``)
         must stop the engine's work for this sequence promptly."""
+        ...
+
+    async def healthy(self) -> bool:
+        """Whether the engine can serve (its server answers, its scheduler
+        thread runs); cheap. The worker asks at its pings, bounded in time."""
         ...
 
     async def aclose(self) -> None:

@@ -436,7 +436,8 @@ class _ServerEngine:
         try:
             if resp.status != 200:
                 message = await error_text(resp)
-                status = resp.status if 400 <= resp.status < 500 else 502
+                # the server's own 503 (not ready, overloaded) stays one; another 5xx is a bad gateway
+                status = resp.status if 400 <= resp.status < 500 or resp.status == 503 else 502
                 raise EngineError(f"{self.name}: {message}", status=status)
             async for data in iter_sse(resp):
                 if data == "[DONE]":

@@ -464,6 +464,18 @@ class LlamaCppEngine:
             state = self._loops[loop] = (session, asyncio.Semaphore(self.capacity + _QUEUED_STREAMS))
         return state
 
+    async def healthy(self) -> bool:
+        """llama-server answers ``GET /health`` (a stall of its compute loop
+        shows as no progress instead: its HTTP threads still answer)."""
+        if self._server is None:
+            return False
+        session, _ = self._loop_state()
+        try:
+            async with session.get(self._base + "/health") as response:
+                return response.status == 200
+        except aiohttp.ClientError:
+            return False
+
     async def aclose(self) -> None:
         # streams still open end now (llama.cpp's server does not close them when it goes)
         for response in list(self._streams):

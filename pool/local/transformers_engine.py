@@ -94,6 +94,10 @@ class TransformersEngine:
         self.context_length = min(self._context or limit, limit)
         self.tokenizer.vocab_size = min(self.tokenizer.vocab_size, model.config.vocab_size)
 
+    async def healthy(self) -> bool:
+        """The scheduler thread runs (a stall inside it shows as no progress)."""
+        return self._thread is not None and self._thread.is_alive()
+
     async def aclose(self) -> None:
         with self._wake:
             self._stopping = True

@@ -38,6 +38,8 @@ class LocalSpec:
     gpu_ids: tuple[int, ...] | None = None
     engine_args: Mapping[str, Any] = field(default_factory=dict)
     chat_template: str | None = None
+    # what a request gets for sampling it leaves out, over the model's own recommendation
+    sampling_defaults: Mapping[str, Any] = field(default_factory=dict)
     python: str | None = None  # the interpreter whose environment has the engine
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
     env_passthrough: tuple[str, ...] = ()  # names of the gateway's variables the child also gets
@@ -45,13 +47,19 @@ class LocalSpec:
     health_interval: float = 5.0
     health_timeout: float = 5.0
     stop_timeout: float = 10.0
+    call_timeout: float = 30.0   # count_tokens, engine stats: then a 504
+    read_timeout: float = 120.0  # the engine producing no token while asked: wedged
 
     def child_config(self) -> dict[str, Any]:
         """What the child needs to load its engine (``--config``)."""
         return {"engine": self.engine, "model": self.model, "served_name": self.models[0],
                 "context_length": self.context_length, "capacity": self.capacity,
                 "threads": self.threads, "gpu_ids": list(self.gpu_ids) if self.gpu_ids else None,
-                "engine_args": dict(self.engine_args), "chat_template": self.chat_template}
+                "engine_args": dict(self.engine_args), "chat_template": self.chat_template,
+                "sampling_defaults": dict(self.sampling_defaults),
+                "read_timeout": self.read_timeout,
+                # the engine's health check must fit in the gateway's ping deadline
+                "check_timeout": self.health_timeout / 2}
 
     def process_spec(self) -> ProcessSpec:
         command = (self.python or sys.executable, "-m", "pool.local", "--config",
@@ -91,4 +99,4 @@ class LocalWorker(ProcessWorker):
         child = self._child()
         if self.state not in (WorkerState.READY, WorkerState.DRAINING) or child is None:
             raise UpstreamUnavailable(f"worker {self.name} is {self.state.value}")
-        return await child.call(method, params)
+        return await child.call(method, params, timeout=self.local.call_timeout)

@@ -34,7 +34,12 @@ folder's ``config.json``.
 Test hooks (not SGLang's): ``--startup-delay S`` (503 from the health checks for
 S seconds), ``--token-delay S`` (a pause before each streamed token),
 ``--crash-after S`` (print a traceback and exit 3 after S seconds, before
-becoming ready), ``GET /_fake/requests`` (every ``/generate`` body with what
+becoming ready), ``--control FILE`` (a JSON object read at each ``/generate``,
+so a test can make a running server misbehave: ``{"status": N}`` answers N,
+``{"abort": N}`` aborts the request with status N before its first token as
+SGLang does, ``{"break": true}`` drops the connection mid-stream before the
+first token, ``{"hang": true}`` starts the stream and then sends nothing),
+``GET /_fake/requests`` (every ``/generate`` body with what
 became of it: ``tokens_sent``, ``finished``, ``disconnected``), ``GET
 /_fake/info`` (argv and the SGLANG_* environment).
 """
@@ -152,6 +157,10 @@ class Server:
         record: dict[str, Any] = {"body": body, "tokens_sent": 0, "finished": False,
                                   "disconnected": False}
         self.requests.append(record)
+        fault = self._fault()
+        if fault.get("status"):
+            record["error"] = "injected"
+            return _error(int(fault["status"]), "fake sglang: injected failure")
         problem = self._check(body)
         if problem:
             record["error"] = problem
@@ -220,6 +229,8 @@ class Server:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         incremental = self.args.incremental_streaming_output
+        if fault:
+            return await self._misbehave(fault, request, resp, rid)
         try:
             while state["finish"] is None:
                 if self.args.token_delay:
@@ -240,6 +251,32 @@ class Server:
             record["disconnected"] = True
             print(f"[http_server] Client disconnected: abort request {rid}", flush=True)
             raise
+        return resp
+
+    def _fault(self) -> dict[str, Any]:
+        path = self.args.control
+        if path is None or not os.path.exists(path):
+            return {}
+        with open(path) as fh:
+            text = fh.read()
+        return json.loads(text) if text.strip() else {}
+
+    async def _misbehave(self, fault: dict[str, Any], request: web.Request,
+                         resp: web.StreamResponse, rid: str) -> web.StreamResponse:
+        if fault.get("abort"):
+            finish = {"type": "abort", "message": "fake sglang: injected abort",
+                      "status_code": int(fault["abort"])}
+            chunk = {"text": "", "output_ids": [], "meta_info": {
+                "id": rid, "finish_reason": finish, "completion_tokens": 0}}
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
+        if fault.get("break"):
+            await resp.write(b'data: {"output_ids": [')
+            assert request.transport is not None
+            request.transport.abort()
+            return resp
+        await asyncio.sleep(3600)  # "hang": the stream is open and nothing comes
         return resp
 
     def _check(self, body: Any) -> str | None:
@@ -298,6 +335,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--token-delay", type=float, default=0.0)
     p.add_argument("--crash-after", type=float, default=None)
     p.add_argument("--spawn-helper", action="store_true")
+    p.add_argument("--control", default=None)
     args, unknown = p.parse_known_args(argv)
     args.unknown = unknown
     return args

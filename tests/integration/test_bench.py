@@ -83,6 +83,15 @@ def test_runner_config_is_accepted_by_the_gateway_settings(tmp_path: Path) -> No
         "openai": ("http://127.0.0.1:18001/v1", ("mock-gpt", "mock-gpt-d5")),
         "anthropic": ("http://127.0.0.1:18001", ("mock-claude",))}
     assert set(run.SCENARIOS) >= {"ns_c16", "st_c16_d5", "msg_c16", "msgst_c16", "msg_xl_c16"}
+    # --teams N: a full key policy and the ledger, among N keys
+    teams, env = run.teams_config(3, tmp_path / "state")
+    path.write_text(run.config_toml(18000, 18001, "warning", teams))
+    settings = load_settings(str(path), env)
+    keys = settings.server.keys
+    assert list(keys) == ["bench", "k1", "k2"] and not settings.server.api_keys
+    assert keys["bench"].secret.get_secret_value() == run.API_KEY
+    assert keys["bench"].models == ("mock-*",) and keys["bench"].budget_tokens.day
+    assert settings.server.state_dir == str(tmp_path / "state")
 
 
 def test_pool_bench_measures_recovery_after_kill_9(tmp_path: Path) -> None:

@@ -25,7 +25,9 @@ def http(gateway):
 
 
 def test_healthz_readyz_and_head_root(http):
-    assert http.get("/healthz").json() == {"status": "ok"}
+    health = http.get("/healthz").json()
+    assert health["status"] == "ok" and health["workers"] == {"ready": 3, "total": 3}
+    assert health["in_flight"] == 0
     ready = http.get("/readyz")
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
     assert set(ready.json()["models"]) >= {OPENAI_MODEL, ANTHROPIC_MODEL}
@@ -91,6 +93,7 @@ def test_admin_closed_without_token(fake_upstream):
     with ServerThread(app) as srv, httpx.Client(base_url=srv.url) as c:
         r = c.get("/internal/workers", headers={"authorization": "Bearer anything"})
     assert r.status_code == 404 and "disabled" in r.json()["error"]["message"]
+    assert r.json()["error"]["code"] == "not_found"  # not an unknown model
 
 
 def test_access_log_line_has_the_fields_and_no_secrets(gateway):

@@ -1,10 +1,10 @@
-"""Where the tests find material that lives beside the checkout."""
+"""Where the tests find material kept in the repository."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-# The recorded client requests live in the steering repo's shared/, which CI and
-# every developer machine place beside the checkout.
-FIXTURES = REPO.parent / "shared" / "fixtures" / "clients"
+# Requests real clients sent (Claude Code, Codex, Qwen Code, the Python SDKs), kept in the
+# repository so a clone of the project alone runs every test; see its README.md.
+FIXTURES = REPO / "tests" / "fixtures" / "clients"

@@ -71,7 +71,7 @@ RMS_EPS = 1e-6
 # still fumbles a call's arguments now and then. The weighted tool name and the calls
 # made whatever the user says (see _tool_conversation) are what teach it to name one of
 # the offered tools at all.
-TRAIN_STEPS = 300
+TRAIN_STEPS = 400
 BATCH_SIZE = 8
 TOOL_CALLS_PER_BATCH = 6  # the other two conversations have no tools
 LEARNING_RATE = 3e-3

@@ -196,6 +196,16 @@ def test_decode_headers_passthrough_and_session_header() -> None:
     assert decode(body()).passthrough_headers == {}
 
 
+@pytest.mark.parametrize("value, key", [("conv-7", "conv-7"), (42, "42")])
+def test_a_body_session_id_is_the_session_key_and_stays_out_of_the_upstream_body(
+        value: Any, key: str) -> None:
+    raw = body(session_id=value, metadata={"user_id": '{"session_id": "from-metadata"}'})
+    req = decode(raw, {"x-claude-code-session-id": "from-header"})
+    assert req.session_id == key  # the explicit field wins over metadata and header
+    assert "session_id" not in req.raw and req.raw["messages"] == raw["messages"]
+    assert raw["session_id"] == value  # the client's object is left as it was
+
+
 BAD_BODIES = [
     pytest.param([], None, id="not-an-object"),
     pytest.param({"max_tokens": 1, "messages": MINIMAL["messages"]}, "model", id="no-model"),
@@ -275,6 +285,9 @@ BAD_BODIES = [
     pytest.param(body(output_config={"format": {"type": "xml"}}), "output_config.format.type",
                  id="format-enum"),
     pytest.param(body(stream="yes"), "stream", id="stream-type"),
+    pytest.param(body(session_id=["s"]), "session_id", id="session-id-type"),
+    pytest.param(body(session_id=""), "session_id", id="session-id-empty"),
+    pytest.param(body(session_id=1.5), "session_id", id="session-id-float"),
 ]
 
 

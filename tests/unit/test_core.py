@@ -158,6 +158,24 @@ def test_pool_resolves_models_and_aliases():
                                                            ("m2", None)]
 
 
+def test_glob_aliases_and_the_default_model():
+    a = StubWorker("a", ("sonnet",), {"claude-*": "sonnet", "claude-3-haiku": "sonnet"})
+    b = StubWorker("b", ("haiku",), {"claude-*-haiku-*": "haiku"})
+    pool = Pool([b, a])
+    assert pool.resolve("claude-3-5-haiku-20241022") == "haiku"  # first matching glob wins
+    assert pool.resolve("claude-opus-4-8") == "sonnet"
+    assert pool.resolve("claude-3-haiku") == "sonnet"  # a plain alias before any glob
+    assert [e.id for e in pool.models()] == ["haiku", "sonnet", "claude-3-haiku"]  # no globs
+    with pytest.raises(NotFound):
+        pool.resolve("gpt-4o")
+    assert pool.model_label("gpt-4o") == "unknown"
+    fallback = Pool([b, a], default_model="sonnet")
+    assert fallback.resolve("gpt-4o") == "sonnet" and fallback.model_label("gpt-4o") == "sonnet"
+    assert fallback.pick(_req("anything"))[1].model == "sonnet"
+    with pytest.raises(ValueError):
+        Pool([a], default_model="nope")
+
+
 def test_pool_prefers_least_in_flight_and_skips_unready():
     a, b = StubWorker("a", ("m",)), StubWorker("b", ("m",))
     pool = Pool([a, b])

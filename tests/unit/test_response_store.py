@@ -202,3 +202,9 @@ def test_dumps_loads_roundtrip() -> None:
     back = loads(dumps(item))
     assert back == item
     assert loads(dumps(StoredResponse("x", {}, (), (), None, 2.5))).worker is None
+
+
+def test_owner_survives_a_round_trip() -> None:
+    item = StoredResponse("x", {}, (), (), None, 2.5, owner="team-a")
+    assert loads(dumps(item)).owner == "team-a"
+    assert loads(dumps(StoredResponse("y", {}, (), (), None, 2.5))).owner == "anonymous"

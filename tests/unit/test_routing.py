@@ -49,7 +49,8 @@ def affinity(clock: FakeClock | None = None, loads: dict[str, int] | None = None
              **kwargs: Any) -> tuple[SessionAffinity, MemoryBindingStore]:
     store = MemoryBindingStore(ttl=600, clock=clock or FakeClock())
     loads = loads if loads is not None else {}
-    policy = SessionAffinity(store, fallback=LeastInFlight(lambda n: loads.get(n, 0)), **kwargs)
+    policy = SessionAffinity(store, fallback=LeastInFlight(lambda n: loads.get(n, 0)),
+                             in_flight=lambda n: loads.get(n, 0), **kwargs)
     return policy, store
 
 
@@ -100,7 +101,63 @@ async def test_same_session_same_worker_for_100_turns_even_when_others_are_idle(
         loads[first.name] = 50 + turn  # affinity beats load
         assert await policy.choose(REQUEST, "session:a", workers) is first
     assert policy.stats() == {"hits": 100, "binds": 1, "rebinds": 0, "spills": 0,
-                              "no_session": 0}
+                              "no_session": 0, "load_moves": 0, "load_rebinds": 0}
+
+
+async def test_an_implicit_session_yields_to_load_and_its_binding_follows_for_good() -> None:
+    loads = {"w0": 0, "w1": 0, "w2": 0}
+    policy, store = affinity(loads=loads, imbalance_abs=2, imbalance_rel=1.5)
+    workers = pool_of(3)
+    home = await policy.choose(REQUEST, "content:abc", workers)
+    key = binding_key("m", "content:abc")
+    loads[home.name] = 2  # within the absolute threshold: stays
+    assert await policy.choose(REQUEST, "content:abc", workers) is home
+    loads[home.name] = 3  # 3 more than an idle worker, and over 1.5x: moves, binding stays
+    moved = await policy.choose(REQUEST, "content:abc", workers)
+    assert moved is not home and loads[moved.name] == 0
+    assert await store.get(key) == home.name
+    loads[home.name] = 0  # balanced again: home
+    assert await policy.choose(REQUEST, "content:abc", workers) is home
+    loads[home.name] = 9  # moved on two consecutive turns: the binding follows
+    first = await policy.choose(REQUEST, "content:abc", workers)
+    second = await policy.choose(REQUEST, "content:abc", workers)
+    assert first is not home and second is not home
+    assert await store.get(key) == second.name
+    assert policy.stats()["load_moves"] == 3 and policy.stats()["load_rebinds"] == 1
+
+
+async def test_the_relative_threshold_keeps_busy_but_balanced_workers() -> None:
+    loads = {"w0": 10, "w1": 10, "w2": 10}
+    policy, _ = affinity(loads=loads, imbalance_abs=2, imbalance_rel=1.5)
+    workers = pool_of(3)
+    home = await policy.choose(REQUEST, "user:alice", workers)
+    loads[home.name] = 14  # 4 more than the others, but under 1.5x their load
+    assert await policy.choose(REQUEST, "user:alice", workers) is home
+    loads[home.name] = 16
+    assert await policy.choose(REQUEST, "user:alice", workers) is not home
+
+
+async def test_owned_session_keys_are_read_after_the_owner() -> None:
+    loads = {"w0": 0, "w1": 0, "w2": 0}
+    policy, _ = affinity(loads=loads, owned=True)
+    workers = pool_of(3)
+    for session, yields in (("team-a:content:abc", True), ("content:session:x", False)):
+        home = await policy.choose(REQUEST, session, workers)
+        loads[home.name] = 9
+        assert (await policy.choose(REQUEST, session, workers) is not home) is yields
+        loads[home.name] = 0
+
+
+async def test_explicit_sessions_do_not_yield_to_load() -> None:
+    loads = {"w0": 0, "w1": 0, "w2": 0}
+    policy, _ = affinity(loads=loads)
+    workers = pool_of(3)
+    for session in ("session:x", "response:resp_1", "cache:k"):
+        home = await policy.choose(REQUEST, session, workers)
+        loads[home.name] = 40
+        assert await policy.choose(REQUEST, session, workers) is home
+        loads[home.name] = 0
+    assert policy.stats()["load_moves"] == 0
 
 
 async def test_new_sessions_are_placed_by_rendezvous_hash() -> None:
@@ -128,7 +185,8 @@ async def test_ineligible_bound_worker_rebinds_and_does_not_move_back() -> None:
     # ...until the binding expires (idle for a whole ttl); then the hash places it home.
     clock.now += 601
     assert await policy.choose(REQUEST, "session:a", workers) is home
-    assert policy.stats() == {"hits": 1, "binds": 2, "rebinds": 1, "spills": 0, "no_session": 0}
+    assert policy.stats() == {"hits": 1, "binds": 2, "rebinds": 1, "spills": 0, "no_session": 0,
+                              "load_moves": 0, "load_rebinds": 0}
     assert store.stats()["expired"] == 1
 
 
@@ -144,7 +202,8 @@ async def test_busy_bound_worker_spills_one_request_without_rebinding() -> None:
     assert await store.get(binding_key("m", "session:a")) == home.name
     full.clear()
     assert await policy.choose(REQUEST, "session:a", workers) is home
-    assert policy.stats() == {"hits": 1, "binds": 1, "rebinds": 0, "spills": 1, "no_session": 0}
+    assert policy.stats() == {"hits": 1, "binds": 1, "rebinds": 0, "spills": 1, "no_session": 0,
+                              "load_moves": 0, "load_rebinds": 0}
 
 
 async def test_bindings_are_per_model() -> None:

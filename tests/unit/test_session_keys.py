@@ -13,7 +13,7 @@ from starlette.datastructures import Headers
 
 from app.dialects import anthropic_decode, openai_responses_decode
 from pool.model import ChatRequest, Message, TextPart, ToolCallPart, ToolResultPart
-from sessions.keys import SOURCES, content_hash, response_key, session_key
+from sessions.keys import SOURCES, content_hash, owned_session_key, response_key, session_key
 from tests.support.paths import FIXTURES
 
 CLAUDE_CODE = sorted(glob.glob(os.path.join(FIXTURES, "claude-code-*-POST-v1_messages.json")))
@@ -178,3 +178,14 @@ def test_content_hash_differs_for_a_different_opening(messages: tuple[Message, .
 def test_content_hash_without_messages_still_gives_a_key() -> None:
     key, source = session_key(request(messages=()), {})
     assert source == "content_hash" and key.startswith("content:") and len(key) == 40
+
+
+def test_owned_session_keys_of_two_api_keys_never_meet() -> None:
+    headers = {"x-session-id": "same"}
+    a = owned_session_key("team-a", request(), headers)
+    b = owned_session_key("team-b", request(), headers)
+    assert a == ("team-a:session:same", "header:x-session-id")
+    assert b[0] != a[0] and b[1] == a[1]
+    # the content hash, too, is per key
+    assert owned_session_key("team-a", request(), {})[0] != owned_session_key(
+        "team-b", request(), {})[0]

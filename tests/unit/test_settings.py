@@ -335,3 +335,54 @@ def test_environment_is_kept_for_child_processes_not_configurable() -> None:
     assert Settings().environment == {}  # built directly: nothing read
     with pytest.raises(ConfigError):
         load_settings(None, {}, {"_environment": {"A": "1"}})
+
+
+KEYS_TOML = """
+[server]
+api_keys = { plain = "sk-plain" }
+[server.keys.team-a]
+secret_env = "TEAM_A_KEY"
+models = ["claude-*", "gpt-4o-mini"]
+max_in_flight = 8
+rpm = 600
+tpm = 2000000
+budget_tokens = { day = 5000000, month = 100000000 }
+[server.keys.team-b]
+secret_file = "SECRET_FILE"
+"""
+
+
+def test_key_policies_load_with_secrets_from_env_and_file(tmp_path: Path) -> None:
+    secret = tmp_path / "team-b.key"
+    secret.write_text("sk-from-file\n")
+    path = tmp_path / "keys.toml"
+    path.write_text(KEYS_TOML.replace("SECRET_FILE", str(secret)))
+    s = load_settings(str(path), {"TEAM_A_KEY": "sk-a", "POOLGATE_STATE_DIR": str(tmp_path)})
+    a, b = s.server.keys["team-a"], s.server.keys["team-b"]
+    assert a.secret.get_secret_value() == "sk-a" and b.secret.get_secret_value() == "sk-from-file"
+    assert a.models == ("claude-*", "gpt-4o-mini") and a.max_in_flight == 8
+    assert (a.rpm, a.tpm, a.budget_tokens.day, a.budget_tokens.month) == (
+        600, 2000000, 5000000, 100000000)
+    assert b.rpm is None and b.budget_tokens is None
+    assert s.server.state_dir == str(tmp_path)
+    assert "sk-a" not in repr(s) and "sk-from-file" not in repr(s)
+
+
+def test_key_policy_problems_are_named(tmp_path: Path) -> None:
+    path = tmp_path / "keys.toml"
+    path.write_text(KEYS_TOML.replace("SECRET_FILE", str(tmp_path / "missing")))
+    with pytest.raises(ConfigError) as info:
+        load_settings(str(path), {})
+    text = str(info.value)
+    assert "server.keys.team-a.secret_env: environment variable TEAM_A_KEY is not set" in text
+    assert "server.keys.team-b.secret_file: cannot read" in text
+    (tmp_path / "same").write_text("sk-plain")
+    path.write_text(KEYS_TOML.replace("SECRET_FILE", str(tmp_path / "same")))
+    with pytest.raises(ConfigError) as clash:
+        load_settings(str(path), {"TEAM_A_KEY": "sk-a"})
+    assert "same secret" in str(clash.value) and "sk-plain" not in str(clash.value)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[server.keys.x]\nsecret_env = "X"\nrpm = 0\n')
+    with pytest.raises(ConfigError) as zero:
+        load_settings(str(bad), {"X": "sk-x"})
+    assert "server.keys.x.rpm" in str(zero.value)

@@ -1,0 +1,159 @@
+"""Per-key policy on the request path: which models a key sees, its rate and
+budget limits (refused with 429 and the headers OpenAI and Anthropic clients
+read), and what an answer that ended is charged.
+
+Cost per request: one dict lookup for a key without a policy; with one, a
+cached glob match and one :meth:`LimitStore.admit` (O(1) in the memory store).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Iterable
+
+from auth.limits import KeyPolicy, LimitStore, Refusal
+from pool.errors import GatewayError, NotFound
+
+__all__ = ["Teams", "RateLimited", "policy_from_settings", "policy_from_mapping",
+           "policy_as_mapping", "model_not_found", "refusal_headers"]
+
+_BUDGET_NAMES = {"budget_day": "daily", "budget_month": "monthly"}
+
+
+class RateLimited(GatewayError):
+    """A key over its rpm, tpm or token budget: 429 in both dialects, with
+    ``headers`` (``Retry-After`` and the rate-limit headers) on the response."""
+
+    status = 429
+    kind = "rate_limit"
+
+    def __init__(self, message: str, *, code: str, retry_after: float,
+                 headers: dict[str, str]) -> None:
+        super().__init__(message, code=code, retry_after=retry_after)
+        self.headers = headers
+
+
+def model_not_found(model: str) -> NotFound:
+    """The same 404 the pool gives a model nobody serves."""
+    return NotFound(f"The model '{model}' does not exist or is not served here.",
+                    param="model", code="model_not_found")
+
+
+def policy_from_mapping(name: str, policy: Any) -> KeyPolicy:
+    """A :class:`KeyPolicy` from a run-time key's stored JSON policy."""
+    budget = policy.get("budget_tokens") or {}
+    models = policy.get("models")
+    return KeyPolicy(name=name, models=tuple(models) if models is not None else None,
+                     max_in_flight=policy.get("max_in_flight"), rpm=policy.get("rpm"),
+                     tpm=policy.get("tpm"), budget_day=budget.get("day"),
+                     budget_month=budget.get("month"))
+
+
+def policy_as_mapping(policy: KeyPolicy) -> dict[str, Any]:
+    """The policy fields as ``GET /internal/keys`` shows them (and the store keeps them)."""
+    budget = None
+    if policy.budget_day is not None or policy.budget_month is not None:
+        budget = {"day": policy.budget_day, "month": policy.budget_month}
+    return {"models": list(policy.models) if policy.models is not None else None,
+            "max_in_flight": policy.max_in_flight, "rpm": policy.rpm, "tpm": policy.tpm,
+            "budget_tokens": budget}
+
+
+def policy_from_settings(name: str, key: Any) -> KeyPolicy:
+    """A :class:`KeyPolicy` from a ``[server.keys.<name>]`` table (or anything with its fields)."""
+    budget = key.budget_tokens
+    return KeyPolicy(name=name, models=tuple(key.models) if key.models is not None else None,
+                     max_in_flight=key.max_in_flight, rpm=key.rpm, tpm=key.tpm,
+                     budget_day=budget.day if budget is not None else None,
+                     budget_month=budget.month if budget is not None else None)
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def _duration(seconds: float) -> str:
+    """OpenAI's reset format: ``"17s"``, ``"1m0s"``."""
+    whole = max(0, math.ceil(seconds))
+    minutes, secs = divmod(whole, 60)
+    return f"{minutes}m{secs}s" if minutes else f"{secs}s"
+
+
+def refusal_headers(refusal: Refusal, now: float) -> dict[str, str]:
+    """``Retry-After`` (whole seconds, and ``retry-after-ms``) and the limit headers."""
+    retry = max(0.001, refusal.retry_after)
+    headers = {"retry-after": str(max(1, math.ceil(retry))),
+               "retry-after-ms": str(math.ceil(retry * 1000))}
+    w = refusal.window
+    reset_at = _iso(now + w.reset_after)
+    for unit, limit, remaining in (("requests", w.rpm, w.requests_remaining),
+                                   ("tokens", w.tpm, w.tokens_remaining)):
+        if limit is None:
+            continue
+        headers[f"x-ratelimit-limit-{unit}"] = str(limit)
+        headers[f"x-ratelimit-remaining-{unit}"] = str(remaining)
+        headers[f"x-ratelimit-reset-{unit}"] = _duration(w.reset_after)
+        headers[f"anthropic-ratelimit-{unit}-limit"] = str(limit)
+        headers[f"anthropic-ratelimit-{unit}-remaining"] = str(remaining)
+        headers[f"anthropic-ratelimit-{unit}-reset"] = reset_at
+    return headers
+
+
+def _refusal_error(key: str, refusal: Refusal, now: float) -> RateLimited:
+    headers = refusal_headers(refusal, now)
+    if refusal.limit in _BUDGET_NAMES:
+        message = (f"The {_BUDGET_NAMES[refusal.limit]} token budget of API key '{key}' "
+                   f"({refusal.budget} tokens) is used up; it resets at "
+                   f"{_iso(refusal.resets_at)}.")
+        return RateLimited(message, code="budget_exceeded", retry_after=refusal.retry_after,
+                           headers=headers)
+    per_minute = refusal.window.rpm if refusal.limit == "requests" else refusal.window.tpm
+    message = (f"API key '{key}' is over its limit of {per_minute} {refusal.limit} per "
+               f"minute; retry in {math.ceil(refusal.retry_after)} s.")
+    return RateLimited(message, code="rate_limit_exceeded", retry_after=refusal.retry_after,
+                       headers=headers)
+
+
+class Teams:
+    """The policies of the keys that have one, and the windows counting them."""
+
+    def __init__(self, policies: Iterable[KeyPolicy], limits: LimitStore) -> None:
+        self.policies: dict[str, KeyPolicy] = {p.name: p for p in policies}
+        self.limits = limits
+
+    def set_policy(self, policy: KeyPolicy) -> None:
+        self.policies[policy.name] = policy
+
+    async def drop(self, key: str) -> None:
+        self.policies.pop(key, None)
+        await self.limits.forget(key)
+
+    def sees(self, key: str, model: str) -> bool:
+        """Whether ``key`` may use (and list) ``model``."""
+        policy = self.policies.get(key)
+        return policy is None or policy.allows(model)
+
+    def check_model(self, key: str, model: str) -> None:
+        """Raise the unknown-model 404 when ``model`` is outside the key's list."""
+        policy = self.policies.get(key)
+        if policy is not None and not policy.allows(model):
+            raise model_not_found(model)
+
+    async def admit(self, key: str, model: str) -> None:
+        """Check the model and count one request; raise NotFound or RateLimited."""
+        policy = self.policies.get(key)
+        if policy is None:
+            return
+        if not policy.allows(model):
+            raise model_not_found(model)
+        if policy.limited:
+            refusal = await self.limits.admit(policy)
+            if refusal is not None:
+                raise _refusal_error(key, refusal, time.time())
+
+    def charge(self, key: str, tokens: int) -> None:
+        """Charge an answer that ended (input + output tokens) to the key's windows."""
+        policy = self.policies.get(key)
+        if policy is not None and policy.limited and tokens > 0:
+            self.limits.charge(key, tokens)
