@@ -35,6 +35,7 @@ from .middleware import GatewayMiddleware
 from .observability import Metrics
 from .pool_metrics import PoolCollector
 from .routes import chat, keys as key_routes, models, ops, responses
+from .routes.ui import UI_PATH, UI_STATIC_PATH, OperatorPage
 from .settings import EMBEDDED_SAMPLING
 from .state import apply_policy, open_state
 from .teams import Teams, policy_from_settings
@@ -163,6 +164,7 @@ def create_app(settings: Any) -> Starlette:
                      models=[m.id for m in gw.pool.models()])
             yield
 
+    operator_page = OperatorPage()
     routes = [
         # hot routes first: Starlette matches in order
         Route("/v1/chat/completions", chat.chat_completions, methods=["POST"]),
@@ -190,6 +192,9 @@ def create_app(settings: Any) -> Starlette:
         Route("/internal/keys", key_routes.create_key, methods=["POST"]),
         Route("/internal/keys/{name}", key_routes.update_key, methods=["PATCH"]),
         Route("/internal/keys/{name}", key_routes.delete_key, methods=["DELETE"]),
+        # public: static files with no data; the JSON they call checks the admin token
+        Route(UI_PATH, operator_page.page, methods=["GET", "HEAD"]),
+        Route(UI_STATIC_PATH, operator_page.asset, methods=["GET", "HEAD"]),
     ]
     app = Starlette(
         routes=routes,
