@@ -66,7 +66,8 @@ def test_every_route_refuses_a_request_without_credentials(served):
                 r = http.request(method, path, headers=headers, content=b"{}")
                 if _is_public(method, path):
                     seen_public.add((method, path))
-                    assert r.status_code in (200, 503), (method, path, r.status_code)
+                    # served (a 404 for the made-up asset name), never refused
+                    assert r.status_code in (200, 404, 503), (method, path, r.status_code)
                 else:
                     assert r.status_code == 401, (method, path, headers, r.status_code, r.text)
                     assert "secret" not in r.text
