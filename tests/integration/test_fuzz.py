@@ -203,7 +203,7 @@ GENERATE = shape("model", "text", model=MODEL, text=TEXT,
                  stream=st.booleans())
 
 
-@settings(FUZZ, max_examples=800)
+@settings(FUZZ, max_examples=700)
 @given(body=CHAT)
 # what it found once (a role or a part type that is not a string broke the decoder)
 @example(body={"model": OPENAI_MODEL, "messages": [{"role": [], "content": "x"}]})
@@ -212,7 +212,7 @@ def test_chat_completions(http: httpx.Client, body: Any) -> None:
     send(http, "POST", "/v1/chat/completions", body=body)
 
 
-@settings(FUZZ, max_examples=800)
+@settings(FUZZ, max_examples=700)
 @given(body=MESSAGES, beta=st.booleans())
 def test_messages(http: httpx.Client, body: Any, beta: bool) -> None:
     send(http, "POST", "/v1/messages" + ("?beta=true" if beta else ""), body=body,
@@ -279,11 +279,42 @@ def test_internal_and_models(http: httpx.Client, which: str, name: str, action: 
          headers=ADMIN if which != "models" else None)
 
 
+KEY_NAME = often(st.text(alphabet=string.ascii_letters + string.digits + "._-", min_size=1,
+                         max_size=12).map(lambda n: "fz-" + n),
+                 st.text(alphabet=string.printable.strip(), max_size=12))
+POLICY = dict(models=st.lists(often(st.sampled_from([OPENAI_MODEL, "gpt-*", "*"]), TEXT),
+                              max_size=3),
+              max_in_flight=SMALL, rpm=SMALL, tpm=SMALL,
+              budget_tokens=shape(day=SMALL, month=SMALL))
+NEW_KEY = shape("name", name=KEY_NAME, **POLICY)
+USAGE_QUERY = st.dictionaries(st.sampled_from(["key", "model", "since", "until", "group_by"]),
+                              often(st.sampled_from(["team-a", "0", "1700000000", "key,model",
+                                                     "day", OPENAI_MODEL]), TEXT), max_size=4)
+
+
+@settings(FUZZ, max_examples=300)
+@given(which=st.sampled_from(["create", "update", "delete", "list", "usage"]), body=NEW_KEY,
+       policy=shape(**POLICY), name=KEY_NAME, query=USAGE_QUERY)
+def test_internal_keys_and_usage(http: httpx.Client, which: str, body: Any, policy: Any,
+                                 name: str, query: dict[str, str]) -> None:
+    """Run-time keys (never the configured ones the other cases use) and the usage ledger."""
+    if which == "create":
+        send(http, "POST", "/internal/keys", body=body, headers=ADMIN)
+    elif which == "update":
+        send(http, "PATCH", f"/internal/keys/{name}", body=policy, headers=ADMIN)
+    elif which == "delete":
+        send(http, "DELETE", f"/internal/keys/{name}", headers=ADMIN)
+    elif which == "list":
+        send(http, "GET", "/internal/keys", headers=ADMIN)
+    else:
+        check(http.get("/internal/usage", params=query, headers=ADMIN))
+
+
 POST_ROUTES = st.sampled_from(["/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens",
                                "/v1/completions", "/v1/responses", "/generate"])
 
 
-@settings(FUZZ, max_examples=600)
+@settings(FUZZ, max_examples=500)
 @given(path=POST_ROUTES, raw=st.one_of(
     st.binary(max_size=120),
     st.builds(lambda v, cut: json.dumps(v).encode()[:cut], JSON, st.integers(0, 60)),
