@@ -78,6 +78,45 @@ def test_local_worker_child_sees_only_the_allow_list(tiny_model: Any) -> None:
         r = httpx.get(srv.url + "/internal/workers", timeout=30,
                       headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
         pid = next(w["pid"] for w in r.json()["workers"] if w["name"] == "w")
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    env = dict(entry.split("=", 1) for entry in raw.decode().split("\0") if entry)
+        env = _environ(pid)
     _check(env, own={"CUDA_VISIBLE_DEVICES": "0"})
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(entry.split("=", 1) for entry in raw.decode().split("\0") if "=" in entry)
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def test_an_engine_server_started_by_a_local_worker_sees_only_the_allow_list(
+        tiny_model: Any) -> None:
+    # the SGLang engine's server process (a fake SGLang server here), two levels down
+    worker = {"name": "s", "kind": "local", "engine": "sglang", "model": tiny_model.hf_dir,
+              "models": ["tiny"], "capacity": 1, "env_passthrough": ["MY_WORKER_SETTING"],
+              "engine_args": {"launcher": ["-m", "tests.fakes.sglang_server"],
+                              "env": {"PYTHONPATH": str(REPO)}, "ready_timeout": 60}}
+    with ServerThread(create_app(_settings([worker])), start_timeout=120) as srv:
+        r = httpx.get(srv.url + "/internal/workers", timeout=30,
+                      headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+        pid = next(w["pid"] for w in r.json()["workers"] if w["name"] == "s")
+        servers = [p for p in _descendants(pid)
+                   if b"tests.fakes.sglang_server" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert servers, "the engine server process was not found"
+        envs = [_environ(p) for p in servers]
+    for env in envs:
+        _check(env, own={"PYTHONPATH": str(REPO), "SGLANG_HOST_IP": "127.0.0.1"})
