@@ -120,7 +120,8 @@ def cli_spec(w: Any) -> CliSpec:
     env = {**w.env, **{name: _secret(value) or "" for name, value in w.env_secrets.items()}}
     return CliSpec(
         name=w.name, cli=w.cli, models=tuple(w.models), home=w.home, aliases=dict(w.aliases),
-        command=tuple(w.command), env=env, mode=w.mode, max_conversations=w.max_conversations,
+        command=tuple(w.command), env=env, env_passthrough=tuple(w.env_passthrough),
+        mode=w.mode, max_conversations=w.max_conversations,
         options=dict(w.cli_options), tool_timeout=w.tool_timeout,
         conversation_idle=w.conversation_idle, idle_timeout=w.idle_timeout,
         supervision=SupervisorPolicy(

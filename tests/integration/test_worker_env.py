@@ -120,3 +120,25 @@ def test_an_engine_server_started_by_a_local_worker_sees_only_the_allow_list(
         envs = [_environ(p) for p in servers]
     for env in envs:
         _check(env, own={"PYTHONPATH": str(REPO), "SGLANG_HOST_IP": "127.0.0.1"})
+
+
+def test_a_vendor_cli_started_by_a_cli_worker_sees_only_the_allow_list(tmp_path: Path) -> None:
+    from tests.fakes.upstreams import FakeUpstream
+    from tests.support.cli_accounts import claude_home, fake_claude_worker, read_log
+
+    token = "sk-ant-oat01-account"
+    log = tmp_path / "claude.log"
+    with FakeUpstream(api_key=token, models=("claude-sonnet-4-6",)) as upstream:
+        worker = fake_claude_worker("c", claude_home(tmp_path / "a", token),
+                                    upstream.anthropic_url, log,
+                                    env_passthrough=["MY_WORKER_SETTING"])
+        with ServerThread(create_app(_settings([worker.model_dump()]))) as srv:
+            r = httpx.post(srv.url + "/v1/messages", timeout=60,
+                           headers={"x-api-key": CLIENT_KEY, "anthropic-version": "2023-06-01"},
+                           json={"model": "claude-sonnet-4-6", "max_tokens": 20,
+                                 "messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 200, r.text
+    envs = [entry["env"] for entry in read_log(log) if "env" in entry]
+    assert envs, "the CLI never started"
+    for env in envs:
+        _check(env, own={"ANTHROPIC_BASE_URL": upstream.anthropic_url})
