@@ -38,7 +38,8 @@ def _allowed(name: str) -> bool:
     return name.startswith(DEFAULT_PREFIXES) and not _SECRET_LOOKING.search(name)
 
 
-def child_environment(environment: Mapping[str, str], passthrough: Iterable[str] = ()) -> dict[str, str]:
+def child_environment(environment: Mapping[str, str],
+                      passthrough: Iterable[str] = ()) -> dict[str, str]:
     """The part of ``environment`` a worker child may see: the defaults above
     plus the names in ``passthrough``."""
     named = frozenset(passthrough)

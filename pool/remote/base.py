@@ -21,7 +21,9 @@ import aiohttp
 import orjson
 import structlog
 
-from pool.errors import GatewayError, UpstreamCredentialsRefused, UpstreamTimeout, UpstreamUnavailable
+from pool.errors import (
+    GatewayError, UpstreamCredentialsRefused, UpstreamTimeout, UpstreamUnavailable,
+)
 from pool.model import ChatRequest, Event, ReasoningPart, Start
 from pool.sse import SSEDecoder
 from pool.worker import Capabilities, WorkerState

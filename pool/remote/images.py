@@ -126,7 +126,8 @@ async def _fetch(url: str, max_bytes: int, param: str) -> ImagePart:
                                      param=param)
                 media_type = resp.content_type
                 if not media_type.startswith("image/"):
-                    raise BadRequest(f"{param}: the image URL did not return an image.", param=param)
+                    raise BadRequest(f"{param}: the image URL did not return an image.",
+                                     param=param)
                 data = await resp.content.read(max_bytes + 1)
     except BadRequest:
         raise
