@@ -21,12 +21,16 @@ from pool.errors import GatewayError, InternalError, NotFound
 from pool.admission import AdmissionGuard
 from pool.pool import Pool
 from pool.local.defaults import find_default_model
+from pool.cli.worker import CliSpec, CliWorker
 from pool.local.worker import LocalSpec, LocalWorker
 from pool.process import ProcessSpec, ProcessWorker
 from pool.routing import make_policy
+from pool.supervisor import SupervisorPolicy
 from sessions.bindings import MemoryBindingStore
 from sessions.responses import MemoryResponseStore
+from sessions.upstream import MemoryUpstreamSessions
 from pool.remote import RemoteSpec, make_remote_worker
+from pool.remote.policy import PassPolicy
 
 from .gateway import Gateway
 from .http import error_response
@@ -54,7 +58,7 @@ def _secret(value: Any) -> str | None:
     return text or None
 
 
-Spec = RemoteSpec | ProcessSpec | LocalSpec
+Spec = RemoteSpec | ProcessSpec | LocalSpec | CliSpec
 
 
 def worker_specs(settings: Any) -> list[Spec]:
@@ -63,10 +67,13 @@ def worker_specs(settings: Any) -> list[Spec]:
     for w in settings.workers:
         if w.kind == "local":
             specs.append(local_spec(w, settings))
+        elif w.kind == "cli":
+            specs.append(cli_spec(w))
         elif w.kind == "process":
             specs.append(ProcessSpec(
                 name=w.name, command=tuple(w.command), models=tuple(w.models),
-                aliases=dict(w.aliases), capacity=w.max_in_flight, env=dict(w.env), cwd=w.cwd,
+                aliases=dict(w.aliases), capacity=w.max_in_flight, env=dict(w.env),
+                env_passthrough=tuple(w.env_passthrough), cwd=w.cwd,
                 ready_timeout=w.ready_timeout or 30.0, health_interval=w.health_interval,
                 health_timeout=w.health_timeout, backoff_initial=w.backoff_initial,
                 backoff_max=w.backoff_max, crash_loop_threshold=w.crash_loop_threshold,
@@ -77,8 +84,14 @@ def worker_specs(settings: Any) -> list[Spec]:
                 models=tuple(w.models), aliases=dict(w.aliases),
                 connect_timeout=w.connect_timeout, first_byte_timeout=w.first_byte_timeout,
                 idle_timeout=w.idle_timeout, max_connections=w.max_connections,
-                max_in_flight=w.max_in_flight))
+                max_in_flight=w.max_in_flight, policy=pass_policy(w)))
     return specs
+
+
+def pass_policy(w: Any) -> PassPolicy:
+    return PassPolicy(pass_fields=frozenset(w.pass_fields), pass_betas=frozenset(w.pass_betas),
+                      server_tools=frozenset(w.server_tools), image_urls=w.image_urls,
+                      image_max_bytes=w.image_max_bytes)
 
 
 def local_spec(w: Any, settings: Any) -> LocalSpec:
@@ -96,14 +109,33 @@ def local_spec(w: Any, settings: Any) -> LocalSpec:
         context_length=w.context_length, capacity=w.capacity, max_in_flight=w.max_in_flight,
         threads=w.threads, gpu_ids=w.gpu_ids, engine_args=dict(w.engine_args),
         chat_template=template, python=w.python, env=dict(w.env),
+        env_passthrough=tuple(w.env_passthrough),
         sampling_defaults=sampling.model_dump(exclude_none=True) if sampling else {},
         ready_timeout=w.ready_timeout or 600.0, health_interval=w.health_interval,
         health_timeout=w.health_timeout, stop_timeout=w.stop_timeout,
         call_timeout=w.call_timeout, read_timeout=w.read_timeout)
 
 
-def make_worker(spec: Spec, environment: Mapping[str, str]) -> Any:
-    """A worker for ``spec``; a process worker's child inherits ``environment``."""
+def cli_spec(w: Any) -> CliSpec:
+    env = {**w.env, **{name: _secret(value) or "" for name, value in w.env_secrets.items()}}
+    return CliSpec(
+        name=w.name, cli=w.cli, models=tuple(w.models), home=w.home, aliases=dict(w.aliases),
+        command=tuple(w.command), env=env, env_passthrough=tuple(w.env_passthrough),
+        mode=w.mode, max_conversations=w.max_conversations,
+        options=dict(w.cli_options), tool_timeout=w.tool_timeout,
+        conversation_idle=w.conversation_idle, idle_timeout=w.idle_timeout,
+        supervision=SupervisorPolicy(
+            ready_timeout=w.ready_timeout or 30.0, health_interval=w.health_interval,
+            health_timeout=w.health_timeout, backoff_initial=w.backoff_initial,
+            backoff_max=w.backoff_max, crash_loop_threshold=w.crash_loop_threshold,
+            crash_loop_window=w.crash_loop_window, stop_timeout=w.stop_timeout))
+
+
+def make_worker(spec: Spec, environment: Mapping[str, str], sessions: Any = None) -> Any:
+    """A worker for ``spec``; a process worker's child inherits ``environment``;
+    a cli worker keeps ``sessions`` (the upstream session index) up to date."""
+    if isinstance(spec, CliSpec):
+        return CliWorker(spec, base_env=environment, sessions=sessions)
     if isinstance(spec, LocalSpec):
         return LocalWorker(spec, base_env=environment)
     if isinstance(spec, ProcessSpec):
@@ -128,6 +160,9 @@ def create_app(settings: Any) -> Starlette:
                                           max_wait=server.queue_timeout),
                  bindings=MemoryBindingStore(ttl=settings.routing.binding_ttl,
                                              max_items=settings.routing.max_bindings),
+                 cli_sessions=MemoryUpstreamSessions(
+                     max_entries=settings.cli_sessions.max_entries,
+                     max_age=settings.cli_sessions.max_age_seconds),
                  cooldown_seconds=settings.routing.cooldown_seconds,
                  log_requests=server.log_level in ("debug", "info"),
                  stream_grace=server.stream_grace, ping_interval=server.ping_interval,
@@ -146,7 +181,8 @@ def create_app(settings: Any) -> Starlette:
             specs = await asyncio.to_thread(worker_specs, settings)
             if not specs and settings.server.demo:
                 specs = await _start_demo(stack)
-            gw.pool = Pool([make_worker(spec, settings.environment) for spec in specs],
+            gw.pool = Pool([make_worker(spec, settings.environment, gw.cli_sessions)
+                            for spec in specs],
                            default_model=settings.routing.default_model)
             await gw.pool.start()
             stack.push_async_callback(gw.pool.aclose)
@@ -192,7 +228,8 @@ def create_app(settings: Any) -> Starlette:
         routes=routes,
         exception_handlers={HTTPException: _http_exception, Exception: _unhandled},
         middleware=[Middleware(GatewayMiddleware, keys=keys, max_body_bytes=server.max_body_bytes,
-                               on_finish=gw.finish)],
+                               on_finish=gw.finish, admin=gw.admin, metrics=gw.metrics_gate,
+                               metrics_public=gw.metrics_public)],
         lifespan=lifespan,
     )
     app.state.gateway = gw
