@@ -21,7 +21,8 @@ HOLD = 2.5  # seconds each slow request holds its slot
 
 def test_a_saturated_pool_refuses_with_a_retry_after_from_its_hold_times(fake_upstream):
     settings = Settings(
-        server=ServerSettings(api_keys={"team-a": "sk-a"}, queue_timeout=0.2, admin_token="adm"),
+        server=ServerSettings(api_keys={"team-a": "sk-a"}, queue_timeout=0.2, admin_token="adm",
+                              metrics_public=True),
         workers=(WorkerSettings(name="w0", dialect="openai", models=("m",), api_key=UPSTREAM_KEY,
                                 url=fake_upstream.url, max_in_flight=1),))
     slow = [{"role": "user", "content": f"[[sleep:{HOLD}]] hi"}]
@@ -50,6 +51,9 @@ def test_a_saturated_pool_refuses_with_a_retry_after_from_its_hold_times(fake_up
                 anthropic_retry = int(exc.response.headers["retry-after"])
         finally:
             holder.join(timeout=30)
+        held = [line for line in http.get("/metrics").text.splitlines()
+                if line.startswith('poolgate_slot_hold_seconds{worker="w0"}')]
+        assert held and HOLD - 0.1 <= float(held[0].rsplit(" ", 1)[1]) <= HOLD + 2, held
     # one slot turning over every ~2.5 s, nobody else queued: come back in ~3 s, not 1
     for retry in (openai_retry, anthropic_retry):
         assert 2 <= retry <= 60, retry
