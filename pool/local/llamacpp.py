@@ -70,6 +70,13 @@ After loading, :attr:`LlamaCppEngine.context_length` is what a slot really
 holds. A prompt that does not fit with ``max_tokens`` is refused before
 generating (llama.cpp would stop the sequence early, silently).
 
+**Cached prompt tokens.** Every request asks for ``timings_per_token``, so
+the first chunk already says how many prompt tokens the slot had cached
+(``timings.cache_n``); the first :class:`Step` carries it and the client sees
+it as ``cached_tokens`` (OpenAI) / ``cache_read_input_tokens`` (Anthropic).
+Measured on the tiny model, 4 streams of 256 tokens, one thread: 6,445 tok/s
+with it and 6,192 without (noise).
+
 **Tokenizer.** :meth:`LlamaCppTokenizer.encode` is llama.cpp's own tokenizer
 (``POST /tokenize``, special tokens parsed, nothing added), a blocking call
 over loopback (measured: ~1 ms for a sentence, ~17 ms for 3,500 tokens, a few
