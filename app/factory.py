@@ -21,11 +21,14 @@ from pool.errors import GatewayError, InternalError, NotFound
 from pool.admission import AdmissionGuard
 from pool.pool import Pool
 from pool.local.defaults import find_default_model
+from pool.cli.worker import CliSpec, CliWorker
 from pool.local.worker import LocalSpec, LocalWorker
 from pool.process import ProcessSpec, ProcessWorker
 from pool.routing import make_policy
+from pool.supervisor import SupervisorPolicy
 from sessions.bindings import MemoryBindingStore
 from sessions.responses import MemoryResponseStore
+from sessions.upstream import MemoryUpstreamSessions
 from pool.remote import RemoteSpec, make_remote_worker
 
 from .gateway import Gateway
@@ -53,7 +56,7 @@ def _secret(value: Any) -> str | None:
     return text or None
 
 
-Spec = RemoteSpec | ProcessSpec | LocalSpec
+Spec = RemoteSpec | ProcessSpec | LocalSpec | CliSpec
 
 
 def worker_specs(settings: Any) -> list[Spec]:
@@ -62,6 +65,8 @@ def worker_specs(settings: Any) -> list[Spec]:
     for w in settings.workers:
         if w.kind == "local":
             specs.append(local_spec(w, settings))
+        elif w.kind == "cli":
+            specs.append(cli_spec(w))
         elif w.kind == "process":
             specs.append(ProcessSpec(
                 name=w.name, command=tuple(w.command), models=tuple(w.models),
@@ -101,8 +106,25 @@ def local_spec(w: Any, settings: Any) -> LocalSpec:
         call_timeout=w.call_timeout, read_timeout=w.read_timeout)
 
 
-def make_worker(spec: Spec, environment: Mapping[str, str]) -> Any:
-    """A worker for ``spec``; a process worker's child inherits ``environment``."""
+def cli_spec(w: Any) -> CliSpec:
+    env = {**w.env, **{name: _secret(value) or "" for name, value in w.env_secrets.items()}}
+    return CliSpec(
+        name=w.name, cli=w.cli, models=tuple(w.models), home=w.home, aliases=dict(w.aliases),
+        command=tuple(w.command), env=env, mode=w.mode, max_conversations=w.max_conversations,
+        options=dict(w.cli_options), tool_timeout=w.tool_timeout,
+        conversation_idle=w.conversation_idle, idle_timeout=w.idle_timeout,
+        supervision=SupervisorPolicy(
+            ready_timeout=w.ready_timeout or 30.0, health_interval=w.health_interval,
+            health_timeout=w.health_timeout, backoff_initial=w.backoff_initial,
+            backoff_max=w.backoff_max, crash_loop_threshold=w.crash_loop_threshold,
+            crash_loop_window=w.crash_loop_window, stop_timeout=w.stop_timeout))
+
+
+def make_worker(spec: Spec, environment: Mapping[str, str], sessions: Any = None) -> Any:
+    """A worker for ``spec``; a process worker's child inherits ``environment``;
+    a cli worker keeps ``sessions`` (the upstream session index) up to date."""
+    if isinstance(spec, CliSpec):
+        return CliWorker(spec, base_env=environment, sessions=sessions)
     if isinstance(spec, LocalSpec):
         return LocalWorker(spec, base_env=environment)
     if isinstance(spec, ProcessSpec):
@@ -127,6 +149,9 @@ def create_app(settings: Any) -> Starlette:
                                           max_wait=server.queue_timeout),
                  bindings=MemoryBindingStore(ttl=settings.routing.binding_ttl,
                                              max_items=settings.routing.max_bindings),
+                 cli_sessions=MemoryUpstreamSessions(
+                     max_entries=settings.cli_sessions.max_entries,
+                     max_age=settings.cli_sessions.max_age_seconds),
                  cooldown_seconds=settings.routing.cooldown_seconds,
                  log_requests=server.log_level in ("debug", "info"),
                  stream_grace=server.stream_grace, ping_interval=server.ping_interval,
@@ -144,7 +169,8 @@ def create_app(settings: Any) -> Starlette:
             specs = worker_specs(settings)
             if not specs and settings.server.demo:
                 specs = await _start_demo(stack)
-            gw.pool = Pool([make_worker(spec, settings.environment) for spec in specs],
+            gw.pool = Pool([make_worker(spec, settings.environment, gw.cli_sessions)
+                            for spec in specs],
                            default_model=settings.routing.default_model)
             await gw.pool.start()
             stack.push_async_callback(gw.pool.aclose)
