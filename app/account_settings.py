@@ -30,7 +30,7 @@ class LoginSettings(BaseModel):
     username: SecretStr | None = None  # resolved from the *_env keys
     password: SecretStr | None = None
     totp_secret: SecretStr | None = None
-    auto: bool = True  # log in when the account is found logged out
+    relogin: bool = True  # log in by itself (with the browser) when found logged out
     timeout: float = Field(120.0, gt=0)  # one attempt, browser and CLI together
     attempts: int = Field(3, gt=0)  # then the operator path
     backoff: float = Field(30.0, gt=0)  # first delay between attempts, doubling

@@ -181,6 +181,8 @@ def create_app(settings: Any) -> Starlette:
             await gw.pool.start()
             stack.push_async_callback(gw.pool.aclose)
             stack.push_async_callback(gw.logins.aclose)
+            watcher = asyncio.ensure_future(gw.logins.watch())
+            stack.callback(watcher.cancel)
             probes = asyncio.ensure_future(gw.pool.probe_forever(server.health_interval))
             stack.callback(probes.cancel)
             log.info("gateway.started", workers=[s.name for s in specs],

@@ -117,6 +117,11 @@ class Logins:
             raise BadRequest(f"Worker '{worker.name}' has no login.recipe with username_env and "
                              "password_env: start with {\"auto\": false} and paste the code.",
                              param="auto")
+        record = self._launch(worker, auto, login)
+        await self._settle(record, ("starting",), 20.0)  # answer with the URL when there is one
+        return record.as_dict()
+
+    def _launch(self, worker: Any, auto: bool, login: Any) -> LoginRecord:
         record = self.records[worker.name] = LoginRecord(
             worker=worker.name, auto=auto, state="starting", started_at=time.time(),
             attempts=login.attempts if auto and login is not None else 1)
@@ -124,8 +129,33 @@ class Logins:
         self.started.labels(worker.name, "auto" if auto else "operator").inc()
         log.info("accounts.login_started", worker=worker.name, auto=auto)
         self._tasks[worker.name] = asyncio.ensure_future(self._run(worker, record))
-        await self._settle(record, ("starting",), 20.0)  # answer with the URL when there is one
-        return record.as_dict()
+        return record
+
+    async def watch(self, interval: float = 2.0) -> None:
+        """Log in, without an operator, each account with ``login.relogin`` (and a
+        recipe and credentials) that is found logged out. After a failed login
+        the next waits ``backoff`` doubled per attempt; after a wrong password
+        nothing is tried until an operator starts a login."""
+        while True:
+            await asyncio.sleep(interval)
+            for name, account in self.accounts.configs.items():
+                worker = self._worker(name)
+                if worker is not None and self._due(name, account.login, worker):
+                    self._launch(worker, True, account.login)
+
+    def _due(self, name: str, login: Any, worker: Any) -> bool:
+        if login is None or not login.relogin or not login.automatic:
+            return False
+        task = self._tasks.get(name)
+        if (task is not None and not task.done()) or worker.info().get("login") != "logged_out":
+            return False
+        record = self.records.get(name)
+        if record is None or record.finished_at is None:
+            return record is None
+        if record.reason == "wrong_password":
+            return False
+        wait = min(login.backoff * 2 ** record.attempt, _BACKOFF_CAP)
+        return time.time() - record.finished_at >= wait
 
     def status(self, name: str) -> dict[str, Any]:
         self.accounts.config(name)

@@ -150,7 +150,8 @@ def test_a_wrong_code_fails_and_says_so_without_the_code(
 def test_auto_login_of_two_accounts_at_once_does_not_cross_them(
         tmp_path: Path, upstream: FakeUpstream, idp: FakeIdP) -> None:
     workers = [worker(tmp_path, f"claude-{user[0]}", upstream, idp, login=LoginSettings(
-        recipe=RECIPE, username=SecretStr(user), password=SecretStr(pw), timeout=60))
+        recipe=RECIPE, username=SecretStr(user), password=SecretStr(pw), timeout=60,
+        relogin=False))
         for user, pw in USERS.items()]
     with gateway(*workers) as srv, httpx.Client(base_url=srv.url, timeout=120) as http:
         for w in workers:
@@ -175,7 +176,8 @@ def test_a_wrong_password_stops_at_once_with_a_screenshot(
         tmp_path: Path, upstream: FakeUpstream, idp: FakeIdP) -> None:
     w = worker(tmp_path, "claude-a", upstream, idp, login=LoginSettings(
         recipe=RECIPE, username=SecretStr("alice@example.com"),
-        password=SecretStr("not-the-password"), attempts=3, backoff=1, timeout=60))
+        password=SecretStr("not-the-password"), attempts=3, backoff=1, timeout=60,
+        relogin=False))
     with gateway(w) as srv, httpx.Client(base_url=srv.url, timeout=120) as http:
         wait_for(lambda: login_state(http, "claude-a")["login"] == "logged_out")
         assert http.post("/internal/workers/claude-a/login", headers=ADMIN).status_code == 202
@@ -192,3 +194,18 @@ def test_a_wrong_password_stops_at_once_with_a_screenshot(
             in metrics
         assert 'poolgate_accounts{state="failed"} 1.0' in metrics
         assert "not-the-password" not in metrics
+
+
+@needs_chromium
+def test_a_logged_out_account_with_credentials_logs_itself_in(
+        tmp_path: Path, upstream: FakeUpstream, idp: FakeIdP) -> None:
+    w = worker(tmp_path, "claude-a", upstream, idp, login=LoginSettings(
+        recipe=RECIPE, username=SecretStr("alice@example.com"), password=SecretStr("pw-alice"),
+        timeout=60))
+    with gateway(w) as srv, httpx.Client(base_url=srv.url, timeout=120) as http:
+        # no admin call: the watcher finds the account logged out
+        wait_for(lambda: login_state(http, "claude-a")["state"] != "idle", timeout=30)
+        done = settle(http, "claude-a")
+        assert done["state"] == "ready" and done["auto"] is True and done["login"] == "ready"
+        turn(srv)
+        assert upstream.last.headers["authorization"].startswith("Bearer at-alice@example.com-")
