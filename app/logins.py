@@ -24,6 +24,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from auth.autologin import AutoLoginError, Credentials, auto_login
 from auth.recipes import RecipeError, load_recipe
+from pool.cli.driver import DriverError
 from pool.cli.login import FIXED_PORTS, LoginFailed, make_login
 from pool.errors import BadRequest, GatewayError
 from pool.model import ChatRequest, Finish, Message, Sampling, TextPart
@@ -204,7 +205,8 @@ class Logins:
                 record.set(attempt=attempt, state="starting", next_attempt_at=None)
                 try:
                     await self._attempt(worker, account, record)
-                except (AutoLoginError, LoginFailed, GatewayError, RecipeError, TimeoutError) as exc:
+                except (AutoLoginError, LoginFailed, GatewayError, RecipeError, TimeoutError,
+                        DriverError) as exc:
                     retry = self._failed(record, exc)
                     if not retry or attempt == record.attempts:
                         break
@@ -226,7 +228,7 @@ class Logins:
                                                   else "error")
         message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
         retry = getattr(exc, "retry", True) and reason not in ("unsupported", "code_refused")
-        if isinstance(exc, (GatewayError, RecipeError)):
+        if isinstance(exc, (GatewayError, RecipeError, DriverError)):
             retry = False
         if reason == "wrong_password":
             message += " (wrong password: not retried, to keep the account from being locked)"

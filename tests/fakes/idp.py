@@ -10,8 +10,9 @@ IdP's own ``/oauth/code/callback``, which shows ``code#state`` in
 ``<code id="code">`` as Anthropic's callback page does.
 
 ``POST /oauth/token`` (form or JSON: ``code``, ``code_verifier``) checks PKCE
-(S256) and answers tokens that name the user (``at-<user>-…``), so tests can
-tell whose login ended where.
+(S256) and answers tokens that name the user (``at-<user>-…``, and an
+unsigned ``id_token`` with the claims Codex reads), so tests can tell whose
+login ended where; a token-exchange grant (Codex asking for an API key) gets one.
 """
 
 from __future__ import annotations
@@ -42,6 +43,17 @@ CONSENT_PAGE = """<!doctype html><html><body><h1>Allow access?</h1>
 <button id="allow" type="submit">Allow</button></form></body></html>"""
 CALLBACK_PAGE = """<!doctype html><html><body><p>Paste this code into the CLI:</p>
 <code id="code">{code}#{state}</code></body></html>"""
+
+
+def _id_token(user: str) -> str:
+    """An unsigned JWT with the claims Codex reads (email, ChatGPT account)."""
+    def part(obj: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(obj).encode()).rstrip(b"=").decode()
+    claims = {"email": user, "exp": int(time.time()) + 3600, "iat": int(time.time()),
+              "https://api.openai.com/auth": {"chatgpt_account_id": f"acct-{user}",
+                                              "chatgpt_plan_type": "pro",
+                                              "chatgpt_user_id": f"user-{user}"}}
+    return f"{part({'alg': 'none', 'typ': 'JWT'})}.{part(claims)}.sig"
 
 
 class FakeIdP:
@@ -169,6 +181,10 @@ class FakeIdP:
                     {"code": code, "state": flow.get("state", "")})})
 
             def _token(self, form: dict[str, str]) -> None:
+                if form.get("grant_type", "").endswith("token-exchange"):  # Codex: an API key
+                    self._send(200, json.dumps({"access_token": "sk-exchanged-" +
+                                                secrets.token_hex(4)}), "application/json")
+                    return
                 with idp.lock:
                     flow = idp.codes.pop(form.get("code", ""), None)
                 if flow is None:
@@ -185,6 +201,7 @@ class FakeIdP:
                 with idp.lock:
                     idp.tokens_issued.append(user)
                 self._send(200, json.dumps({
+                    "id_token": _id_token(user),
                     "access_token": f"at-{user}-{secrets.token_hex(4)}",
                     "refresh_token": f"rt-{user}-{secrets.token_hex(4)}",
                     "expires_in": 3600, "account": {"email_address": user}}),
