@@ -21,6 +21,7 @@ import base64
 import hashlib
 import html
 import json
+import re
 import secrets
 import threading
 import time
@@ -76,6 +77,19 @@ class FakeIdP:
         return f"{self.url}/oauth/authorize?" + urlencode(
             {"response_type": "code", "client_id": "test", "redirect_uri": redirect_uri,
              "state": state, "code_challenge": challenge, "code_challenge_method": "S256"})
+
+    def sign_in(self, url: str, user: str, password: str) -> str:
+        """What a person does in a browser (elsewhere): sign in at ``url``, allow,
+        and copy where the IdP redirects (the callback URL with code and state)."""
+        import httpx  # a test dependency; the server itself is stdlib
+
+        with httpx.Client(timeout=30) as browser:
+            page = browser.get(url).text
+            csrf = re.search(r'name="csrf" value="([^"]+)"', page).group(1)  # type: ignore[union-attr]
+            flow = re.search(r'name="flow" value="([^"]+)"', page).group(1)  # type: ignore[union-attr]
+            browser.post(f"{self.url}/login", data={"csrf": csrf, "flow": flow,
+                                                    "username": user, "password": password})
+            return browser.post(f"{self.url}/consent", data={"flow": flow}).headers["location"]
 
     def __enter__(self) -> FakeIdP:
         self.thread.start()

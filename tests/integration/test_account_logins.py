@@ -7,7 +7,6 @@ by a turn the upstream sees with the new account's token."""
 from __future__ import annotations
 
 import os
-import re
 import time
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
@@ -75,17 +74,9 @@ def settle(http: httpx.Client, name: str, timeout: float = 90) -> dict:
     return status
 
 
-def sign_in_as_a_person(url: str, user: str, password: str) -> str:
+def sign_in_as_a_person(idp: FakeIdP, url: str, user: str, password: str) -> str:
     """What the operator does in a browser: sign in, allow, copy code#state."""
-    with httpx.Client(timeout=30) as browser:
-        page = browser.get(url).text
-        csrf = re.search(r'name="csrf" value="([^"]+)"', page).group(1)
-        flow = re.search(r'name="flow" value="([^"]+)"', page).group(1)
-        base = f"{urlsplit(url).scheme}://{urlsplit(url).netloc}"
-        browser.post(f"{base}/login", data={"csrf": csrf, "flow": flow, "username": user,
-                                            "password": password})
-        redirect = browser.post(f"{base}/consent", data={"flow": flow}).headers["location"]
-    query = dict(parse_qsl(urlsplit(redirect).query))
+    query = dict(parse_qsl(urlsplit(idp.sign_in(url, user, password)).query))
     return f"{query['code']}#{query['state']}"
 
 
@@ -114,7 +105,7 @@ def test_the_operator_pastes_the_code_into_the_same_cli_process(
         again = http.post("/internal/workers/claude-a/login", headers=ADMIN, json={"auto": False})
         assert again.status_code == 409
 
-        code = sign_in_as_a_person(status["url"], "alice@example.com", "pw-alice")
+        code = sign_in_as_a_person(idp, status["url"], "alice@example.com", "pw-alice")
         bad = http.post("/internal/workers/claude-a/login/code", headers=ADMIN, json={})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "code"
         pasted = http.post("/internal/workers/claude-a/login/code", headers=ADMIN,

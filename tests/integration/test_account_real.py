@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -152,3 +153,26 @@ async def test_the_real_codex_login_url_and_chromium_through_the_fake_issuer(
     auth = json.loads((home / "auth.json").read_text())
     assert auth["auth_mode"] == "chatgpt" and auth["tokens"]["access_token"].startswith(
         "at-alice@example.com-")
+
+
+async def test_the_operator_pastes_codex_s_redirect_url(tmp_path: Path, codex_bin: str) -> None:
+    """The operator path for Codex: the browser ran elsewhere, its redirect to
+    127.0.0.1:1455 failed there, and the operator pastes that URL; poolgate
+    fetches it locally, so it reaches Codex's listener (then the same offline stop)."""
+    with FakeIdP({"alice@example.com": "pw-alice"}) as idp:
+        env = {**_base_env(tmp_path / "os-home"), "CODEX_APP_SERVER_LOGIN_ISSUER": idp.url}
+        login = CodexLogin(home=str(tmp_path / "codex"), env=env, command=(codex_bin,))
+        try:
+            challenge = await login.begin(60)
+            with pytest.raises(LoginFailed, match="whole redirect URL"):
+                await login.submit("c-alice#state", 10)
+            redirect = await asyncio.to_thread(idp.sign_in, challenge.url, "alice@example.com",
+                                               "pw-alice")
+            assert redirect.startswith("http://127.0.0.1:1455/auth/callback?")
+            with pytest.raises(LoginFailed) as info:
+                await login.submit(redirect, 60)
+        finally:
+            await login.close()
+    assert "workspace routing discovery failed" in str(info.value)
+    assert idp.tokens_issued == ["alice@example.com"]
+
