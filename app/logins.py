@@ -245,6 +245,7 @@ class Logins:
         cli_login = make_login(account.cli, home=account.home,
                                env={**self.environment, **spec.env},
                                command=spec.command or None)
+        worker.login_override = "logging_in"  # shown in /internal/workers, not routed to
         try:
             challenge = await cli_login.begin(_BEGIN_TIMEOUT)
             record.set(url=challenge.url, user_code=challenge.user_code,
@@ -257,6 +258,7 @@ class Logins:
                 record.set(state="confirming")
                 await cli_login.submit(code, _SUBMIT_TIMEOUT)
         finally:
+            worker.login_override = None
             await cli_login.close()
         record.set(state="confirming")
         await self._confirm(worker)

@@ -63,6 +63,10 @@ def test_export_then_import_on_a_second_gateway_serves_a_turn(
         assert http.get("/internal/workers/claude-a/bundle").status_code == 401  # no token
         running = http.get("/internal/workers/claude-a/bundle", headers=ADMIN)
         assert running.status_code == 409 and "stop" in running.json()["error"]["message"]
+        http.post("/internal/workers/claude-a/drain", headers=ADMIN)
+        wait_for(lambda: worker_info(http, "claude-a")["state"] == "draining")
+        drained = http.get("/internal/workers/claude-a/bundle", headers=ADMIN)
+        assert drained.status_code == 200 and drained.content[:2] == b"\x1f\x8b"
         assert http.post("/internal/workers/claude-a/stop", headers=ADMIN).status_code == 200
         assert worker_info(http, "claude-a")["state"] == "stopped"
         got = http.get("/internal/workers/claude-a/bundle", headers=ADMIN)

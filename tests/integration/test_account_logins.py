@@ -102,6 +102,8 @@ def test_the_operator_pastes_the_code_into_the_same_cli_process(
         status = started.json()
         assert status["state"] == "waiting_for_code" and status["auto"] is False
         assert status["url"].startswith(f"{idp.url}/oauth/authorize?")
+        workers = http.get("/internal/workers", headers=ADMIN).json()["workers"]
+        assert (workers[0]["state"], workers[0]["login"]) == ("logging_in", "logging_in")
         again = http.post("/internal/workers/claude-a/login", headers=ADMIN, json={"auto": False})
         assert again.status_code == 409
 
@@ -164,7 +166,7 @@ def test_auto_login_of_two_accounts_at_once_does_not_cross_them(
 
 @needs_chromium
 def test_a_wrong_password_stops_at_once_with_a_screenshot(
-        tmp_path: Path, upstream: FakeUpstream, idp: FakeIdP) -> None:
+        tmp_path: Path, upstream: FakeUpstream, idp: FakeIdP, capsys) -> None:
     w = worker(tmp_path, "claude-a", upstream, idp, login=LoginSettings(
         recipe=RECIPE, username=SecretStr("alice@example.com"),
         password=SecretStr("not-the-password"), attempts=3, backoff=1, timeout=60,
@@ -185,6 +187,7 @@ def test_a_wrong_password_stops_at_once_with_a_screenshot(
             in metrics
         assert 'poolgate_accounts{state="failed"} 1.0' in metrics
         assert "not-the-password" not in metrics
+    assert "not-the-password" not in capsys.readouterr().out  # nor in any log line
 
 
 @needs_chromium
