@@ -39,6 +39,7 @@ from .middleware import GatewayMiddleware
 from .observability import Metrics
 from .pool_metrics import PoolCollector
 from .routes import accounts as account_routes, chat, keys as key_routes, models, ops, responses
+from .routes.ui import UI_PATH, UI_STATIC_PATH, OperatorPage
 from .settings import EMBEDDED_SAMPLING
 from .state import apply_policy, open_state
 from .teams import Teams, policy_from_settings
@@ -171,7 +172,8 @@ def create_app(settings: Any) -> Starlette:
         async with contextlib.AsyncExitStack() as stack:
             await open_state(gw, server.state_dir, stack)
             await gw.accounts.import_configured()  # bundles land before the CLIs start
-            specs = worker_specs(settings)
+            # in a thread: finding the default model may download it (blocking urlopen)
+            specs = await asyncio.to_thread(worker_specs, settings)
             if not specs and settings.server.demo:
                 specs = await _start_demo(stack)
             gw.pool = Pool([make_worker(spec, settings.environment, gw.cli_sessions)
@@ -189,6 +191,7 @@ def create_app(settings: Any) -> Starlette:
                      models=[m.id for m in gw.pool.models()])
             yield
 
+    operator_page = OperatorPage()
     routes = [
         # hot routes first: Starlette matches in order
         Route("/v1/chat/completions", chat.chat_completions, methods=["POST"]),
@@ -227,6 +230,9 @@ def create_app(settings: Any) -> Starlette:
         Route("/internal/keys", key_routes.create_key, methods=["POST"]),
         Route("/internal/keys/{name}", key_routes.update_key, methods=["PATCH"]),
         Route("/internal/keys/{name}", key_routes.delete_key, methods=["DELETE"]),
+        # public: static files with no data; the JSON they call checks the admin token
+        Route(UI_PATH, operator_page.page, methods=["GET", "HEAD"]),
+        Route(UI_STATIC_PATH, operator_page.asset, methods=["GET", "HEAD"]),
     ]
     app = Starlette(
         routes=routes,

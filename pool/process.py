@@ -70,7 +70,8 @@ class ProcessWorker:
         # with, handed down from its Settings (pool/ reads no environment itself).
         self._base_env = dict(base_env)
         self._supervisor = Supervisor(spec.name, spec.policy(), self._launch)
-        self._draining = False
+        self._draining = False  # drained by request: sticky until resume()
+        self._restarting = 0  # restarts under way: nothing new meanwhile, whatever resume() says
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -87,7 +88,7 @@ class ProcessWorker:
             child = self._child()
             if child is None or not child.connected:  # died; the supervisor is about to see it
                 return WorkerState.UNHEALTHY
-            if self._draining:
+            if self._draining or self._restarting:
                 return WorkerState.DRAINING
         return state
 
@@ -117,6 +118,12 @@ class ProcessWorker:
     @property
     def in_flight(self) -> int:
         return self._in_flight
+
+    @property
+    def buffered(self) -> int:
+        """Events from the child not yet taken by their requests' consumers."""
+        child = self._child()
+        return child.buffered if child is not None else 0
 
     @property
     def supervisor(self) -> Supervisor:
@@ -154,6 +161,9 @@ class ProcessWorker:
         """Take no new requests; wait (up to ``timeout``) for the ones in flight.
         Return whether none is left. The worker stays draining until :meth:`resume`."""
         self._draining = True
+        return await self._until_idle(timeout)
+
+    async def _until_idle(self, timeout: float | None) -> bool:
         try:
             async with asyncio.timeout(timeout):
                 await self._idle.wait()
@@ -165,13 +175,16 @@ class ProcessWorker:
         self._draining = False
 
     async def restart(self) -> None:
-        """Drain (up to ``stop_timeout``), then replace the process gracefully."""
-        was_draining = self._draining
-        await self.drain(self.spec.stop_timeout)
+        """Take nothing new, let the requests in flight finish (up to
+        ``stop_timeout``), then replace the process gracefully. Whether the worker
+        is drained is the operator's call alone: a drain issued during the
+        restart holds after it, and one from before it is not lifted."""
+        self._restarting += 1
         try:
+            await self._until_idle(self.spec.stop_timeout)
             await self._supervisor.restart()
         finally:
-            self._draining = was_draining
+            self._restarting -= 1
 
     async def aclose(self) -> None:
         """Drain (up to ``stop_timeout``), then SIGTERM, ``stop_timeout``, SIGKILL."""

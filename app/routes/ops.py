@@ -136,8 +136,10 @@ async def worker_action(request: Request) -> Response:
             gw.background(drained)
     elif action == "resume":
         worker.resume()
+        gw.admission.refresh()  # requests queued meanwhile may go to it now
     elif action == "restart":
         await worker.restart()
+        gw.admission.refresh()
     elif action == "stop" and hasattr(worker, "supervisor"):
         # stopped until /restart: what a bundle import needs (its CLI must not run meanwhile)
         await worker.drain(worker.spec.stop_timeout)

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Sequence
 
 import orjson
 
-from ..model import Message, TextPart, ToolCallPart, ToolResultPart
+from ..model import ImagePart, Message, TextPart, ToolCallPart, ToolResultPart
 from .history import tool_result_text
 
 __all__ = ["project_dir", "write_transcript", "content_blocks", "MCP_PREFIX"]
@@ -47,7 +47,15 @@ def content_blocks(message: Message, client_tools: frozenset[str]) -> list[dict[
         elif isinstance(part, ToolResultPart):
             blocks.append({"type": "tool_result", "tool_use_id": part.call_id,
                            "content": tool_result_text(part), "is_error": part.is_error})
+        elif isinstance(part, ImagePart):
+            blocks.append({"type": "image", "source": _image_source(part)})
     return blocks
+
+
+def _image_source(part: ImagePart) -> dict[str, Any]:
+    if part.data is not None:
+        return {"type": "base64", "media_type": part.media_type or "image/png", "data": part.data}
+    return {"type": "url", "url": part.url}
 
 
 def write_transcript(home: str, cwd: str, session_id: str, model: str,

@@ -50,6 +50,10 @@ Writing a driver
 7. ``health()`` is cheap (no upstream call when avoidable); ``stop()`` closes
    every conversation and process.
 
+:class:`pool.cli.proc.JsonLineProcess` spawns a CLI speaking JSON lines on
+stdio the right way (process group, parent-death signal, stderr tail, EOF →
+SIGTERM → SIGKILL on close); :mod:`pool.cli.claude` is a complete example.
+
 ``mode`` is ``chat`` (the CLI's own tools off, ``setup.system`` as the whole
 system prompt) or ``agent`` (the CLI runs its tools and reports them as
 ``ToolExecuted``/``ToolOutput``). Driver-specific settings arrive in

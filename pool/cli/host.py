@@ -66,6 +66,7 @@ class CliHost:
         self.counts = {"hits": 0, "misses": 0, "rebuilds": 0}
         self._slots: list[_Slot] = []
         self._reaper: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Future[None]] = set()
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -106,7 +107,11 @@ class CliHost:
         if not new or new[-1].role != "user":
             raise BadRequest("The last message must be a user message (or tool results).",
                              param="messages")
-        slot, steps = await self._route(request, system, history, new)
+        try:
+            slot, steps = await self._route(request, system, history, new)
+        except (BrokenPipeError, ConnectionError):  # the CLI died between two turns
+            raise UpstreamUnavailable(f"worker {self.config.name}: the {self.config.cli} CLI "
+                                      "went away; try again") from None
         slot.busy = True
         if slot.release is not None:
             slot.release.cancel()
@@ -149,7 +154,11 @@ class CliHost:
                 return slot, slot.conv.answer_tools(answers)
             if not slot.pending and not answers:
                 self.counts["hits"] += 1
-                return slot, slot.conv.send(Turn(new))
+                try:
+                    return slot, slot.conv.send(Turn(new))
+                except (BrokenPipeError, ConnectionError):
+                    await self._discard(slot)
+                    raise
             await self._discard(slot)  # the client did not answer what the CLI waits for
         self.counts["rebuilds" if history else "misses"] += 1
         loads = self.driver.can_load_history
@@ -258,7 +267,9 @@ class CliHost:
         slot.release = None
         if slot in self._slots and not slot.busy:
             log.info("cli.held_call_released", worker=self.config.name, calls=len(slot.pending))
-            asyncio.ensure_future(self._discard(slot))
+            task = asyncio.ensure_future(self._discard(slot))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     async def _discard(self, slot: _Slot, *, interrupt: bool = False) -> None:
         with contextlib.suppress(ValueError):

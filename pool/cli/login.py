@@ -184,6 +184,11 @@ class ClaudeLogin:
         return _scrub(lines[-1] if lines else "no output", self._code)[:200]
 
 
+def _fetch(url: str, timeout: float) -> None:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        response.read()
+
+
 class CodexLogin:
     """``account/login/start`` in a ``codex app-server`` of the account's home."""
 
@@ -225,7 +230,7 @@ class CodexLogin:
             raise LoginFailed("paste the whole redirect URL (http://localhost:1455/auth/callback?…)",
                               "code_refused")
         with contextlib.suppress(Exception):  # the listener answers with a redirect page
-            await asyncio.to_thread(urllib.request.urlopen, code, timeout=timeout)
+            await asyncio.to_thread(_fetch, code, timeout)
         await self.wait(timeout)
 
     async def wait(self, timeout: float) -> None:

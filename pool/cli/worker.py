@@ -37,6 +37,8 @@ __all__ = ["CliSpec", "CliWorker"]
 
 log = structlog.get_logger("pool.cli")
 ENV_CONFIG = "POOLGATE_CLI_CONFIG"
+#: the CLIs that take images in a user turn
+IMAGES = frozenset({"claude"})
 _POLICY_FIELDS = ("ready_timeout", "health_interval", "health_timeout", "backoff_initial",
                   "backoff_max", "crash_loop_threshold", "crash_loop_window", "stop_timeout")
 
@@ -88,6 +90,7 @@ class CliWorker(ProcessWorker):
         super().__init__(spec.process_spec(base_env), base_env=base_env,
                          capabilities=Capabilities(images=False, logprobs=False, max_n=1,
                                                    tools=True, token_ids=False))
+        self.capabilities.images = spec.cli in IMAGES
         self.cli_spec = spec
         self.sessions = sessions
         self._status: dict[str, Any] = {}
@@ -143,9 +146,9 @@ class CliWorker(ProcessWorker):
         child = self._child()
         if child is None or super().state not in (WorkerState.READY, WorkerState.DRAINING):
             return
-        with contextlib.suppress(GatewayError, TimeoutError):
-            self._status = dict(await child.call(  # type: ignore[call-overload]
-                "status", None, timeout=self.spec.health_timeout))
+        with contextlib.suppress(GatewayError):
+            status = await child.call("status", None, timeout=self.spec.health_timeout)
+            self._status = dict(status)  # type: ignore[call-overload]
 
     async def start(self) -> bool:
         ready = await super().start()

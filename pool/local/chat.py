@@ -19,6 +19,7 @@ One path for every engine, so they all behave alike:
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import contextlib
 import math
@@ -199,6 +200,7 @@ class LocalChat:
         return OPEN + '\n{"name": "'
 
     def count_tokens(self, request: ChatRequest) -> int:
+        """Blocking: call it in a thread (see :meth:`stream`)."""
         return len(self.prompt_ids(request)[0])
 
     def params(self, request: ChatRequest, prompt_len: int) -> GenParams:
@@ -244,7 +246,10 @@ class LocalChat:
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[Event]:
         try:
-            ids, forced = self.prompt_ids(request)
+            # off the loop: rendering the template and tokenizing (an HTTP call to
+            # llama-server) take long on a long prompt, and the loop serves every
+            # other request of this worker and its health ping meanwhile
+            ids, forced = await asyncio.to_thread(self.prompt_ids, request)
             params = self.params(request, len(ids))
         except EngineError as exc:
             raise exc.gateway_error(_prompt_param(request)) from None

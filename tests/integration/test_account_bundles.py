@@ -48,9 +48,9 @@ def worker_info(http: httpx.Client, name: str) -> dict:
 
 
 def turn(srv: ServerThread) -> str:
-    client = anthropic.Anthropic(base_url=srv.url, api_key="sk-team", max_retries=0)
-    message = client.messages.create(model=MODEL, max_tokens=16,
-                                     messages=[{"role": "user", "content": "Say hi"}])
+    with anthropic.Anthropic(base_url=srv.url, api_key="sk-team", max_retries=0) as client:
+        message = client.messages.create(model=MODEL, max_tokens=16,
+                                         messages=[{"role": "user", "content": "Say hi"}])
     return message.content[0].text
 
 

@@ -81,8 +81,9 @@ def sign_in_as_a_person(idp: FakeIdP, url: str, user: str, password: str) -> str
 
 
 def turn(srv: ServerThread) -> None:
-    anthropic.Anthropic(base_url=srv.url, api_key="sk-team", max_retries=0).messages.create(
-        model=MODEL, max_tokens=16, messages=[{"role": "user", "content": "Say hi"}])
+    with anthropic.Anthropic(base_url=srv.url, api_key="sk-team", max_retries=0) as client:
+        client.messages.create(model=MODEL, max_tokens=16,
+                               messages=[{"role": "user", "content": "Say hi"}])
 
 
 def test_the_operator_pastes_the_code_into_the_same_cli_process(

@@ -103,9 +103,10 @@ def test_a_bundle_moves_a_real_claude_account_to_an_empty_home(
             http.post("/internal/workers/claude-dst/restart")
             wait_for(lambda: _info(http, "claude-dst")["state"] == "ready"
                      and _info(http, "claude-dst")["login"] == "ready", timeout=60)
-            answer = anthropic.Anthropic(base_url=srv.url, api_key="sk-team", max_retries=0) \
-                .messages.create(model=MODEL, max_tokens=16,
-                                 messages=[{"role": "user", "content": "Say hi"}])
+            with anthropic.Anthropic(base_url=srv.url, api_key="sk-team",
+                                     max_retries=0) as client:
+                answer = client.messages.create(model=MODEL, max_tokens=16, messages=[
+                    {"role": "user", "content": "Say hi"}])
             assert answer.content[0].text
         sent = [r for r in upstream.requests if r.path == "/v1/messages"]
         assert sent and sent[-1].headers.get("authorization") == f"Bearer {TOKEN}"

@@ -535,3 +535,19 @@ def test_a_stopped_worker_child_fails_its_pings_and_is_replaced_without_orphans(
     with _oai(srv) as oai:
         out = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "new"}])
     assert out.choices[0].message.content == "echo: new"
+
+
+PIXEL = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5"
+         "ErkJggg==")
+
+
+def test_an_image_reaches_claude_as_an_image_block(one, upstream):
+    srv, http, log = one
+    with _oai(srv) as oai:
+        out = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "what is this"},
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PIXEL}"}}]}])
+    assert out.choices[0].message.content == "echo: what is this"
+    [message] = upstream.last.body["messages"]
+    assert message["content"][1] == {"type": "image", "source": {
+        "type": "base64", "media_type": "image/png", "data": PIXEL}}

@@ -149,3 +149,60 @@ def test_claude_code_as_a_client_served_by_a_claude_cli_worker(served, tmp_path)
     result = result_event(events)
     assert not result["is_error"] and "say hello through the pool" in result["result"]
     assert len(_bodies(upstream)) >= 1
+
+
+def test_client_disconnect_interrupts_the_real_claude(served):
+    srv, http, upstream = served
+    body = {"model": MODEL, "max_tokens": 512, "stream": True,
+            "messages": [{"role": "user", "content": "[[hang-after:4]] a long answer"}]}
+    with httpx.stream("POST", srv.url + "/v1/messages", json=body, timeout=60,
+                      headers={"x-api-key": GATEWAY_KEY, "anthropic-version": "2023-06-01"}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if "text_delta" in line:
+                break  # the client leaves mid-answer
+    deadline = time.monotonic() + 15
+    while upstream.disconnects < 1:  # the CLI aborted its upstream call
+        assert time.monotonic() < deadline, "the CLI kept streaming"
+        time.sleep(0.05)
+    oai = openai.OpenAI(base_url=srv.url + "/v1", api_key=GATEWAY_KEY, max_retries=0)
+    out = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "next"}])
+    assert out.choices[0].message.content == "echo: next"
+
+
+def test_a_revoked_token_logs_the_real_account_out_at_the_first_retry(tmp_path, claude_bin):
+    with FakeUpstream(api_key=TOKEN, models=(MODEL,)) as upstream:
+        env = _base_env(tmp_path / "os-home")
+        env.update(ANTHROPIC_BASE_URL=upstream.anthropic_url)
+        worker = WorkerSettings(
+            name="claude-revoked", kind="cli", cli="claude", models=(MODEL,),
+            home=str(claude_home(tmp_path / "account", "sk-ant-oat01-revoked")),
+            command=(claude_bin,), env=env, ready_timeout=60)
+        settings = Settings(server=ServerSettings(admin_token="admin-token"), workers=(worker,))
+        with ServerThread(create_app(settings)) as srv, \
+                httpx.Client(base_url=srv.url, timeout=60, headers=ADMIN) as http:
+            oai = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+            started = time.monotonic()
+            with pytest.raises(openai.APIStatusError) as err:
+                oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+            assert time.monotonic() - started < 5
+            assert err.value.status_code == 503 and "logged out" in str(err.value)
+            info = http.get("/internal/workers").json()["workers"][0]
+            assert (info["login"], info["state"]) == ("logged_out", "unhealthy")
+
+
+PIXEL = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5"
+         "ErkJggg==")
+
+
+def test_an_image_reaches_the_upstream_through_the_real_claude(served):
+    srv, http, upstream = served
+    oai = openai.OpenAI(base_url=srv.url + "/v1", api_key=GATEWAY_KEY, max_retries=0)
+    out = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [
+        {"type": "text", "text": "describe"},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PIXEL}"}}]}])
+    assert out.choices[0].message.content == "echo: describe"
+    [body] = _bodies(upstream)
+    images = [b for m in body["messages"] for b in m["content"] if isinstance(b, dict)
+              and b.get("type") == "image"]
+    assert len(images) == 1 and images[0]["source"]["type"] == "base64"

@@ -355,6 +355,39 @@ def test_environment_is_kept_for_child_processes_not_configurable() -> None:
         load_settings(None, {}, {"_environment": {"A": "1"}})
 
 
+def test_cli_worker_settings_with_the_issue_names_and_secret_env(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+        [[workers]]
+        name = "claude-a"
+        kind = "cli"
+        cli = "claude"
+        models = ["claude-sonnet-4-6"]
+        aliases = { sonnet = "claude-sonnet-4-6" }
+        home = "/var/lib/poolgate/accounts/claude-a"
+        command = ["claude"]
+        env = { ANTHROPIC_BASE_URL = "http://127.0.0.1:9", ANTHROPIC_API_KEY_env = "TEAM_KEY" }
+        mode = "agent"
+        max_conversations = 2
+
+        [workers.cli_options]
+        start_session = "session/new"
+
+        [cli_sessions]
+        max_entries = 10
+    """)
+    settings = load_settings(path, {"TEAM_KEY": "sk-secret"})
+    [w] = settings.workers
+    assert (w.kind, w.cli, w.home, w.command, w.mode, w.max_conversations) == (
+        "cli", "claude", "/var/lib/poolgate/accounts/claude-a", ("claude",), "agent", 2)
+    assert w.env == {"ANTHROPIC_BASE_URL": "http://127.0.0.1:9"}
+    assert w.env_secrets["ANTHROPIC_API_KEY"].get_secret_value() == "sk-secret"
+    assert "sk-secret" not in repr(w)
+    assert w.cli_options == {"start_session": "session/new"}
+    assert settings.cli_sessions.max_entries == 10
+    defaults = WorkerSettings(name="q", kind="cli", cli="qwen", home="/h", models=("q",))
+    assert (defaults.mode, defaults.max_conversations, defaults.command) == ("chat", 4, ())
+
+
 KEYS_TOML = """
 [server]
 api_keys = { plain = "sk-plain" }
@@ -404,36 +437,3 @@ def test_key_policy_problems_are_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as zero:
         load_settings(str(bad), {"X": "sk-x"})
     assert "server.keys.x.rpm" in str(zero.value)
-
-
-def test_cli_worker_settings_with_the_issue_names_and_secret_env(tmp_path: Path) -> None:
-    path = write(tmp_path, """
-        [[workers]]
-        name = "claude-a"
-        kind = "cli"
-        cli = "claude"
-        models = ["claude-sonnet-4-6"]
-        aliases = { sonnet = "claude-sonnet-4-6" }
-        home = "/var/lib/poolgate/accounts/claude-a"
-        command = ["claude"]
-        env = { ANTHROPIC_BASE_URL = "http://127.0.0.1:9", ANTHROPIC_API_KEY_env = "TEAM_KEY" }
-        mode = "agent"
-        max_conversations = 2
-
-        [workers.cli_options]
-        start_session = "session/new"
-
-        [cli_sessions]
-        max_entries = 10
-    """)
-    settings = load_settings(path, {"TEAM_KEY": "sk-secret"})
-    [w] = settings.workers
-    assert (w.kind, w.cli, w.home, w.command, w.mode, w.max_conversations) == (
-        "cli", "claude", "/var/lib/poolgate/accounts/claude-a", ("claude",), "agent", 2)
-    assert w.env == {"ANTHROPIC_BASE_URL": "http://127.0.0.1:9"}
-    assert w.env_secrets["ANTHROPIC_API_KEY"].get_secret_value() == "sk-secret"
-    assert "sk-secret" not in repr(w)
-    assert w.cli_options == {"start_session": "session/new"}
-    assert settings.cli_sessions.max_entries == 10
-    defaults = WorkerSettings(name="q", kind="cli", cli="qwen", home="/h", models=("q",))
-    assert (defaults.mode, defaults.max_conversations, defaults.command) == ("chat", 4, ())
