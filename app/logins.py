@@ -214,6 +214,11 @@ class Logins:
                     record.set(state="retrying", next_attempt_at=time.time() + delay)
                     await asyncio.sleep(delay)
                     continue
+                except Exception as exc:  # a bug must not leave the login "in progress" forever
+                    log.exception("accounts.login_error", worker=worker.name)
+                    self._failed(record, LoginFailed(f"internal error ({type(exc).__name__})",
+                                                     "internal"))
+                    break
                 record.set(state="ready", finished_at=time.time(), last_error=None, reason=None)
                 self.succeeded.labels(worker.name, "auto" if record.auto else "operator").inc()
                 self.duration.labels("ready").observe(time.monotonic() - started)

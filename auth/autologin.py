@@ -26,6 +26,7 @@ from urllib.parse import parse_qsl, urlsplit
 from .recipes import Recipe, Step
 
 __all__ = ["Credentials", "LoginResult", "AutoLoginError", "WrongPassword", "LoginTimeout",
+           "MissingCredentials",
            "BrowserMissing", "auto_login", "CHROMIUM"]
 
 CHROMIUM = "/usr/bin/chromium"
@@ -41,11 +42,14 @@ class Credentials:
 
     def totp(self) -> str:
         if not self.totp_secret:
-            raise AutoLoginError("the recipe asks for a TOTP code but no totp_secret is set",
-                                 reason="no_credentials")
+            raise MissingCredentials("the recipe asks for a TOTP code but no totp_secret is set")
         import pyotp  # only accounts with TOTP need it
 
-        return str(pyotp.TOTP(self.totp_secret).now())
+        try:
+            return str(pyotp.TOTP(self.totp_secret).now())
+        except (ValueError, TypeError):  # not base32, or too short (pyotp wants >= 112 bits)
+            raise MissingCredentials("the totp_secret is not a valid TOTP seed (base32, 112 "
+                                     "bits or more)") from None
 
     def scrub(self, text: str) -> str:
         for secret in (self.password, self.username, self.totp_secret):
@@ -75,6 +79,13 @@ class AutoLoginError(Exception):
             self.reason = reason
         self.screenshot = screenshot
         self.page_text = page_text
+
+
+class MissingCredentials(AutoLoginError):
+    """The account's settings lack what the recipe needs: retrying cannot help."""
+
+    reason = "no_credentials"
+    retry = False
 
 
 class WrongPassword(AutoLoginError):

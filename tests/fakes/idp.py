@@ -9,6 +9,7 @@ then a 302 to ``redirect_uri?code=…&state=…``. ``redirect_uri`` may be the
 IdP's own ``/oauth/code/callback``, which shows ``code#state`` in
 ``<code id="code">`` as Anthropic's callback page does.
 
+Users given a TOTP seed (``totp=``) must also fill ``#otp`` with a valid code.
 ``POST /oauth/token`` (form or JSON: ``code``, ``code_verifier``) checks PKCE
 (S256) and answers tokens that name the user (``at-<user>-…``, and an
 unsigned ``id_token`` with the claims Codex reads), so tests can tell whose
@@ -36,6 +37,7 @@ LOGIN_PAGE = """<!doctype html><html><body><h1>Sign in</h1>{error}
 <input type="hidden" name="csrf" value="{csrf}"><input type="hidden" name="flow" value="{flow}">
 <label>Email <input id="username" name="username"></label>
 <label>Password <input id="password" name="password" type="password"></label>
+<label>One-time code <input id="otp" name="otp"></label>
 <button id="submit" type="submit" disabled>Continue</button></form>
 <script>setTimeout(function(){{document.getElementById('submit').disabled=false}}, 150)</script>
 </body></html>"""
@@ -58,8 +60,10 @@ def _id_token(user: str) -> str:
 
 
 class FakeIdP:
-    def __init__(self, users: dict[str, str], *, hang_seconds: float = 30.0) -> None:
+    def __init__(self, users: dict[str, str], *, hang_seconds: float = 30.0,
+                 totp: dict[str, str] | None = None) -> None:
         self.users = dict(users)
+        self.totp = dict(totp or {})  # user -> TOTP seed: these users must give a valid otp
         self.hang_seconds = hang_seconds
         self.flows: dict[str, dict[str, str]] = {}  # flow id -> authorize params + user
         self.codes: dict[str, dict[str, str]] = {}  # code -> flow
@@ -77,6 +81,13 @@ class FakeIdP:
         return f"{self.url}/oauth/authorize?" + urlencode(
             {"response_type": "code", "client_id": "test", "redirect_uri": redirect_uri,
              "state": state, "code_challenge": challenge, "code_challenge_method": "S256"})
+
+    def _otp_ok(self, user: str, form: dict[str, str]) -> bool:
+        if user not in self.totp:
+            return True
+        import pyotp
+
+        return bool(pyotp.TOTP(self.totp[user]).verify(form.get("otp", ""), valid_window=1))
 
     def sign_in(self, url: str, user: str, password: str) -> str:
         """What a person does in a browser (elsewhere): sign in at ``url``, allow,
@@ -169,7 +180,7 @@ class FakeIdP:
                     self._send(403, "<p id='error'>CSRF check failed.</p>")
                     return
                 user = form.get("username", "")
-                if idp.users.get(user) != form.get("password"):
+                if idp.users.get(user) != form.get("password") or not idp._otp_ok(user, form):
                     csrf = secrets.token_hex(8)
                     self._send(401, LOGIN_PAGE.format(
                         error="<p id='error'>Invalid username or password.</p>",

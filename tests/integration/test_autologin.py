@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from auth.autologin import (CHROMIUM, BrowserMissing, Credentials, LoginTimeout,
+from auth.autologin import (CHROMIUM, BrowserMissing, Credentials, LoginTimeout, MissingCredentials,
                             WrongPassword, auto_login)
 from auth.recipes import RecipeError, load_recipe, parse_recipe
 from tests.fakes.idp import FakeIdP
@@ -108,3 +108,29 @@ def test_recipes_are_checked_naming_the_key(tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match="not valid json"):
         load_recipe(bad)
     assert load_recipe(RECIPE).wrong_password_texts == ("Invalid username or password",)
+
+
+@needs_chromium
+async def test_a_second_factor_from_the_totp_secret(tmp_path: Path) -> None:
+    seed = "JBSWY3DPEHPK3PXPJBSWY3DPEHPK3PXP"
+    with FakeIdP({"carol@example.com": "pw-carol"}, totp={"carol@example.com": seed}) as idp:
+        text = RECIPE.read_text().replace(
+            '[[steps]]\nclick = "#submit"',
+            '[[steps]]\nfill = "#otp"\nvalue = "{totp}"\n\n[[steps]]\nclick = "#submit"')
+        with_otp = tmp_path / "with-otp.toml"
+        with_otp.write_text(text)
+        recipe = load_recipe(with_otp)
+        assert recipe.needs_totp()
+        with pytest.raises(WrongPassword):  # no code, or a wrong one: refused like a password
+            await auto_login(load_recipe(RECIPE), start_url(idp, "s"),
+                             Credentials("carol@example.com", "pw-carol"), timeout=30)
+        result = await auto_login(recipe, start_url(idp, "s2"),
+                                  Credentials("carol@example.com", "pw-carol", seed), timeout=30)
+        assert result.code.startswith("c-carol@example.com-") and result.code.endswith("#s2")
+        with pytest.raises(MissingCredentials, match="no totp_secret") as missing:
+            await auto_login(recipe, start_url(idp, "s3"),
+                             Credentials("carol@example.com", "pw-carol"), timeout=30)
+        assert missing.value.retry is False
+        with pytest.raises(MissingCredentials, match="not a valid TOTP seed"):
+            await auto_login(recipe, start_url(idp, "s4"),
+                             Credentials("carol@example.com", "pw-carol", "JBSWY3DP"), timeout=30)

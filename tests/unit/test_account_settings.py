@@ -26,7 +26,7 @@ totp_secret_env = "A_TOTP"
 attempts = 2
 """
 ENV = {"A_BUNDLE": "H4sIAAAA", "A_USER": "a@example.com", "A_PASS": "hunter2",
-       "A_TOTP": "JBSWY3DPEHPK3PXP"}
+       "A_TOTP": "JBSWY3DPEHPK3PXPJBSWY3DPEHPK3PXP"}
 
 
 def test_login_and_bundle_secrets_come_from_the_named_variables(tmp_path: Path) -> None:
@@ -37,7 +37,7 @@ def test_login_and_bundle_secrets_come_from_the_named_variables(tmp_path: Path) 
     assert w.bundle_b64.get_secret_value() == "H4sIAAAA"
     assert (login.username.get_secret_value(), login.password.get_secret_value(),
             login.totp_secret.get_secret_value()) == ("a@example.com", "hunter2",
-                                                      "JBSWY3DPEHPK3PXP")
+                                                      "JBSWY3DPEHPK3PXPJBSWY3DPEHPK3PXP")
     assert login.automatic and login.attempts == 2 and login.relogin is True
     for secret in ENV.values():
         assert secret not in repr(w)
