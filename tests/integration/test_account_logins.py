@@ -204,3 +204,27 @@ def test_a_logged_out_account_with_credentials_logs_itself_in(
         assert done["state"] == "ready" and done["auto"] is True and done["login"] == "ready"
         turn(srv)
         assert upstream.last.headers["authorization"].startswith("Bearer at-alice@example.com-")
+
+
+@needs_chromium
+def test_a_hanging_page_times_out_is_retried_after_a_delay_and_kept_for_operators(
+        tmp_path: Path, upstream: FakeUpstream) -> None:
+    with FakeIdP({"slow": "pw-slow"}, hang_seconds=30) as idp:
+        w = worker(tmp_path, "claude-a", upstream, idp, login=LoginSettings(
+            recipe=RECIPE, username=SecretStr("slow"), password=SecretStr("pw-slow"),
+            timeout=4, attempts=2, backoff=2, relogin=False))
+        with gateway(w) as srv, httpx.Client(base_url=srv.url, timeout=120) as http:
+            wait_for(lambda: login_state(http, "claude-a")["login"] == "logged_out")
+            http.post("/internal/workers/claude-a/login", headers=ADMIN, json={"auto": True})
+            retrying = wait_for(lambda: (s := login_state(http, "claude-a"))["state"] == "retrying"
+                                and s, timeout=60)
+            assert retrying["reason"] == "timeout" and retrying["attempt"] == 1
+            assert retrying["next_attempt_at"] > time.time() - 1  # a delay, not a tight loop
+            done = settle(http, "claude-a")
+            assert done["state"] == "failed" and done["attempt"] == 2
+            assert done["reason"] == "timeout" and "in time" in done["last_error"]
+            shot = http.get(done["screenshot_url"], headers=ADMIN)
+            assert shot.status_code == 200 and shot.content[:4] == b"\x89PNG"
+            assert done["finished_at"] - done["started_at"] >= 4 + 2 + 4  # two attempts + delay
+            metrics = http.get("/metrics").text
+            assert 'poolgate_logins_failed_total{reason="timeout",worker="claude-a"} 2.0' in metrics
