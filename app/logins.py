@@ -40,7 +40,7 @@ _BEGIN_TIMEOUT = 30.0
 _SUBMIT_TIMEOUT = 60.0
 _READY_TIMEOUT = 60.0
 _BACKOFF_CAP = 600.0
-_ACTIVE = ("starting", "browser", "waiting_for_code", "confirming", "retrying")
+_ACTIVE = ("queued", "starting", "browser", "waiting_for_code", "confirming", "retrying")
 
 
 @dataclass(slots=True)
@@ -200,7 +200,11 @@ class Logins:
         started = time.monotonic()
         lock = self._locks.setdefault(worker.name, asyncio.Lock())
         port_lock = self._locks.setdefault(f"port:{port}", asyncio.Lock()) if port else None
+        if port_lock is not None and port_lock.locked():
+            # another account's login holds the CLI's fixed port: wait in line, visibly
+            record.set(state="queued", last_error=f"waiting for port {port} (another login)")
         async with lock, (port_lock or contextlib.nullcontext()):
+            record.set(last_error=None)
             for attempt in range(1, record.attempts + 1):
                 record.set(attempt=attempt, state="starting", next_attempt_at=None)
                 try:

@@ -106,3 +106,28 @@ def test_the_operator_pastes_the_codex_redirect_url(tmp_path: Path, upstream: Re
         assert done["state"] == "ready", done
         assert "code=" not in str({k: v for k, v in done.items() if k != "url"})
         turn(srv, upstream)
+
+
+def test_codex_logins_wait_in_line_for_the_fixed_port(tmp_path: Path, upstream: ResponsesUpstream,
+                                                      idp: FakeIdP) -> None:
+    workers = [codex_worker(n, codex_home(tmp_path / n, None), upstream.url,
+                            env={"CODEX_APP_SERVER_LOGIN_ISSUER": idp.url})
+               for n in ("codex-a", "codex-b")]
+    settings = Settings(server=ServerSettings(admin_token="admin-token",
+                                              api_keys={"team": "sk-team"}),
+                        workers=tuple(workers))
+    with ServerThread(create_app(settings)) as srv, \
+            httpx.Client(base_url=srv.url, timeout=120, headers=ADMIN) as http:
+        def state(name: str) -> dict:
+            return http.get(f"/internal/workers/{name}/login").json()
+
+        for name in ("codex-a", "codex-b"):
+            wait_for(lambda: state(name)["login"] == "logged_out", timeout=30)
+        a = http.post("/internal/workers/codex-a/login", json={"auto": False}).json()
+        b = http.post("/internal/workers/codex-b/login", json={"auto": False}).json()
+        assert a["state"] == "waiting_for_code"
+        assert b["state"] == "queued" and b["url"] is None and "port 1455" in b["last_error"]
+        http.post("/internal/workers/codex-a/login/code",
+                  json={"code": idp.sign_in(a["url"], "alice@example.com", "pw-alice")})
+        b = wait_for(lambda: (s := state("codex-b"))["state"] == "waiting_for_code" and s)
+        assert state("codex-a")["state"] == "ready" and b["url"].startswith(idp.url)
