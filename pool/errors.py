@@ -12,6 +12,7 @@ __all__ = [
     "GatewayError", "BadRequest", "AuthenticationFailed", "PermissionDenied", "NotFound",
     "PayloadTooLarge", "Overloaded", "UpstreamError", "UpstreamUnavailable", "UpstreamTimeout",
     "InternalError", "WorkerCrashed", "EngineUnavailable", "EngineFailed",
+    "UpstreamCredentialsRefused",
 ]
 
 
@@ -87,6 +88,18 @@ class UpstreamUnavailable(GatewayError):
 
     status = 502
     kind = "upstream"
+
+
+class UpstreamCredentialsRefused(UpstreamUnavailable):
+    """The upstream refused the gateway's own credentials (HTTP 401/403, or an
+    in-stream authentication/permission error). That is the operator's fault,
+    not the client's: a 502, retried on another worker, never a 401 the client
+    would take for its own key being wrong. The upstream's text is not kept (it
+    often quotes the key, partly masked)."""
+
+    def __init__(self, upstream_status: int) -> None:
+        super().__init__("upstream credentials refused")
+        self.upstream_status = upstream_status
 
 
 class WorkerCrashed(UpstreamUnavailable):

@@ -390,7 +390,7 @@ def main() -> int:
 
         return auth_login(ENV.get("CLAUDE_CONFIG_DIR") or os.path.join(ENV["HOME"], ".claude"))
     opts = parse_args(argv)
-    log({"argv": argv, "cwd": os.getcwd()})
+    log({"argv": argv, "cwd": os.getcwd(), "env": dict(ENV)})
     cli = Cli(opts)
     if "--resume" in opts and not cli.load():
         sys.stderr.write(f"No conversation found with session ID: {cli.session_id}\n")
