@@ -251,8 +251,8 @@ class Logins:
 
     async def _attempt(self, worker: Any, account: Any, record: LoginRecord) -> None:
         spec = worker.cli_spec
-        cli_login = make_login(account.cli, home=account.home,
-                               env={**self.environment, **spec.env},
+        cli_login = make_login(account.cli, home=account.home,  # the CLI's own environment:
+                               env=spec.child_config(self.environment)["env"],  # no gateway secret
                                command=spec.command or None)
         worker.login_override = "logging_in"  # shown in /internal/workers, not routed to
         try:
