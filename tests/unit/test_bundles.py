@@ -178,3 +178,22 @@ def test_export_refuses_a_home_without_a_login(tmp_path: Path) -> None:
         export_bundle("claude", tmp_path)
     with pytest.raises(BundleError, match="no bundle format"):
         export_bundle("lingma", tmp_path)
+
+
+@pytest.mark.parametrize(("module", "forbidden"), [
+    ("sessions/bundles.py", {"app", "auth", "pool"}),
+    ("auth/autologin.py", {"app", "pool", "sessions"}),
+    ("auth/recipes.py", {"app", "pool", "sessions"}),
+    ("pool/cli/login.py", {"app", "sessions", "auth"}),
+])
+def test_account_modules_follow_the_package_direction(module: str, forbidden: set[str]) -> None:
+    import ast
+
+    path = Path(__file__).resolve().parents[2] / module
+    imports: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            imports.add((node.module or "").split(".")[0])
+        elif isinstance(node, ast.Import):
+            imports.update(alias.name.split(".")[0] for alias in node.names)
+    assert imports and not imports & forbidden
