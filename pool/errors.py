@@ -112,6 +112,14 @@ class WorkerCrashed(UpstreamUnavailable):
         self.before_first_event = before_first_event
 
 
+class NoUsableWorker(UpstreamUnavailable):
+    """Every worker of a model is out for a lasting reason a client can read (its
+    account logged out, its credentials refused): a 503 naming why, not the
+    transient 429/529 of a busy or restarting pool."""
+
+    status = 503
+
+
 class EngineUnavailable(UpstreamUnavailable):
     """A local worker's engine cannot serve now (model not loaded, its server
     gone or not answering): the worker's fault, so retried elsewhere."""

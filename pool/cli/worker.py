@@ -38,6 +38,8 @@ __all__ = ["CliSpec", "CliWorker"]
 
 log = structlog.get_logger("pool.cli")
 ENV_CONFIG = "POOLGATE_CLI_CONFIG"
+#: the CLIs that can call tools the API client defines (others: a 400 naming ``tools``)
+CLIENT_TOOLS = frozenset({"claude", "codex", "qwen"})
 #: the CLIs that take images in a user turn
 IMAGES = frozenset({"claude"})
 _POLICY_FIELDS = ("ready_timeout", "health_interval", "health_timeout", "backoff_initial",
@@ -94,7 +96,8 @@ class CliWorker(ProcessWorker):
                  sessions: SessionIndex | None = None) -> None:
         super().__init__(spec.process_spec(base_env), base_env=base_env,
                          capabilities=Capabilities(images=False, logprobs=False, max_n=1,
-                                                   tools=True, token_ids=False))
+                                                   tools=spec.cli in CLIENT_TOOLS,
+                                                   token_ids=False))
         self.capabilities.images = spec.cli in IMAGES
         self.cli_spec = spec
         self.sessions = sessions

@@ -91,6 +91,7 @@ class RemoteWorker:
         self.capabilities = capabilities
         self.capacity = spec.max_in_flight
         self.state = WorkerState.STARTING
+        self._refused = False  # unhealthy because the upstream refused our key
         self.started_at: float | None = None
         self._chat_url = chat_url
         self._health_url = health_url
@@ -161,6 +162,7 @@ class RemoteWorker:
             return ok
         if ok and self.state is WorkerState.UNHEALTHY:
             self.state = WorkerState.READY
+            self._refused = False
         elif not ok and self.state is WorkerState.READY:
             self.state = WorkerState.UNHEALTHY
             log.warning("remote.unhealthy", worker=self.name)
@@ -172,6 +174,14 @@ class RemoteWorker:
         log.error("remote.credentials_refused", worker=self.name, status=exc.upstream_status)
         if self.state is WorkerState.READY:
             self.state = WorkerState.UNHEALTHY
+            self._refused = True
+
+    @property
+    def unavailable_reason(self) -> str | None:
+        """Why the pool does not pick this worker, in words a client may read."""
+        if self._refused and self.state is WorkerState.UNHEALTHY:
+            return f"the upstream of worker {self.name} refused the gateway's credentials"
+        return None
 
     async def _ensure_session(self) -> aiohttp.ClientSession:
         """The session, opened on first use when ``start()`` was skipped."""
