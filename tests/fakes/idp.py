@@ -48,6 +48,15 @@ CALLBACK_PAGE = """<!doctype html><html><body><p>Paste this code into the CLI:</
 <code id="code">{code}#{state}</code></body></html>"""
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Browsers abort requests (favicons, closed contexts): not the test's failure."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
+
+
 def _id_token(user: str) -> str:
     """An unsigned JWT with the claims Codex reads (email, ChatGPT account)."""
     def part(obj: dict[str, Any]) -> str:
@@ -69,7 +78,7 @@ class FakeIdP:
         self.codes: dict[str, dict[str, str]] = {}  # code -> flow
         self.tokens_issued: list[str] = []  # users, in order
         self.lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server = _QuietServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -115,9 +124,6 @@ class FakeIdP:
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: Any) -> None:
-                pass
-
-            def handle_error(self, *args: Any) -> None:  # browsers abort favicon requests
                 pass
 
             def _send(self, status: int, body: str, ctype: str = "text/html",
