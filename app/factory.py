@@ -32,12 +32,14 @@ from sessions.upstream import MemoryUpstreamSessions
 from pool.remote import RemoteSpec, make_remote_worker
 from pool.remote.policy import PassPolicy
 
+from .accounts import Accounts
 from .gateway import Gateway
+from .logins import Logins
 from .http import error_response
 from .middleware import GatewayMiddleware
 from .observability import Metrics
 from .pool_metrics import PoolCollector
-from .routes import chat, keys as key_routes, models, ops, responses
+from .routes import accounts as account_routes, chat, keys as key_routes, models, ops, responses
 from .routes.ui import UI_PATH, UI_STATIC_PATH, OperatorPage
 from .settings import EMBEDDED_SAMPLING
 from .state import apply_policy, open_state
@@ -172,11 +174,14 @@ def create_app(settings: Any) -> Starlette:
         apply_policy(gw, policy_from_settings(name, key))
     _build_policies(gw, settings.routing)
     gw.metrics.registry.register(PoolCollector(gw.metrics_snapshot))
+    gw.accounts = Accounts.from_settings(settings)
+    gw.logins = Logins(gw.accounts, gw.metrics.registry, settings.environment)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
             await open_state(gw, server.state_dir, stack)
+            await gw.accounts.import_configured()  # bundles land before the CLIs start
             # in a thread: finding the default model may download it (blocking urlopen)
             specs = await asyncio.to_thread(worker_specs, settings)
             if not specs and settings.server.demo:
@@ -184,8 +189,12 @@ def create_app(settings: Any) -> Starlette:
             gw.pool = Pool([make_worker(spec, settings.environment, gw.cli_sessions)
                             for spec in specs],
                            default_model=settings.routing.default_model)
+            gw.logins.pool = gw.pool
             await gw.pool.start()
             stack.push_async_callback(gw.pool.aclose)
+            stack.push_async_callback(gw.logins.aclose)
+            watcher = asyncio.ensure_future(gw.logins.watch())
+            stack.callback(watcher.cancel)
             probes = asyncio.ensure_future(gw.pool.probe_forever(server.health_interval))
             stack.callback(probes.cancel)
             log.info("gateway.started", workers=[s.name for s in specs],
@@ -213,6 +222,17 @@ def create_app(settings: Any) -> Starlette:
         Route("/metrics", ops.metrics, methods=["GET"]),
         Route("/internal/workers", ops.internal_workers, methods=["GET"]),
         Route("/internal/workers/{name}/engine", ops.worker_engine, methods=["GET"]),
+        Route("/internal/workers/{name}/bundle", account_routes.get_bundle, methods=["GET"]),
+        Route("/internal/workers/{name}/bundle", account_routes.put_bundle, methods=["PUT"]),
+        Route("/internal/workers/{name}/login", account_routes.login_status, methods=["GET"]),
+        Route("/internal/workers/{name}/login", account_routes.start_login, methods=["POST"]),
+        Route("/internal/workers/{name}/login/code", account_routes.login_code,
+              methods=["POST"]),
+        Route("/internal/workers/{name}/login/screenshot", account_routes.login_screenshot,
+              methods=["GET"]),
+        Route("/internal/auto-login/start", account_routes.auto_login_start, methods=["POST"]),
+        Route("/internal/auto-login/status", account_routes.auto_login_status, methods=["GET"]),
+        Route("/internal/session/export", account_routes.session_export, methods=["POST"]),
         Route("/internal/workers/{name}/{action}", ops.worker_action, methods=["POST"]),
         Route("/internal/stats", ops.internal_stats, methods=["GET"]),
         Route("/internal/usage", key_routes.usage, methods=["GET"]),
