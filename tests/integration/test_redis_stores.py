@@ -204,3 +204,24 @@ async def test_lost_redis_fails_fast_falls_back_and_recovers(server: RedisServer
         assert (await responses.get("r2")).id == "r2"
     finally:
         watch.cancel()
+
+
+async def test_a_hung_redis_costs_one_timeout_then_nothing(server: RedisServer, links) -> None:
+    import signal
+    link = links[0]
+    bindings = RedisBindingStore(link)
+    await bindings.set("s", "w1")
+    server.proc.send_signal(signal.SIGSTOP)  # alive but silent: the worst case
+    try:
+        start = time.monotonic()
+        assert await bindings.get("s") == "w1"
+        first = time.monotonic() - start
+        start = time.monotonic()
+        for _ in range(100):
+            assert await bindings.get("s") == "w1"
+        rest = time.monotonic() - start
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+    assert first < link.timeout + 0.1 and rest < 0.1
+    assert await link.ping()
+    assert await bindings.get("s") == "w1"
