@@ -25,6 +25,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSetti
 from pydantic_settings.exceptions import SettingsError
 from pydantic_settings.sources.utils import parse_env_vars
 
+from .account_settings import LoginSettings, missing_account_secrets, resolve_account
 from .key_settings import KeySettings, missing_key_secrets, resolve_key_secrets
 
 __all__ = [
@@ -176,6 +177,9 @@ class WorkerSettings(BaseModel):
     # gateway's environment variable VAR (secrets never go in the file)
     env: dict[str, str] = Field(default_factory=dict)
     env_secrets: dict[str, SecretStr] = Field(default_factory=dict)  # resolved from env's *_env
+    # the gateway's own variables a process/local child also gets, beyond the
+    # default allow-list (pool/childenv.py); nothing else of its environment passes
+    env_passthrough: tuple[str, ...] = ()
     cwd: str | None = None
     # local: a model engine in a supervised child process (see docs/workers.md)
     engine: Literal["llamacpp", "transformers", "vllm", "sglang"] | None = None
@@ -198,6 +202,11 @@ class WorkerSettings(BaseModel):
     tool_timeout: float = Field(300.0, gt=0)  # a held client tool call is released after this
     conversation_idle: float = Field(900.0, gt=0)  # an idle conversation is closed after this
     cli_options: dict[str, Any] = Field(default_factory=dict)  # driver-specific (jsonrpc methods)
+    # cli: the account's logged-in files at start-up (a session bundle, docs/accounts.md)
+    bundle: str | None = None  # a bundle file (tar.gz)
+    bundle_env: str | None = None  # an environment variable holding a bundle, base64
+    bundle_b64: SecretStr | None = None  # resolved from bundle_env
+    login: LoginSettings | None = None  # [workers.login]: automatic login
     ready_timeout: float | None = Field(None, gt=0)  # default 30 s (process), 600 s (local)
     health_interval: float = Field(5.0, gt=0)
     health_timeout: float = Field(2.0, gt=0)
@@ -217,6 +226,13 @@ class WorkerSettings(BaseModel):
     idle_timeout: float = Field(300.0, gt=0)
     max_connections: int = Field(0, ge=0)  # 0: unlimited
     max_in_flight: int = Field(256, gt=0)  # requests in flight on this worker before others wait
+    # remote: what a same-dialect pass-through may carry beyond the defaults
+    # (pool/remote/policy.py), and what happens to image URLs (pool/remote/images.py)
+    pass_fields: tuple[str, ...] = ()
+    pass_betas: tuple[str, ...] = ()
+    server_tools: tuple[str, ...] = ()
+    image_urls: Literal["data_only", "fetch", "forward"] = "data_only"
+    image_max_bytes: int = Field(20 * 1024 * 1024, gt=0)
 
     @field_validator("name")
     @classmethod
@@ -531,6 +547,7 @@ def _missing_worker_secrets(data: dict, environ: Mapping[str, str]) -> list[str]
         env = worker.get("api_key_env") if isinstance(worker, dict) else None
         if isinstance(env, str) and not environ.get(env):
             problems.append(f"workers[{i}].api_key_env: environment variable {env} is not set")
+        problems += missing_account_secrets(i, worker, environ)
         extra = worker.get("env") if isinstance(worker, dict) else None
         for name, var in _secret_refs(extra):
             if not environ.get(var):
@@ -554,6 +571,7 @@ def _resolve_worker(worker: WorkerSettings, environ: Mapping[str, str]) -> Worke
     if refs:
         update["env"] = {k: v for k, v in worker.env.items() if not k.endswith("_env")}
         update["env_secrets"] = {name: SecretStr(environ[var]) for name, var in refs}
+    update.update(resolve_account(worker, environ))
     return worker.model_copy(update=update) if update else worker
 
 
