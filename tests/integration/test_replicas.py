@@ -231,3 +231,25 @@ def test_redis_killed_then_back(cluster) -> None:
     assert a.http.get(f"/v1/responses/{rid}", headers=KEY).status_code == 200
     metrics = a.http.get("/metrics", headers={"authorization": "Bearer m"}).text
     assert "poolgate_redis_up 1.0" in metrics
+
+
+def test_a_replica_started_before_redis_serves_then_joins(tmp_path, fake_upstream) -> None:
+    redis = RedisServer()  # not started yet: nothing listens on its port
+    replica = Replica("late", tmp_path, redis.url, ("w1", "w2"), fake_upstream.url)
+    try:
+        assert replica.http.get("/readyz").json()["redis"] == "down"
+        assert replica.chat("hello", "s1").status_code == 200
+        redis.start()
+        _until(lambda: replica.http.get("/readyz").json()["redis"] == "up", 5, "Redis joined")
+        r = replica.http.post("/v1/responses", headers=KEY,
+                              json={"model": OPENAI_MODEL, "input": "now"})
+        assert r.status_code == 200, r.text
+        client = redis.client()
+        try:
+            keys = client.keys("poolgate:r:*")
+        finally:
+            client.close()
+        assert keys == [f"poolgate:r:{r.json()['id']}".encode()]
+    finally:
+        replica.close()
+        redis.stop()
