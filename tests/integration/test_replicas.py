@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Iterator
@@ -195,7 +196,23 @@ def test_redis_killed_then_back(cluster) -> None:
     a, b = cluster.a, cluster.b
     stored = a.http.post("/v1/responses", headers=KEY,
                          json={"model": OPENAI_MODEL, "input": "before"}).json()["id"]
-    cluster.redis.kill()
+    # requests in flight when Redis dies: each upstream answer takes 0.5 s
+    with ThreadPoolExecutor(4) as pool:
+        def slow(i: int) -> tuple[int, float]:
+            replica = (a, b)[i % 2]
+            start = time.monotonic()
+            if i < 2:
+                r = replica.chat("[[sleep:0.5]] slow", f"inflight-{i}")
+            else:
+                r = replica.http.post("/v1/responses", headers=KEY, json={
+                    "model": OPENAI_MODEL, "input": "[[sleep:0.5]] slow"})
+            return r.status_code, time.monotonic() - start
+        futures = [pool.submit(slow, i) for i in range(4)]
+        time.sleep(0.2)
+        cluster.redis.kill()
+        for future in futures:
+            status, took = future.result()
+            assert status == 200 and took < 0.5 + 1.0, (status, took)
     deadline = 10.0 + 0.1  # the http client's deadline, plus what Redis may add
     for replica in (a, b):
         for i in range(5):
