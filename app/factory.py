@@ -259,7 +259,13 @@ async def _start_redis(gw: Gateway, stack: contextlib.AsyncExitStack) -> None:
     if not await link.ping():
         log.warning("gateway.redis_unreachable")
 
+    outages = link.outages
+
     async def tick() -> None:
+        nonlocal outages
+        if link.outages != outages:  # back after an outage
+            outages = link.outages
+            gw.drains.republish()
         if gw.pool.workers:
             await gw.drains.sync(gw)
 
