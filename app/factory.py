@@ -21,19 +21,26 @@ from pool.errors import GatewayError, InternalError, NotFound
 from pool.admission import AdmissionGuard
 from pool.pool import Pool
 from pool.local.defaults import find_default_model
+from pool.cli.worker import CliSpec, CliWorker
 from pool.local.worker import LocalSpec, LocalWorker
 from pool.process import ProcessSpec, ProcessWorker
 from pool.routing import make_policy
+from pool.supervisor import SupervisorPolicy
 from sessions.bindings import MemoryBindingStore
 from sessions.responses import MemoryResponseStore
+from sessions.upstream import MemoryUpstreamSessions
 from pool.remote import RemoteSpec, make_remote_worker
+from pool.remote.policy import PassPolicy
 
+from .accounts import Accounts
 from .gateway import Gateway
+from .logins import Logins
 from .http import error_response
 from .middleware import GatewayMiddleware
 from .observability import Metrics
 from .pool_metrics import PoolCollector
-from .routes import chat, keys as key_routes, models, ops, responses
+from .routes import accounts as account_routes, chat, keys as key_routes, models, ops, responses
+from .routes.ui import UI_PATH, UI_STATIC_PATH, OperatorPage
 from .settings import EMBEDDED_SAMPLING
 from .state import apply_policy, open_state
 from .teams import Teams, policy_from_settings
@@ -53,7 +60,7 @@ def _secret(value: Any) -> str | None:
     return text or None
 
 
-Spec = RemoteSpec | ProcessSpec | LocalSpec
+Spec = RemoteSpec | ProcessSpec | LocalSpec | CliSpec
 
 
 def worker_specs(settings: Any) -> list[Spec]:
@@ -62,10 +69,13 @@ def worker_specs(settings: Any) -> list[Spec]:
     for w in settings.workers:
         if w.kind == "local":
             specs.append(local_spec(w, settings))
+        elif w.kind == "cli":
+            specs.append(cli_spec(w))
         elif w.kind == "process":
             specs.append(ProcessSpec(
                 name=w.name, command=tuple(w.command), models=tuple(w.models),
-                aliases=dict(w.aliases), capacity=w.max_in_flight, env=dict(w.env), cwd=w.cwd,
+                aliases=dict(w.aliases), capacity=w.max_in_flight, env=dict(w.env),
+                env_passthrough=tuple(w.env_passthrough), cwd=w.cwd,
                 ready_timeout=w.ready_timeout or 30.0, health_interval=w.health_interval,
                 health_timeout=w.health_timeout, backoff_initial=w.backoff_initial,
                 backoff_max=w.backoff_max, crash_loop_threshold=w.crash_loop_threshold,
@@ -76,8 +86,14 @@ def worker_specs(settings: Any) -> list[Spec]:
                 models=tuple(w.models), aliases=dict(w.aliases),
                 connect_timeout=w.connect_timeout, first_byte_timeout=w.first_byte_timeout,
                 idle_timeout=w.idle_timeout, max_connections=w.max_connections,
-                max_in_flight=w.max_in_flight))
+                max_in_flight=w.max_in_flight, policy=pass_policy(w)))
     return specs
+
+
+def pass_policy(w: Any) -> PassPolicy:
+    return PassPolicy(pass_fields=frozenset(w.pass_fields), pass_betas=frozenset(w.pass_betas),
+                      server_tools=frozenset(w.server_tools), image_urls=w.image_urls,
+                      image_max_bytes=w.image_max_bytes)
 
 
 def local_spec(w: Any, settings: Any) -> LocalSpec:
@@ -95,14 +111,33 @@ def local_spec(w: Any, settings: Any) -> LocalSpec:
         context_length=w.context_length, capacity=w.capacity, max_in_flight=w.max_in_flight,
         threads=w.threads, gpu_ids=w.gpu_ids, engine_args=dict(w.engine_args),
         chat_template=template, python=w.python, env=dict(w.env),
+        env_passthrough=tuple(w.env_passthrough),
         sampling_defaults=sampling.model_dump(exclude_none=True) if sampling else {},
         ready_timeout=w.ready_timeout or 600.0, health_interval=w.health_interval,
         health_timeout=w.health_timeout, stop_timeout=w.stop_timeout,
         call_timeout=w.call_timeout, read_timeout=w.read_timeout)
 
 
-def make_worker(spec: Spec, environment: Mapping[str, str]) -> Any:
-    """A worker for ``spec``; a process worker's child inherits ``environment``."""
+def cli_spec(w: Any) -> CliSpec:
+    env = {**w.env, **{name: _secret(value) or "" for name, value in w.env_secrets.items()}}
+    return CliSpec(
+        name=w.name, cli=w.cli, models=tuple(w.models), home=w.home, aliases=dict(w.aliases),
+        command=tuple(w.command), env=env, env_passthrough=tuple(w.env_passthrough),
+        mode=w.mode, max_conversations=w.max_conversations,
+        options=dict(w.cli_options), tool_timeout=w.tool_timeout,
+        conversation_idle=w.conversation_idle, idle_timeout=w.idle_timeout,
+        supervision=SupervisorPolicy(
+            ready_timeout=w.ready_timeout or 30.0, health_interval=w.health_interval,
+            health_timeout=w.health_timeout, backoff_initial=w.backoff_initial,
+            backoff_max=w.backoff_max, crash_loop_threshold=w.crash_loop_threshold,
+            crash_loop_window=w.crash_loop_window, stop_timeout=w.stop_timeout))
+
+
+def make_worker(spec: Spec, environment: Mapping[str, str], sessions: Any = None) -> Any:
+    """A worker for ``spec``; a process worker's child inherits ``environment``;
+    a cli worker keeps ``sessions`` (the upstream session index) up to date."""
+    if isinstance(spec, CliSpec):
+        return CliWorker(spec, base_env=environment, sessions=sessions)
     if isinstance(spec, LocalSpec):
         return LocalWorker(spec, base_env=environment)
     if isinstance(spec, ProcessSpec):
@@ -127,6 +162,9 @@ def create_app(settings: Any) -> Starlette:
                                           max_wait=server.queue_timeout),
                  bindings=MemoryBindingStore(ttl=settings.routing.binding_ttl,
                                              max_items=settings.routing.max_bindings),
+                 cli_sessions=MemoryUpstreamSessions(
+                     max_entries=settings.cli_sessions.max_entries,
+                     max_age=settings.cli_sessions.max_age_seconds),
                  cooldown_seconds=settings.routing.cooldown_seconds,
                  log_requests=server.log_level in ("debug", "info"),
                  stream_grace=server.stream_grace, ping_interval=server.ping_interval,
@@ -136,24 +174,34 @@ def create_app(settings: Any) -> Starlette:
         apply_policy(gw, policy_from_settings(name, key))
     _build_policies(gw, settings.routing)
     gw.metrics.registry.register(PoolCollector(gw.metrics_snapshot))
+    gw.accounts = Accounts.from_settings(settings)
+    gw.logins = Logins(gw.accounts, gw.metrics.registry, settings.environment)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
             await open_state(gw, server.state_dir, stack)
-            specs = worker_specs(settings)
+            await gw.accounts.import_configured()  # bundles land before the CLIs start
+            # in a thread: finding the default model may download it (blocking urlopen)
+            specs = await asyncio.to_thread(worker_specs, settings)
             if not specs and settings.server.demo:
                 specs = await _start_demo(stack)
-            gw.pool = Pool([make_worker(spec, settings.environment) for spec in specs],
+            gw.pool = Pool([make_worker(spec, settings.environment, gw.cli_sessions)
+                            for spec in specs],
                            default_model=settings.routing.default_model)
+            gw.logins.pool = gw.pool
             await gw.pool.start()
             stack.push_async_callback(gw.pool.aclose)
+            stack.push_async_callback(gw.logins.aclose)
+            watcher = asyncio.ensure_future(gw.logins.watch())
+            stack.callback(watcher.cancel)
             probes = asyncio.ensure_future(gw.pool.probe_forever(server.health_interval))
             stack.callback(probes.cancel)
             log.info("gateway.started", workers=[s.name for s in specs],
                      models=[m.id for m in gw.pool.models()])
             yield
 
+    operator_page = OperatorPage()
     routes = [
         # hot routes first: Starlette matches in order
         Route("/v1/chat/completions", chat.chat_completions, methods=["POST"]),
@@ -174,6 +222,17 @@ def create_app(settings: Any) -> Starlette:
         Route("/metrics", ops.metrics, methods=["GET"]),
         Route("/internal/workers", ops.internal_workers, methods=["GET"]),
         Route("/internal/workers/{name}/engine", ops.worker_engine, methods=["GET"]),
+        Route("/internal/workers/{name}/bundle", account_routes.get_bundle, methods=["GET"]),
+        Route("/internal/workers/{name}/bundle", account_routes.put_bundle, methods=["PUT"]),
+        Route("/internal/workers/{name}/login", account_routes.login_status, methods=["GET"]),
+        Route("/internal/workers/{name}/login", account_routes.start_login, methods=["POST"]),
+        Route("/internal/workers/{name}/login/code", account_routes.login_code,
+              methods=["POST"]),
+        Route("/internal/workers/{name}/login/screenshot", account_routes.login_screenshot,
+              methods=["GET"]),
+        Route("/internal/auto-login/start", account_routes.auto_login_start, methods=["POST"]),
+        Route("/internal/auto-login/status", account_routes.auto_login_status, methods=["GET"]),
+        Route("/internal/session/export", account_routes.session_export, methods=["POST"]),
         Route("/internal/workers/{name}/{action}", ops.worker_action, methods=["POST"]),
         Route("/internal/stats", ops.internal_stats, methods=["GET"]),
         Route("/internal/usage", key_routes.usage, methods=["GET"]),
@@ -181,12 +240,16 @@ def create_app(settings: Any) -> Starlette:
         Route("/internal/keys", key_routes.create_key, methods=["POST"]),
         Route("/internal/keys/{name}", key_routes.update_key, methods=["PATCH"]),
         Route("/internal/keys/{name}", key_routes.delete_key, methods=["DELETE"]),
+        # public: static files with no data; the JSON they call checks the admin token
+        Route(UI_PATH, operator_page.page, methods=["GET", "HEAD"]),
+        Route(UI_STATIC_PATH, operator_page.asset, methods=["GET", "HEAD"]),
     ]
     app = Starlette(
         routes=routes,
         exception_handlers={HTTPException: _http_exception, Exception: _unhandled},
         middleware=[Middleware(GatewayMiddleware, keys=keys, max_body_bytes=server.max_body_bytes,
-                               on_finish=gw.finish)],
+                               on_finish=gw.finish, admin=gw.admin, metrics=gw.metrics_gate,
+                               metrics_public=gw.metrics_public)],
         lifespan=lifespan,
     )
     app.state.gateway = gw

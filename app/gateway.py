@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 import structlog
@@ -12,6 +12,7 @@ import structlog
 from auth.keys import KeyRing, TokenGate
 from auth.limits import MemoryLimits
 from pool.admission import AdmissionGuard, Lease
+from pool.cli.history import request_prefix_hash
 from pool.model import ChatRequest
 from pool.pool import Pool
 from pool.worker import Worker
@@ -20,6 +21,7 @@ from sessions.keystore import KeyStore
 from sessions.ledger import UsageLedger
 from sessions.keys import owned_session_key
 from sessions.responses import MemoryResponseStore, ResponseStore
+from sessions.upstream import MemoryUpstreamSessions, SessionIndex
 
 from .record import RequestRecord
 from .teams import Teams
@@ -46,6 +48,7 @@ class Gateway:
     admission: AdmissionGuard = field(default_factory=lambda: AdmissionGuard(
         global_limit=None, per_key_limit=None, max_wait=5.0))
     bindings: MemoryBindingStore = field(default_factory=MemoryBindingStore)
+    cli_sessions: SessionIndex = field(default_factory=MemoryUpstreamSessions)
     policy: Any = None  # the default routing policy, built by create_app
     policies: dict[str, Any] = field(default_factory=dict)  # model -> its own policy
     cooldown_seconds: float = 5.0
@@ -55,6 +58,8 @@ class Gateway:
     config_keys: frozenset[str] = frozenset()  # names from the configuration (read-only)
     ledger: UsageLedger | None = None  # set while the app runs
     keystore: KeyStore | None = None  # the run-time keys, set while the app runs
+    accounts: Any = None  # cli accounts: bundles (app/accounts.py)
+    logins: Any = None  # cli accounts: logins (app/logins.py)
     _tasks: set[Any] = field(default_factory=set)
 
     async def admit(self, chat: ChatRequest, headers: Mapping[str, str], key: str,
@@ -64,6 +69,11 @@ class Gateway:
         deadline), and the worker the model's policy picks among the free ones
         (``prefer`` first when it is free)."""
         workers, routed = self.pool.eligible(chat, exclude)
+        routed = replace(routed, key_name=key)
+        if prefer is None and any(w.kind == "cli" for w in workers):
+            prefix = request_prefix_hash(routed)  # the cli worker holding this conversation
+            if prefix is not None:
+                prefer = await self.cli_sessions.get(prefix)
 
         async def choose(free: Sequence[Worker]) -> Worker:
             if len(free) == 1:  # nothing to decide: skip the session key and the policy
@@ -103,7 +113,14 @@ class Gateway:
                    **{model: p.stats() for model, p in self.policies.items()}}
         return {"in_flight": dict(self.pool.in_flight), "admission": self.admission.stats(),
                 "routing": routing, "bindings": self.bindings.stats(),
-                "responses": self.responses.stats()}
+                "responses": self.responses.stats(), "cli_sessions": self.cli_session_stats()}
+
+    def cli_session_stats(self) -> dict[str, Any]:
+        """The gateway's index of upstream sessions, and each cli worker's hits,
+        misses (new conversations) and rebuilds (history resent)."""
+        workers = {w.name: w.session_counts() for w in self.pool.workers
+                   if hasattr(w, "session_counts")}
+        return {"index": self.cli_sessions.stats(), "workers": workers}
 
     def metrics_snapshot(self) -> dict[str, Any]:
         """What the pool collector exports at scrape time."""
@@ -115,7 +132,8 @@ class Gateway:
                    for w in self.pool.workers]
         stats = self.stats()
         return {"workers": workers, "admission": stats["admission"],
-                "routing": stats["routing"], "bindings": stats["bindings"]}
+                "routing": stats["routing"], "bindings": stats["bindings"],
+                "cli_sessions": stats["cli_sessions"]}
 
     def metrics_upstream_error(self, worker: str, kind: str) -> None:
         self.metrics.observe_upstream_error(worker=worker, kind=kind)

@@ -64,3 +64,22 @@ class PoolCollector:
         yield routing
         yield GaugeMetricFamily("poolgate_session_bindings", "Session bindings held.",
                                 value=snap["bindings"].get("items", 0))
+        yield from _cli_sessions(snap.get("cli_sessions"))
+
+
+def _cli_sessions(cli: dict[str, Any] | None) -> Iterator[Metric]:
+    """Upstream session reuse of cli workers: per worker, turns that sent only
+    the new turn (hit), opened a new conversation (miss), or resent the
+    history (rebuild)."""
+    if not cli or not cli["workers"]:
+        return
+    turns = CounterMetricFamily("poolgate_cli_session_turns",
+                                "cli worker turns by upstream session outcome.",
+                                labels=["worker", "outcome"])
+    for worker, counts in cli["workers"].items():
+        for outcome, plural in (("hit", "hits"), ("miss", "misses"), ("rebuild", "rebuilds")):
+            turns.add_metric([worker, outcome], float(counts.get(plural, 0)))
+    yield turns
+    yield GaugeMetricFamily("poolgate_cli_session_entries",
+                            "Upstream sessions the gateway's index knows.",
+                            value=cli["index"].get("entries", 0))

@@ -25,10 +25,12 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSetti
 from pydantic_settings.exceptions import SettingsError
 from pydantic_settings.sources.utils import parse_env_vars
 
+from .account_settings import LoginSettings, missing_account_secrets, resolve_account
 from .key_settings import KeySettings, missing_key_secrets, resolve_key_secrets
 
 __all__ = [
     "CONFIG_ENV", "API_KEYS_ENV", "ConfigError", "ServerSettings", "WorkerSettings", "Settings",
+    "CliSessionSettings",
     "load_settings", "check_config", "is_loopback_host",
 ]
 
@@ -37,7 +39,7 @@ API_KEYS_ENV = "POOLGATE_API_KEYS"
 STATE_DIR_ENV = "POOLGATE_STATE_DIR"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_SECTIONS = ("server", "responses", "routing")  # tables whose keys merge field by field across layers
+_SECTIONS = ("server", "responses", "routing", "cli_sessions")  # tables whose keys merge field by field across layers
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 
@@ -151,13 +153,20 @@ class WorkerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    kind: Literal["remote", "process", "local"] = "remote"
+    kind: Literal["remote", "process", "local", "cli"] = "remote"
     # remote: an HTTP endpoint
     dialect: Literal["openai", "anthropic"] | None = None
     url: str | None = None
     # process: a worker program of ours, supervised, speaking poolgate's worker protocol
+    # (cli: the vendor binary, default found on PATH)
     command: tuple[str, ...] = ()
+    # extra environment of the child; a key NAME_env = "VAR" sets NAME from the
+    # gateway's environment variable VAR (secrets never go in the file)
     env: dict[str, str] = Field(default_factory=dict)
+    env_secrets: dict[str, SecretStr] = Field(default_factory=dict)  # resolved from env's *_env
+    # the gateway's own variables a process/local child also gets, beyond the
+    # default allow-list (pool/childenv.py); nothing else of its environment passes
+    env_passthrough: tuple[str, ...] = ()
     cwd: str | None = None
     # local: a model engine in a supervised child process (see docs/workers.md)
     engine: Literal["llamacpp", "transformers", "vllm", "sglang"] | None = None
@@ -172,6 +181,19 @@ class WorkerSettings(BaseModel):
     # its model card's temperature 0.2, top_p 0.9, and short answers)
     sampling_defaults: SamplingDefaultsSettings | None = None
     python: str | None = None  # the interpreter whose environment has the engine
+    # cli: a vendor coding CLI, one account per worker (see docs/cli-workers.md)
+    cli: Literal["claude", "codex", "qwen", "jsonrpc"] | None = None
+    home: str | None = None  # the account's config home (CLAUDE_CONFIG_DIR / CODEX_HOME / HOME)
+    mode: Literal["chat", "agent"] = "chat"
+    max_conversations: int = Field(4, gt=0)  # processes (claude, qwen) or threads (codex) kept warm
+    tool_timeout: float = Field(300.0, gt=0)  # a held client tool call is released after this
+    conversation_idle: float = Field(900.0, gt=0)  # an idle conversation is closed after this
+    cli_options: dict[str, Any] = Field(default_factory=dict)  # driver-specific (jsonrpc methods)
+    # cli: the account's logged-in files at start-up (a session bundle, docs/accounts.md)
+    bundle: str | None = None  # a bundle file (tar.gz)
+    bundle_env: str | None = None  # an environment variable holding a bundle, base64
+    bundle_b64: SecretStr | None = None  # resolved from bundle_env
+    login: LoginSettings | None = None  # [workers.login]: automatic login
     ready_timeout: float | None = Field(None, gt=0)  # default 30 s (process), 600 s (local)
     health_interval: float = Field(5.0, gt=0)
     health_timeout: float = Field(2.0, gt=0)
@@ -191,6 +213,13 @@ class WorkerSettings(BaseModel):
     idle_timeout: float = Field(300.0, gt=0)
     max_connections: int = Field(0, ge=0)  # 0: unlimited
     max_in_flight: int = Field(256, gt=0)  # requests in flight on this worker before others wait
+    # remote: what a same-dialect pass-through may carry beyond the defaults
+    # (pool/remote/policy.py), and what happens to image URLs (pool/remote/images.py)
+    pass_fields: tuple[str, ...] = ()
+    pass_betas: tuple[str, ...] = ()
+    server_tools: tuple[str, ...] = ()
+    image_urls: Literal["data_only", "fetch", "forward"] = "data_only"
+    image_max_bytes: int = Field(20 * 1024 * 1024, gt=0)
 
     @field_validator("name")
     @classmethod
@@ -199,12 +228,13 @@ class WorkerSettings(BaseModel):
             raise ValueError(f"worker name {name!r} must be letters, digits, '.', '_' or '-'")
         return name
 
-    @field_validator("kind", mode="before")
+    @field_validator("env")
     @classmethod
-    def _check_kind(cls, kind: Any) -> Any:
-        if kind == "cli":
-            raise ValueError("worker kind 'cli' is not yet supported ('remote', 'process' or 'local')")
-        return kind
+    def _check_env(cls, env: dict[str, str]) -> dict[str, str]:
+        for key in env:
+            if not key or key == "_env":
+                raise ValueError("env names must not be empty")
+        return env
 
     @field_validator("url")
     @classmethod
@@ -238,6 +268,11 @@ class WorkerSettings(BaseModel):
             return self
         if not self.models:
             raise ValueError("a worker needs at least one model")
+        if self.kind == "cli":
+            missing = [f for f in ("cli", "home") if getattr(self, f) is None]
+            if missing:
+                raise ValueError(f"a cli worker needs {' and '.join(missing)}")
+            return self
         if self.kind == "remote":
             missing = [f for f in ("dialect", "url") if getattr(self, f) is None]
             if missing:
@@ -310,6 +345,15 @@ class ResponsesSettings(BaseModel):
     max_age_seconds: float = Field(30 * 24 * 3600, gt=0)
 
 
+class CliSessionSettings(BaseModel):
+    """The ``[cli_sessions]`` table: bounds of the upstream session cache of cli workers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_entries: int = Field(10_000, gt=0)
+    max_age_seconds: float = Field(6 * 3600, gt=0)
+
+
 class Settings(BaseSettings):
     """Everything the gateway is configured with."""
 
@@ -324,6 +368,7 @@ class Settings(BaseSettings):
     server: ServerSettings = Field(default_factory=ServerSettings)
     responses: ResponsesSettings = Field(default_factory=ResponsesSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
+    cli_sessions: CliSessionSettings = Field(default_factory=CliSessionSettings)
     workers: tuple[WorkerSettings, ...] = ()
 
     @classmethod
@@ -488,7 +533,32 @@ def _missing_worker_secrets(data: dict, environ: Mapping[str, str]) -> list[str]
         env = worker.get("api_key_env") if isinstance(worker, dict) else None
         if isinstance(env, str) and not environ.get(env):
             problems.append(f"workers[{i}].api_key_env: environment variable {env} is not set")
+        problems += missing_account_secrets(i, worker, environ)
+        extra = worker.get("env") if isinstance(worker, dict) else None
+        for name, var in _secret_refs(extra):
+            if not environ.get(var):
+                problems.append(f"workers[{i}].env.{name}_env: environment variable {var} is not set")
     return problems
+
+
+def _secret_refs(env: Any) -> list[tuple[str, str]]:
+    """``NAME_env = "VAR"`` entries of a worker's ``env``: (NAME, VAR)."""
+    if not isinstance(env, dict):
+        return []
+    return [(key[:-4], var) for key, var in env.items()
+            if isinstance(key, str) and key.endswith("_env") and isinstance(var, str)]
+
+
+def _resolve_worker(worker: WorkerSettings, environ: Mapping[str, str]) -> WorkerSettings:
+    update: dict[str, Any] = {}
+    if worker.api_key_env:
+        update["api_key"] = SecretStr(environ[worker.api_key_env])
+    refs = _secret_refs(worker.env)
+    if refs:
+        update["env"] = {k: v for k, v in worker.env.items() if not k.endswith("_env")}
+        update["env_secrets"] = {name: SecretStr(environ[var]) for name, var in refs}
+    update.update(resolve_account(worker, environ))
+    return worker.model_copy(update=update) if update else worker
 
 
 def _resolve_secrets(settings: Settings, environ: Mapping[str, str]) -> Settings:
@@ -498,10 +568,7 @@ def _resolve_secrets(settings: Settings, environ: Mapping[str, str]) -> Settings
         value = environ.get(env) if env else None
         if value:
             update[field] = SecretStr(value)
-    workers = tuple(
-        w.model_copy(update={"api_key": SecretStr(environ[w.api_key_env])}) if w.api_key_env else w
-        for w in settings.workers
-    )
+    workers = tuple(_resolve_worker(w, environ) for w in settings.workers)
     if server.keys:
         update["keys"] = resolve_key_secrets(server.keys, environ)  # type: ignore[assignment]
     # model_validate, not model_copy: the secrets just read must be checked for clashes

@@ -22,11 +22,13 @@ import math
 from typing import Awaitable, Callable, Sequence
 
 from .errors import Overloaded
-from .worker import Worker
+from .waitqueue import GLOBAL, KEY, UNREADY, WORKERS, WaitQueue, Waiter
+from .worker import Worker, WorkerState
 
 __all__ = ["AdmissionGuard", "Lease", "KeyLimitExceeded", "DEFAULT_CAPACITY"]
 
 DEFAULT_CAPACITY = 64
+RECHECK = 0.25  # seconds between looks at workers that were not ready for a waiter
 
 Choose = Callable[[Sequence[Worker]], Awaitable[Worker]]
 
@@ -41,6 +43,12 @@ class KeyLimitExceeded(Overloaded):
 
 def _capacity(worker: Worker) -> int:
     return getattr(worker, "capacity", DEFAULT_CAPACITY)
+
+
+def _ready(worker: Worker) -> bool:
+    # Checked at grant time, not only when the request arrived: a worker drained
+    # (or gone unhealthy) while a request queued must not be granted to it.
+    return getattr(worker, "state", WorkerState.READY) is WorkerState.READY
 
 
 class Lease:
@@ -63,7 +71,7 @@ class Lease:
         guard = self._guard
         if guard is not None:
             self._guard = None
-            guard._give_back(self.key, self.worker.name)
+            guard._give_back(self.key, self.worker)
             guard._wake()
 
     def __enter__(self) -> Lease:
@@ -71,17 +79,6 @@ class Lease:
 
     def __exit__(self, *exc_info: object) -> None:
         self.release()
-
-
-class _Waiter:
-    __slots__ = ("key", "workers", "future", "hold", "timer")
-
-    def __init__(self, key: str, workers: Sequence[Worker], future: asyncio.Future[None]) -> None:
-        self.key = key
-        self.workers = workers
-        self.future = future
-        self.hold: Worker | None = None
-        self.timer: asyncio.TimerHandle | None = None
 
 
 class AdmissionGuard:
@@ -98,9 +95,8 @@ class AdmissionGuard:
         self._total = 0
         self._by_key: dict[str, int] = {}
         self._by_worker: dict[str, int] = {}
-        # an insertion-ordered dict used as a queue: O(1) removal on cancel or expiry,
-        # and a scan can take waiters from the middle without reordering the rest
-        self._waiters: dict[_Waiter, None] = {}
+        self._queue = WaitQueue()
+        self._recheck: asyncio.TimerHandle | None = None
         self._admitted = 0
         self._rejected = {"global": 0, "worker": 0, "key": 0}
         self._wait_count = 0
@@ -116,21 +112,23 @@ class AdmissionGuard:
         # Every change that frees capacity grants queued requests first, so a newcomer
         # that finds a slot here takes none that a queued request could use.
         hold = self._reserve(key, workers)
-        if hold is None:
-            hold, waited = await self._wait(key, workers)
+        if isinstance(hold, str):
+            hold, waited = await self._wait(key, workers, hold)
         try:
             chosen = await choose(self._free_for(workers, hold))
             name = chosen.name
             if name != hold.name:
                 counts = self._by_worker
-                if counts.get(name, 0) < _capacity(chosen):
+                if counts.get(name, 0) < _capacity(chosen) and _ready(chosen):
                     counts[name] = counts.get(name, 0) + 1
                     self._drop_worker(hold.name)
+                    self._queue.released(None, hold)
                 else:
-                    # it filled up while ``choose`` was awaiting: keep the worker we held
+                    # it filled up (or was drained) while ``choose`` was awaiting:
+                    # keep the worker we held
                     chosen = hold
         except BaseException:
-            self._give_back(key, hold.name)
+            self._give_back(key, hold)
             self._wake()
             raise
         if chosen is not hold:
@@ -138,12 +136,20 @@ class AdmissionGuard:
         self._admitted += 1
         return Lease(self, chosen, key, waited)
 
+    def refresh(self) -> None:
+        """A worker became ready again (resumed, restarted): let the waiters
+        that were parked on busy or unready workers look again."""
+        self._queue.unpark_all()
+        self._wake()
+
     def set_key_limit(self, key: str, limit: int | None) -> None:
         """Give ``key`` its own in-flight limit (``None``: the default one again)."""
         if limit is None:
             self._key_limits.pop(key, None)
         else:
             self._key_limits[key] = limit
+        self._queue.released(key, None)  # a raised limit lets the key's waiters look again
+        self._wake()
 
     def _limit_of(self, key: str) -> int | None:
         return self._key_limits.get(key, self._key_limit)
@@ -160,7 +166,7 @@ class AdmissionGuard:
             "in_flight": self._total,
             "by_key": dict(self._by_key),
             "by_worker": dict(self._by_worker),
-            "waiting": len(self._waiters),
+            "waiting": self._queue.waiting,
             "admitted": self._admitted,
             "rejected": dict(self._rejected),
             "wait_count": self._wait_count,
@@ -169,34 +175,41 @@ class AdmissionGuard:
 
     # --- slots ---------------------------------------------------------------------------
 
-    def _reserve(self, key: str, workers: Sequence[Worker]) -> Worker | None:
-        """Take the global and key slots and hold a free worker, or take nothing."""
+    def _reserve(self, key: str, workers: Sequence[Worker]) -> Worker | str:
+        """Take the global and key slots and hold a free, ready worker; or take
+        nothing and say which limit refused (``GLOBAL``, ``KEY``, ``WORKERS``, or
+        ``UNREADY``: a worker with room is not ready)."""
         if self._global_limit is not None and self._total >= self._global_limit:
-            return None
+            return GLOBAL
         by_key = self._by_key
         held_by_key = by_key.get(key, 0)
         key_limit = self._key_limits.get(key, self._key_limit)
         if key_limit is not None and held_by_key >= key_limit:
-            return None
+            return KEY
         counts = self._by_worker
+        unready = False
         for worker in workers:
             name = worker.name
             n = counts.get(name, 0)
             if n < _capacity(worker):
+                if not _ready(worker):
+                    unready = True
+                    continue
                 counts[name] = n + 1
                 by_key[key] = held_by_key + 1
                 self._total += 1
                 return worker
-        return None
+        return UNREADY if unready else WORKERS
 
-    def _give_back(self, key: str, worker_name: str) -> None:
+    def _give_back(self, key: str, worker: Worker) -> None:
         self._total -= 1
         n = self._by_key[key] - 1
         if n:
             self._by_key[key] = n
         else:
             del self._by_key[key]
-        self._drop_worker(worker_name)
+        self._drop_worker(worker.name)
+        self._queue.released(key, worker)
 
     def _drop_worker(self, name: str) -> None:
         n = self._by_worker[name] - 1
@@ -209,31 +222,33 @@ class AdmissionGuard:
         """The workers with room, counting ``hold`` as free (its slot is ours)."""
         counts = self._by_worker
         for worker in workers:
-            if worker is not hold and counts.get(worker.name, 0) >= _capacity(worker):
+            if worker is not hold and (counts.get(worker.name, 0) >= _capacity(worker)
+                                       or not _ready(worker)):
                 break
         else:
             return workers  # all free: no copy on the hot path
         return [w for w in workers
-                if w is hold or counts.get(w.name, 0) < _capacity(w)]
+                if w is hold or (counts.get(w.name, 0) < _capacity(w) and _ready(w))]
 
     # --- waiting -------------------------------------------------------------------------
 
-    async def _wait(self, key: str, workers: Sequence[Worker]) -> tuple[Worker, float]:
+    async def _wait(self, key: str, workers: Sequence[Worker],
+                    reason: str) -> tuple[Worker, float]:
         # with no eligible worker there is nothing to wait for: readiness does not wake the queue
         if self._max_wait <= 0 or not workers:
             raise self._reject(key, workers)
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(key, workers, loop.create_future())
-        self._waiters[waiter] = None
+        waiter = self._queue.add(key, workers, loop.create_future(), reason)
+        self._watch_unready()
         started = loop.time()
         waiter.timer = loop.call_at(started + self._max_wait, self._expire, waiter)
         try:
             await waiter.future
         except BaseException:
             waiter.timer.cancel()
-            self._waiters.pop(waiter, None)
+            self._queue.forget(waiter)
             if waiter.hold is not None:  # granted, then cancelled before it could run
-                self._give_back(key, waiter.hold.name)
+                self._give_back(key, waiter.hold)
                 self._wake()
             raise
         finally:
@@ -243,31 +258,28 @@ class AdmissionGuard:
             raise self._reject(key, workers)
         return waiter.hold, loop.time() - started
 
-    def _expire(self, waiter: _Waiter) -> None:
+    def _expire(self, waiter: Waiter) -> None:
         if waiter.hold is None and not waiter.future.done():
-            self._waiters.pop(waiter, None)
+            self._queue.forget(waiter)
             waiter.future.set_result(None)
 
     def _wake(self) -> None:
-        """Grant slots to waiters in arrival order, skipping those that still cannot go."""
-        if not self._waiters:
-            return
-        granted: list[_Waiter] = []
-        limit = self._global_limit
-        for waiter in self._waiters:
-            if limit is not None and self._total >= limit:
-                break
-            if waiter.future.done():  # cancelled; its task removes it
-                continue
-            hold = self._reserve(waiter.key, waiter.workers)
-            if hold is not None:
-                waiter.hold = hold
-                granted.append(waiter)
-        for waiter in granted:
-            del self._waiters[waiter]
-            if waiter.timer is not None:
-                waiter.timer.cancel()
-            waiter.future.set_result(None)
+        """Grant slots to waiters in arrival order, skipping those that still
+        cannot go (see :mod:`pool.waitqueue`: O(1) amortised per release)."""
+        if self._queue:
+            self._queue.grant(self._reserve)
+            self._watch_unready()
+
+    def _watch_unready(self) -> None:
+        """While requests wait for a worker to become ready (resumed, restarted:
+        nothing we are told of), look again every ``RECHECK`` seconds."""
+        if self._recheck is None and self._queue.unready:
+            self._recheck = asyncio.get_running_loop().call_later(RECHECK, self._look_again)
+
+    def _look_again(self) -> None:
+        self._recheck = None
+        self._queue.unpark_unready()
+        self._wake()
 
     def _reject(self, key: str, workers: Sequence[Worker]) -> Overloaded:
         key_limit = self._limit_of(key)

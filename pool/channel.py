@@ -10,6 +10,7 @@ import collections
 import itertools
 import os
 import signal
+from typing import Callable
 
 import structlog
 
@@ -18,19 +19,27 @@ from .model import ChatRequest, Event
 from .supervisor import ChildGone, ChildUnhealthy
 from .wire import FrameDecoder, error_from_dict, event_from_dict, frame, request_to_dict
 
-__all__ = ["Call", "Incarnation"]
+__all__ = ["Call", "Incarnation", "WINDOW"]
 
 log = structlog.get_logger("pool.process")
+
+#: events a child may send on one request ahead of the consumer (see pool.wire);
+#: credit goes back in halves, so the child rarely waits while the consumer keeps up
+WINDOW = 64
 
 
 class Call:
     """One request in flight on an incarnation: a queue of events and its end."""
 
-    __slots__ = ("id", "_loop", "_items", "_waiter", "_done", "_error", "_crashed", "_delivered")
+    __slots__ = ("id", "_loop", "_items", "_waiter", "_done", "_error", "_crashed", "_delivered",
+                 "_credit", "_taken")
 
-    def __init__(self, rid: int, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, rid: int, loop: asyncio.AbstractEventLoop,
+                 credit: Callable[[int, int], None]) -> None:
         self.id = rid
         self._loop = loop
+        self._credit = credit  # (id, n): give ``n`` events of window back to the child
+        self._taken = 0  # events consumed since the last credit
         self._items: collections.deque[Event] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
         self._done = False
@@ -73,7 +82,16 @@ class Call:
             self._waiter = waiter = self._loop.create_future()
             await waiter
         self._delivered = True
+        self._taken += 1
+        if self._taken >= WINDOW // 2 and not self._done:
+            self._credit(self.id, self._taken)
+            self._taken = 0
         return items.popleft()
+
+    @property
+    def buffered(self) -> int:
+        """Events received and not yet consumed (at most ``WINDOW``)."""
+        return len(self._items)
 
 
 class Incarnation(asyncio.Protocol):
@@ -213,11 +231,20 @@ class Incarnation(asyncio.Protocol):
     def open(self, request: ChatRequest) -> Call:
         if self._transport is None:
             raise WorkerCrashed(f"worker {self.name} went away", before_first_event=True)
-        call = Call(next(self._ids), self._loop)
+        call = Call(next(self._ids), self._loop, self._give_credit)
         self._calls[call.id] = call
-        self._transport.write(frame({"op": "request", "id": call.id,
+        self._transport.write(frame({"op": "request", "id": call.id, "window": WINDOW,
                                      "request": request_to_dict(request)}))
         return call
+
+    def _give_credit(self, rid: int, n: int) -> None:
+        if self._transport is not None and rid in self._calls:
+            self._transport.write(frame({"op": "credit", "id": rid, "n": n}))
+
+    @property
+    def buffered(self) -> int:
+        """Events received from the child and not yet consumed, over all requests."""
+        return sum(call.buffered for call in self._calls.values())
 
     async def call(self, method: str, params: object, *, timeout: float) -> object:
         """A named call to the child (``count_tokens``...): its JSON result, or its

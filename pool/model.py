@@ -161,6 +161,9 @@ class ChatRequest:
     session_id: str | None = None
     prompt_cache_key: str | None = None
     metadata: Mapping[str, Any] | None = None
+    # the name (never the secret) of the API key the request came with: per-team
+    # state (upstream sessions of cli workers) is keyed by it
+    key_name: str | None = None
     # the client's body as received (never mutated), for same-dialect pass-through
     raw: Mapping[str, Any] = field(default_factory=dict)
     # client headers a same-dialect upstream should see (``anthropic-beta``,

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping, cast
 
 from .channel import Incarnation
+from .childenv import child_environment
 from .errors import UpstreamUnavailable
 from .model import ChatRequest, Event, Start
 from .supervisor import ChildGone, ExitInfo, Supervisor, SupervisorPolicy
@@ -35,6 +36,7 @@ class ProcessSpec:
     aliases: Mapping[str, str] = field(default_factory=dict)
     capacity: int = 64
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    env_passthrough: tuple[str, ...] = ()  # names of the gateway's variables the child also gets
     cwd: str | None = None
     ready_timeout: float = 30.0
     health_interval: float = 5.0
@@ -66,11 +68,13 @@ class ProcessWorker:
         self.aliases = dict(spec.aliases)
         self.capacity = spec.capacity
         self.capabilities = capabilities or Capabilities()
-        # The child's environment before spec.env: what the gateway was started
-        # with, handed down from its Settings (pool/ reads no environment itself).
-        self._base_env = dict(base_env)
+        # The child's environment before spec.env: the allow-listed part of what
+        # the gateway was started with, handed down from its Settings (pool/
+        # reads no environment itself). Never the gateway's secrets.
+        self._base_env = child_environment(base_env, spec.env_passthrough)
         self._supervisor = Supervisor(spec.name, spec.policy(), self._launch)
-        self._draining = False
+        self._draining = False  # drained by request: sticky until resume()
+        self._restarting = 0  # restarts under way: nothing new meanwhile, whatever resume() says
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -87,7 +91,7 @@ class ProcessWorker:
             child = self._child()
             if child is None or not child.connected:  # died; the supervisor is about to see it
                 return WorkerState.UNHEALTHY
-            if self._draining:
+            if self._draining or self._restarting:
                 return WorkerState.DRAINING
         return state
 
@@ -117,6 +121,12 @@ class ProcessWorker:
     @property
     def in_flight(self) -> int:
         return self._in_flight
+
+    @property
+    def buffered(self) -> int:
+        """Events from the child not yet taken by their requests' consumers."""
+        child = self._child()
+        return child.buffered if child is not None else 0
 
     @property
     def supervisor(self) -> Supervisor:
@@ -154,6 +164,9 @@ class ProcessWorker:
         """Take no new requests; wait (up to ``timeout``) for the ones in flight.
         Return whether none is left. The worker stays draining until :meth:`resume`."""
         self._draining = True
+        return await self._until_idle(timeout)
+
+    async def _until_idle(self, timeout: float | None) -> bool:
         try:
             async with asyncio.timeout(timeout):
                 await self._idle.wait()
@@ -165,13 +178,16 @@ class ProcessWorker:
         self._draining = False
 
     async def restart(self) -> None:
-        """Drain (up to ``stop_timeout``), then replace the process gracefully."""
-        was_draining = self._draining
-        await self.drain(self.spec.stop_timeout)
+        """Take nothing new, let the requests in flight finish (up to
+        ``stop_timeout``), then replace the process gracefully. Whether the worker
+        is drained is the operator's call alone: a drain issued during the
+        restart holds after it, and one from before it is not lifted."""
+        self._restarting += 1
         try:
+            await self._until_idle(self.spec.stop_timeout)
             await self._supervisor.restart()
         finally:
-            self._draining = was_draining
+            self._restarting -= 1
 
     async def aclose(self) -> None:
         """Drain (up to ``stop_timeout``), then SIGTERM, ``stop_timeout``, SIGKILL."""

@@ -4,11 +4,20 @@ One stream socket (a ``socketpair``, inherited by the child) carries frames
 in both directions: a 4-byte big-endian length, then one orjson object.
 Requests are multiplexed by ``id`` (an int chosen by the gateway):
 
-gateway → child: ``{"op": "request", "id", "request"}``, ``{"op": "cancel", "id"}``,
-``{"op": "ping", "id"}``.
+gateway → child: ``{"op": "request", "id", "request", "window"}``, ``{"op": "cancel",
+"id"}``, ``{"op": "ping", "id"}``, ``{"op": "credit", "id", "n"}``.
 child → gateway: ``{"op": "ready"}`` (once, after start-up), ``{"op": "event", "id",
 "event"}``, ``{"op": "end", "id"}``, ``{"op": "error", "id", "kind", "status",
 "message", "code", "param"}``, ``{"op": "pong", "id"}``.
+
+Flow control is per request, by credit: ``window`` is how many events the
+child may send before it hears more; each ``credit`` frame gives back ``n``
+events the gateway's consumer has taken. A client that reads slowly thus stops
+its own request in the child (a bounded buffer in the gateway, no generation
+piling up), while the other requests on the socket, and the ping, flow on.
+Pausing the socket instead would stall every request on the worker behind the
+slowest client and make a healthy worker fail its health check. A request
+without ``window`` is not flow-controlled.
 
 The codec below is pure: canonical dataclasses ↔ plain dicts (a ``"_t"`` tag
 names the class; tuples travel as lists). Mapping fields (``raw``, schemas,

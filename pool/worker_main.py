@@ -126,6 +126,7 @@ class _Server(asyncio.Protocol):
         self._loop = loop
         self._decoder = FrameDecoder()
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._windows: dict[int, _Window] = {}
         self._transport: asyncio.Transport | None = None
         self._writable: asyncio.Future[None] | None = None
         self.closed: asyncio.Future[None] = loop.create_future()
@@ -159,7 +160,15 @@ class _Server(asyncio.Protocol):
             op = msg.get("op")
             if op == "request":
                 rid = msg["id"]
+                window = msg.get("window")
+                if type(window) is int and window > 0:
+                    self._windows[rid] = _Window(window)
                 self._tasks[rid] = self._loop.create_task(self._answer(rid, msg["request"]))
+            elif op == "credit":
+                flow = self._windows.get(msg.get("id"))  # type: ignore[arg-type]
+                n = msg.get("n")
+                if flow is not None and type(n) is int and n > 0:
+                    flow.give(n)
             elif op == "cancel":
                 task = self._tasks.get(msg["id"])
                 if task is not None:
@@ -199,12 +208,16 @@ class _Server(asyncio.Protocol):
 
     async def _answer(self, rid: int, body: dict[str, Any]) -> None:
         events = None
+        flow = self._windows.get(rid)
         try:
             events = self._handler(request_from_dict(body))
             write = self._write_event
             async for event in events:
                 if self._transport is None:
                     return
+                if flow is not None and not flow.take():
+                    await flow.wait()  # the client reads slowly: generate no further ahead
+                    flow.take()
                 write(rid, event)
                 if self._writable is not None:
                     await self._writable  # the gateway is slow: wait for the socket to drain
@@ -219,6 +232,7 @@ class _Server(asyncio.Protocol):
                        "message": f"worker failed ({type(exc).__name__})"})
         finally:
             self._tasks.pop(rid, None)
+            self._windows.pop(rid, None)
             if events is not None and hasattr(events, "aclose"):
                 await events.aclose()
 
@@ -257,3 +271,34 @@ class _Server(asyncio.Protocol):
             else:
                 body = {"op": "event", "id": rid, "event": event_to_dict(event)}
             self._transport.write(frame(body))
+
+
+class _Window:
+    """One request's send window: events it may still send before the gateway
+    gives credit (see :mod:`pool.wire`)."""
+
+    __slots__ = ("credit", "_waiter")
+
+    def __init__(self, credit: int) -> None:
+        self.credit = credit
+        self._waiter: asyncio.Future[None] | None = None
+
+    def take(self) -> bool:
+        if self.credit > 0:
+            self.credit -= 1
+            return True
+        return False
+
+    async def wait(self) -> None:
+        while self.credit <= 0:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    def give(self, n: int) -> None:
+        self.credit += n
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)

@@ -6,10 +6,13 @@ entries in this process (a Redis store joins behind the same interface, which
 is why every method is async and an entry round-trips through
 :func:`dumps`/:func:`loads`).
 
-An entry holds the whole chain before it (``history``), so answering a
-follow-up needs one read, never a walk of the chain (which an evicted link
-would break). The price is memory that grows with the chain's length; the
-byte bound caps it.
+Chains are stored by reference: an entry holds its own input items and
+response plus the id of the response it followed (``previous_id``), so a turn
+costs what it adds, not the whole conversation again. A follow-up reads the
+chain back link by link (:func:`load_chain`). When a link is gone (evicted,
+expired or deleted), the chain is *broken*: :class:`BrokenChain` names the
+missing link and the follow-up is refused; it never continues from a shorter,
+wrong history.
 """
 
 from __future__ import annotations
@@ -17,27 +20,30 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import orjson
 
-__all__ = ["StoredResponse", "ResponseStore", "MemoryResponseStore", "conversation", "dumps",
-           "loads"]
+__all__ = ["StoredResponse", "ResponseStore", "MemoryResponseStore", "BrokenChain", "load_chain",
+           "conversation", "chain_input_items", "dumps", "loads", "MAX_CHAIN"]
+
+#: links followed at most (a guard against a corrupt store, far beyond real conversations)
+MAX_CHAIN = 100_000
 
 
 @dataclass(frozen=True, slots=True)
 class StoredResponse:
     """One stored answer. ``response`` is the Response object as returned to
     the client; ``input_items`` this request's input items (with ids);
-    ``history`` everything earlier in the chain; ``worker`` the worker that
-    served it (for affinity); ``created_at`` wall-clock seconds; ``owner`` the
-    name of the API key that created it (``anonymous`` with auth off): only
-    that key may read, delete or continue it."""
+    ``previous_id`` the response it continued (``previous_response_id``), or
+    None; ``worker`` the worker that served it (for affinity); ``created_at``
+    wall-clock seconds; ``owner`` the name of the API key that created it
+    (``anonymous`` with auth off): only that key may read, delete or continue it."""
 
     id: str
     response: Mapping[str, Any]
     input_items: tuple[Mapping[str, Any], ...]
-    history: tuple[Mapping[str, Any], ...]
+    previous_id: str | None
     worker: str | None
     created_at: float
     owner: str = "anonymous"
@@ -59,15 +65,52 @@ class ResponseStore(Protocol):
     def stats(self) -> dict[str, int]: ...
 
 
-def conversation(item: StoredResponse) -> list[dict[str, Any]]:
-    """The items a follow-up with ``previous_response_id=item.id`` must see,
-    in order: the history, this request's input, then the response's output.
+class BrokenChain(LookupError):
+    """A link of a ``previous_response_id`` chain is no longer stored."""
+
+    def __init__(self, missing: str) -> None:
+        super().__init__(missing)
+        self.missing = missing
+
+
+async def load_chain(store: ResponseStore, response_id: str,
+                     owner: str) -> list[StoredResponse] | None:
+    """The chain ending at ``response_id``, oldest first; ``None`` when that
+    response is unknown or not ``owner``'s; :class:`BrokenChain` when an
+    earlier link is gone (or, which cannot happen through the API, not ``owner``'s)."""
+    item = await store.get(response_id)
+    if item is None or item.owner != owner:
+        return None
+    chain = [item]
+    seen = {item.id}
+    while item.previous_id is not None:
+        link = item.previous_id
+        item = await store.get(link)  # type: ignore[assignment]
+        if item is None or item.owner != owner or link in seen or len(chain) >= MAX_CHAIN:
+            raise BrokenChain(link)
+        seen.add(link)
+        chain.append(item)
+    chain.reverse()
+    return chain
+
+
+def conversation(chain: Sequence[StoredResponse]) -> list[dict[str, Any]]:
+    """The items a follow-up to the last response of ``chain`` must see, in
+    order: each turn's input, then its response's output.
 
     Shallow copies: the caller may add or change keys, not nested values.
     """
-    output = item.response.get("output") or ()
-    return ([dict(i) for i in item.history] + [dict(i) for i in item.input_items]
-            + [dict(i) for i in output])
+    out: list[dict[str, Any]] = []
+    for item in chain:
+        out += [dict(i) for i in item.input_items]
+        out += [dict(i) for i in item.response.get("output") or ()]
+    return out
+
+
+def chain_input_items(chain: Sequence[StoredResponse]) -> list[Mapping[str, Any]]:
+    """What the last response of ``chain`` was generated from: the earlier
+    turns (inputs and outputs), then its own input items."""
+    return [*conversation(chain[:-1]), *chain[-1].input_items]
 
 
 def _json_default(obj: Any) -> Any:
@@ -79,7 +122,7 @@ def _json_default(obj: Any) -> Any:
 def dumps(item: StoredResponse) -> bytes:
     """The entry as JSON bytes (what a shared store keeps)."""
     return orjson.dumps({"id": item.id, "response": item.response,
-                         "input_items": item.input_items, "history": item.history,
+                         "input_items": item.input_items, "previous_id": item.previous_id,
                          "worker": item.worker, "created_at": item.created_at,
                          "owner": item.owner},
                         default=_json_default)
@@ -89,19 +132,23 @@ def loads(raw: bytes | str) -> StoredResponse:
     """The inverse of :func:`dumps`."""
     obj = orjson.loads(raw)
     return StoredResponse(id=obj["id"], response=obj["response"],
-                          input_items=tuple(obj["input_items"]), history=tuple(obj["history"]),
-                          worker=obj["worker"], created_at=obj["created_at"],
-                          owner=obj.get("owner", "anonymous"))
+                          input_items=tuple(obj["input_items"]),
+                          previous_id=obj.get("previous_id"), worker=obj["worker"],
+                          created_at=obj["created_at"], owner=obj.get("owner", "anonymous"))
 
 
 class MemoryResponseStore:
     """A :class:`ResponseStore` in this process, bounded three ways.
 
     ``max_items`` entries and ``max_bytes`` (each entry's size is estimated
-    once, as the length of :func:`dumps`) are kept by evicting the oldest
-    entries; an entry older than ``max_age`` seconds (by ``clock``, from when
-    it was stored) is gone: dropped when read and when it reaches the front
-    of the queue. An entry larger than ``max_bytes`` on its own is not stored.
+    once, as the length of :func:`dumps`: its own items, not its chain's) are
+    kept by evicting the oldest entry *of the owner that holds the most*
+    (bytes when the byte bound is hit, entries when the count bound is), so
+    one key's long chain pushes out its own oldest turns, not other keys'
+    responses. An entry older than ``max_age`` seconds (by ``clock``, from
+    when it was stored) is gone: dropped when read and when it reaches the
+    front of the queue. An entry larger than ``max_bytes`` on its own is not
+    stored.
 
     No method awaits, so each runs whole between two steps of the event loop
     and concurrent requests cannot interleave inside one.
@@ -118,6 +165,7 @@ class MemoryResponseStore:
         self._clock = clock
         # id -> (entry, size, stored at); insertion order is storage order
         self._entries: OrderedDict[str, tuple[StoredResponse, int, float]] = OrderedDict()
+        self._owners: dict[str, _Owner] = {}
         self._bytes = 0
         self._evicted = 0
         self._expired = 0
@@ -131,13 +179,15 @@ class MemoryResponseStore:
             self._rejected += 1
             return
         self._expire(now)
-        entries = self._entries
-        while entries and (len(entries) >= self._max_items
-                           or self._bytes + size > self._max_bytes):
-            _, (_, old_size, _) = entries.popitem(last=False)
-            self._bytes -= old_size
-            self._evicted += 1
-        entries[item.id] = (item, size, now)
+        while self._entries and (len(self._entries) >= self._max_items
+                                 or self._bytes + size > self._max_bytes):
+            self._evict(by_bytes=self._bytes + size > self._max_bytes)
+        self._entries[item.id] = (item, size, now)
+        owner = self._owners.get(item.owner)
+        if owner is None:
+            owner = self._owners[item.owner] = _Owner()
+        owner.ids[item.id] = None
+        owner.bytes += size
         self._bytes += size
 
     async def get(self, response_id: str) -> StoredResponse | None:
@@ -162,20 +212,44 @@ class MemoryResponseStore:
     def stats(self) -> dict[str, int]:
         return {"items": len(self._entries), "bytes": self._bytes, "evicted": self._evicted,
                 "expired": self._expired, "rejected": self._rejected,
+                "owners": len(self._owners),
                 "max_items": self._max_items, "max_bytes": self._max_bytes}
+
+    def _evict(self, *, by_bytes: bool) -> None:
+        """Drop the oldest entry of the owner holding the most (O(owners))."""
+        owners = self._owners
+        name = max(owners, key=(lambda o: owners[o].bytes) if by_bytes
+                   else (lambda o: len(owners[o].ids)))
+        self._drop(next(iter(owners[name].ids)))
+        self._evicted += 1
 
     def _drop(self, response_id: str) -> None:
         found = self._entries.pop(response_id, None)
         if found is not None:
-            self._bytes -= found[1]
+            item, size, _ = found
+            self._bytes -= size
+            owner = self._owners[item.owner]
+            del owner.ids[response_id]
+            owner.bytes -= size
+            if not owner.ids:
+                del self._owners[item.owner]
 
     def _expire(self, now: float) -> None:
         entries = self._entries
         deadline = now - self._max_age
         while entries:
-            response_id, (_, size, stored_at) = next(iter(entries.items()))
+            response_id, (_, _, stored_at) = next(iter(entries.items()))
             if stored_at > deadline:
                 return
-            del entries[response_id]
-            self._bytes -= size
+            self._drop(response_id)
             self._expired += 1
+
+
+class _Owner:
+    """One key's share of the store: its entries in storage order, their bytes."""
+
+    __slots__ = ("ids", "bytes")
+
+    def __init__(self) -> None:
+        self.ids: OrderedDict[str, None] = OrderedDict()
+        self.bytes = 0

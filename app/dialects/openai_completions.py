@@ -62,6 +62,10 @@ def _unsupported(param: str, what: str) -> BadRequest:
 
 Prompt = str | tuple[int, ...]
 
+#: prompts per request: each becomes a request of its own, run concurrently, so a
+#: list is a fan-out the client controls; beyond this, send several requests
+MAX_PROMPTS = 128
+
 
 def _prompts(value: object) -> list[Prompt]:
     if type(value) is str:
@@ -72,6 +76,9 @@ def _prompts(value: object) -> list[Prompt]:
         raise bad_type("prompt", "a string or an array of strings")
     if not value:
         raise bad_value("prompt", "must not be empty")
+    if len(value) > MAX_PROMPTS and type(value[0]) is not int:
+        raise bad_value("prompt", f"must hold at most {MAX_PROMPTS} prompts "
+                        f"(got {len(value)}); send several requests")
     if all(type(v) is str for v in value):
         return list(value)
     if all(type(v) is int for v in value):

@@ -53,7 +53,7 @@ async def completions(request: Request) -> Any:
         if len(chats) == 1:
             return await serve(gw, request, chats[0], openai_completions, record)
         record.model = chats[0].model
-        done = await asyncio.gather(*(complete(gw, request, c, record) for c in chats))
+        done = await _complete_all(gw, request, chats, record)
     except GatewayError as exc:
         record.error = exc.kind
         return error_response(exc, "openai")
@@ -61,6 +61,27 @@ async def completions(request: Request) -> Any:
     record.tokens_out = sum(c.usage.output_tokens or 0 for c in done)
     return json_response(openai_completions.encode_completions(
         list(done), chats[0], response_id=new_id("cmpl-"), created=now(), model=chats[0].model))
+
+
+async def _complete_all(gw: Gateway, request: Request, chats: list[Any],
+                        record: Any) -> list[Any]:
+    """Every prompt's completion, concurrently; the first failure cancels the
+    others (their slots are released as they unwind) and is the answer."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(complete(gw, request, c, record)) for c in chats]
+    except BaseExceptionGroup as failed:
+        raise _first_failure(failed) from None
+    return [t.result() for t in tasks]
+
+
+def _first_failure(group: BaseExceptionGroup) -> BaseException:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            return _first_failure(exc)
+        if isinstance(exc, GatewayError):
+            return exc
+    return group.exceptions[0]
 
 
 async def count_tokens(request: Request) -> Any:

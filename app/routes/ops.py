@@ -85,7 +85,19 @@ def _worker_info(gw: Gateway, w: Any, now: float) -> dict[str, Any]:
             "in_flight": gw.in_flight(w.name), "capacity": getattr(w, "capacity", None),
             "models": list(w.models), "aliases": dict(w.aliases),
             "probe_seconds": gw.pool.probe_seconds.get(w.name),
-            **_engine_info(w)}
+            **_engine_info(w), **_cli_info(w)}
+
+
+_CLI_FIELDS = ("cli", "version", "account", "login", "conversations", "held_tool_calls",
+               "cooldown_until", "mode")
+
+
+def _cli_info(w: Any) -> dict[str, Any]:
+    """A cli worker's account: CLI, version, account, login state, conversations, cooldown."""
+    if w.kind != "cli":
+        return {}
+    info = w.info()
+    return {name: info.get(name) for name in _CLI_FIELDS}
 
 
 def _engine_info(w: Any) -> dict[str, Any]:
@@ -124,11 +136,18 @@ async def worker_action(request: Request) -> Response:
             gw.background(drained)
     elif action == "resume":
         worker.resume()
+        gw.admission.refresh()  # requests queued meanwhile may go to it now
     elif action == "restart":
         await worker.restart()
+        gw.admission.refresh()
+    elif action == "stop" and hasattr(worker, "supervisor"):
+        # stopped until /restart: what a bundle import needs (its CLI must not run meanwhile)
+        await worker.drain(worker.spec.stop_timeout)
+        await worker.supervisor.stop()
+        worker.resume()
     else:
-        return error_response(NotFound(f"No worker action '{action}' (drain, resume, restart)."),
-                              "openai")
+        return error_response(NotFound(f"No worker action '{action}' "
+                                       "(drain, resume, restart, stop)."), "openai")
     log.info("admin.worker_action", worker=worker.name, action=action)
     return json_response(_worker_info(gw, worker, time.time()))
 

@@ -10,7 +10,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from pool.errors import BadRequest, GatewayError, NotFound
-from sessions.responses import StoredResponse, conversation
+from sessions.responses import (BrokenChain, StoredResponse, chain_input_items, conversation,
+                                load_chain)
 
 from ..dialects import openai_responses
 from ..gateway import Gateway
@@ -35,6 +36,23 @@ async def _owned(gw: Gateway, response_id: str, owner: str) -> StoredResponse | 
     return stored
 
 
+async def _chain(gw: Gateway, response_id: str, owner: str,
+                 param: str | None = None) -> list[StoredResponse]:
+    """The chain ending at ``response_id`` (``owner``'s), oldest first; a 404
+    when it is unknown or when an earlier turn is no longer stored (a follow-up
+    must never see a shorter history than the conversation had)."""
+    try:
+        chain = await load_chain(gw.responses, response_id, owner)
+    except BrokenChain as broken:
+        raise NotFound(f"The conversation before response '{response_id}' is no longer "
+                       f"complete: the earlier response '{broken.missing}' has expired, been "
+                       "evicted or been deleted. Start a new conversation with the full input.",
+                       param=param, code="response_chain_broken") from None
+    if chain is None:
+        raise _not_found(response_id, param)
+    return chain
+
+
 async def create_response(request: Request) -> Any:
     gw: Gateway = request.app.state.gateway
     record = request.scope["state"]["record"]
@@ -43,16 +61,16 @@ async def create_response(request: Request) -> Any:
         body = await read_json(request, gw.max_body_bytes)
         history: list[dict[str, Any]] = []
         prefer = None
+        link = None
         previous = body.get("previous_response_id") if isinstance(body, dict) else None
         if previous is not None:
             if not isinstance(previous, str):
                 raise BadRequest("previous_response_id must be a string.",
                                  param="previous_response_id")
-            stored = await _owned(gw, previous, record.key)
-            if stored is None:
-                raise _not_found(previous, "previous_response_id")
-            history = conversation(stored)
-            prefer = stored.worker  # the worker that served the previous turn
+            chain = await _chain(gw, previous, record.key, "previous_response_id")
+            history = conversation(chain)
+            prefer = chain[-1].worker  # the worker that served the previous turn
+            link = previous
         chat = openai_responses.decode(body, request.headers, history=history)
         store = body.get("store", True) is not False
         items = tuple(openai_responses.input_items(body)) if store else ()
@@ -65,7 +83,7 @@ async def create_response(request: Request) -> Any:
         async def finalize(response: dict[str, Any], worker: str) -> None:
             await gw.responses.put(StoredResponse(
                 id=response["id"], response=response, input_items=items,
-                history=tuple(history), worker=worker, created_at=time.time(),
+                previous_id=link, worker=worker, created_at=time.time(),
                 owner=record.key))
 
     return await serve(gw, request, chat, openai_responses, record, prefer=prefer,
@@ -100,10 +118,11 @@ async def list_input_items(request: Request) -> Response:
         limit, order, after = _page_params(request)
     except BadRequest as exc:
         return error_response(exc, "openai")
-    stored = await _owned(gw, response_id, request.scope["state"]["record"].key)
-    if stored is None:
-        return error_response(_not_found(response_id), "openai")
-    items = [*stored.history, *stored.input_items]
+    try:
+        chain = await _chain(gw, response_id, request.scope["state"]["record"].key)
+    except NotFound as exc:
+        return error_response(exc, "openai")
+    items = chain_input_items(chain)
     if order == "desc":
         items.reverse()
     start = 0

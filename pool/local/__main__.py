@@ -30,7 +30,7 @@ async def _main(config: dict[str, Any]) -> None:
                      resolve_defaults(config.get("sampling_defaults"), str(config["model"])))
 
     async def count_tokens(params: Any) -> int:
-        return chat.count_tokens(request_from_dict(params))
+        return await asyncio.to_thread(chat.count_tokens, request_from_dict(params))
 
     async def stats(params: Any) -> dict[str, Any]:
         return {"engine": engine.name, "active": getattr(engine, "active", None),

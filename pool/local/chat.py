@@ -19,6 +19,7 @@ One path for every engine, so they all behave alike:
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import contextlib
 import math
@@ -33,6 +34,7 @@ from ..model import (
 from .engine import Engine, EngineError, GenParams, Step
 from .health import EngineWatch
 from .sampling import SamplingDefaults
+from .shield import SpecialShield
 from .template import TemplateError
 from .toolcalls import OPEN, CallOut, HermesParser, TextOut, new_call_id
 
@@ -174,18 +176,20 @@ class LocalChat:
                 raise BadRequest("The prompt has no tokens.",
                                  param="text" if request.dialect == "native" else "prompt")
             return ids, None
-        tools = template_tools(request)
+        # client strings may not produce special tokens: only the template's markup does
+        shield = SpecialShield(getattr(tok, "special_texts", ()))
+        tools = shield.shield(template_tools(request))
         try:
-            text = tok.render_chat(template_messages(request.messages), tools, True)
+            text = tok.render_chat(shield.shield(template_messages(request.messages)), tools, True)
         except TemplateError as exc:
             raise BadRequest(f"The model's chat template refused the conversation: {exc}",
                              param="messages") from None
         except ValueError as exc:
             raise BadRequest(str(exc), param="messages") from None
         forced = self._forced_opening(request, text) if tools else None
-        if forced is not None:
-            text += forced
-        return tok.encode(text), forced
+        if forced is not None:  # the tool name in it is the client's
+            text += OPEN + shield.shield(forced[len(OPEN):])
+        return shield.encode(tok, text), forced
 
     def _forced_opening(self, request: ChatRequest, rendered: str) -> str | None:
         choice = request.tool_choice
@@ -199,6 +203,7 @@ class LocalChat:
         return OPEN + '\n{"name": "'
 
     def count_tokens(self, request: ChatRequest) -> int:
+        """Blocking: call it in a thread (see :meth:`stream`)."""
         return len(self.prompt_ids(request)[0])
 
     def params(self, request: ChatRequest, prompt_len: int) -> GenParams:
@@ -244,7 +249,10 @@ class LocalChat:
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[Event]:
         try:
-            ids, forced = self.prompt_ids(request)
+            # off the loop: rendering the template and tokenizing (an HTTP call to
+            # llama-server) take long on a long prompt, and the loop serves every
+            # other request of this worker and its health ping meanwhile
+            ids, forced = await asyncio.to_thread(self.prompt_ids, request)
             params = self.params(request, len(ids))
         except EngineError as exc:
             raise exc.gateway_error(_prompt_param(request)) from None

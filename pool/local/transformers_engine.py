@@ -23,6 +23,9 @@ from .hf import HFTokenizer
 __all__ = ["TransformersEngine"]
 
 _END = object()
+#: tokens a sequence may run ahead of its consumer; beyond that it sits out the
+#: rounds (keeping its slot and cache) until the consumer catches up
+AHEAD = 64
 
 
 @dataclass(eq=False)
@@ -35,6 +38,8 @@ class _Seq:
     cache: Any = None
     last: int | None = None
     produced: int = 0
+    consumed: int = 0  # steps its request took off the queue (on the loop's thread)
+    stalled: bool = False  # sitting out: the consumer wakes the scheduler when it catches up
     cancelled: bool = False
     error: BaseException | None = field(default=None)
 
@@ -59,6 +64,7 @@ class TransformersEngine:
         self._torch: Any = None
         self._waiting: collections.deque[_Seq] = collections.deque()
         self._active: list[_Seq] = []
+        self._requests: set[_Seq] = set()  # every sequence whose request is open (loop thread)
         self._wake = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -67,6 +73,12 @@ class TransformersEngine:
     def active(self) -> int:
         """Sequences generating or waiting for a slot."""
         return len(self._active) + len(self._waiting)
+
+    @property
+    def buffered(self) -> int:
+        """Tokens generated and not yet taken by their requests, over all sequences
+        (each sequence at most ``AHEAD``: a slow reader pauses its own sequence)."""
+        return sum(seq.produced - seq.consumed for seq in self._requests)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -112,6 +124,7 @@ class TransformersEngine:
             raise EngineError("the model is not loaded", status=503)
         loop = asyncio.get_running_loop()
         seq = _Seq(list(prompt_ids), params, loop, asyncio.Queue())
+        self._requests.add(seq)
         with self._wake:
             self._waiting.append(seq)
             self._wake.notify()
@@ -122,9 +135,17 @@ class TransformersEngine:
                     if seq.error is not None:
                         raise seq.error
                     return
+                seq.consumed += 1
+                if seq.stalled:
+                    with self._wake:
+                        seq.stalled = False
+                        self._wake.notify()
                 yield item
         finally:
-            seq.cancelled = True  # the scheduler drops it at its next round
+            self._requests.discard(seq)
+            with self._wake:
+                seq.cancelled = True  # the scheduler drops it at its next round
+                self._wake.notify()
 
     def _run(self) -> None:
         torch = self._torch
@@ -139,7 +160,10 @@ class TransformersEngine:
                         return
                     while self._waiting and len(self._active) < self.capacity:
                         self._active.append(self._waiting.popleft())
-                    active = list(self._active)
+                    active = self._runnable()
+                    if not active:  # every sequence is ahead of its reader: wait for one
+                        self._wake.wait(1.0)
+                        continue
                 # one token for every active sequence, then one wake-up of the
                 # event loop for the whole round (not one per token)
                 out: list[tuple[_Seq, Any]] = []
@@ -159,6 +183,16 @@ class TransformersEngine:
                         seq.cache = None
                 if out:
                     self._deliver(out)
+
+    def _runnable(self) -> list[_Seq]:
+        """The active sequences not too far ahead of their readers (under the lock)."""
+        runnable = []
+        for seq in self._active:
+            if seq.cancelled or seq.produced - seq.consumed < AHEAD:
+                runnable.append(seq)
+            else:
+                seq.stalled = True
+        return runnable
 
     def _advance(self, seq: _Seq) -> tuple[Step, bool]:
         """One token for ``seq``, and whether it is finished."""

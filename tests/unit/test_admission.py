@@ -488,3 +488,88 @@ async def test_a_waiter_cancelled_at_the_head_is_skipped_by_the_next_release():
     (await behind).release()
     assert head.cancelled()
     assert_idle(g)
+
+
+# --- wake-up cost ----------------------------------------------------------------------------
+
+
+class Counting:
+    """A worker stand-in that counts how often the guard looks at its capacity."""
+
+    def __init__(self, name: str, capacity: int) -> None:
+        self.name = name
+        self._capacity = capacity
+        self.looks = 0
+
+    @property
+    def capacity(self) -> int:
+        self.looks += 1
+        return self._capacity
+
+
+async def test_a_release_does_not_rescan_waiters_it_cannot_serve():
+    # 1,000 requests queue for a full worker ``a``; 1,000 requests come and go on
+    # ``b``. Scanning every waiter on every release would look at ``a`` a million times.
+    a, b = Counting("a", 1), Counting("b", 1)
+    g = guard(max_wait=60)
+    holder = await g.acquire(key="k", workers=[a], choose=first)
+    queued = [asyncio.create_task(g.acquire(key="k", workers=[a], choose=first))
+              for _ in range(1000)]
+    await until_waiting(g, 1000)
+    a.looks = 0
+    for _ in range(1000):
+        (await g.acquire(key="other", workers=[b], choose=first)).release()
+    assert a.looks < 100
+    holder.release()
+    for task in queued:  # and each of them is still served, in order, one per release
+        (await task).release()
+    assert a.looks < 10 * 1000
+    assert_idle(g)
+
+
+async def test_a_waiter_for_a_drained_worker_waits_for_another():
+    # the snapshot of eligible workers is from before queueing: a worker drained
+    # meanwhile must not be granted (pool.worker.WorkerState is read at grant time)
+    from pool.worker import WorkerState
+
+    class Stateful:
+        def __init__(self, name: str) -> None:
+            self.name, self.capacity, self.state = name, 1, WorkerState.READY
+
+    p0, p1 = Stateful("p0"), Stateful("p1")
+    g = guard(max_wait=60)
+    first_p0 = await g.acquire(key="k", workers=[p0], choose=first)
+    first_p1 = await g.acquire(key="k", workers=[p1], choose=first)
+    queued = asyncio.create_task(g.acquire(key="k", workers=[p0, p1], choose=first))
+    await until_waiting(g, 1)
+    p0.state = WorkerState.DRAINING
+    first_p0.release()
+    await asyncio.sleep(0)
+    assert not queued.done() and g.stats()["waiting"] == 1
+    first_p1.release()
+    lease = await queued
+    assert lease.worker is p1
+    lease.release()
+    assert_idle(g)
+
+
+async def test_a_waiter_is_served_when_its_worker_becomes_ready_again():
+    # no slot is released when a drained or restarting worker becomes ready: the
+    # guard looks again on its own instead of letting the waiter run out its wait
+    from pool.worker import WorkerState
+
+    class Stateful:
+        def __init__(self, name: str) -> None:
+            self.name, self.capacity, self.state = name, 1, WorkerState.STARTING
+
+    p0 = Stateful("p0")
+    g = guard(max_wait=60)
+    queued = asyncio.create_task(g.acquire(key="k", workers=[p0], choose=first))
+    await until_waiting(g, 1)
+    await asyncio.sleep(0.3)
+    assert not queued.done()
+    p0.state = WorkerState.READY
+    lease = await asyncio.wait_for(queued, 10)
+    assert lease.worker is p0
+    lease.release()
+    assert_idle(g)

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from sessions.responses import (
-    MemoryResponseStore, ResponseStore, StoredResponse, conversation, dumps, loads,
+    BrokenChain, MemoryResponseStore, ResponseStore, StoredResponse, chain_input_items,
+    conversation, dumps, load_chain, loads,
 )
 
 
@@ -21,8 +22,8 @@ class FakeClock:
         return self.now
 
 
-def entry(rid: str, text: str = "hi", *, history: tuple[dict[str, Any], ...] = (),
-          worker: str | None = "w1") -> StoredResponse:
+def entry(rid: str, text: str = "hi", *, previous: str | None = None,
+          worker: str | None = "w1", owner: str = "anonymous") -> StoredResponse:
     return StoredResponse(
         id=rid,
         response={"id": rid, "object": "response", "status": "completed",
@@ -30,7 +31,7 @@ def entry(rid: str, text: str = "hi", *, history: tuple[dict[str, Any], ...] = (
                               "content": [{"type": "output_text", "text": f"echo: {text}"}]}]},
         input_items=({"id": f"in_{rid}", "type": "message", "role": "user",
                       "content": [{"type": "input_text", "text": text}]},),
-        history=history, worker=worker, created_at=1.7e9)
+        previous_id=previous, worker=worker, created_at=1.7e9, owner=owner)
 
 
 def size(item: StoredResponse) -> int:
@@ -182,29 +183,87 @@ async def test_bounds_hold_after_concurrent_puts() -> None:
         assert got is not None and got.input_items[0]["content"][0]["text"] == f"text {k}"
 
 
-def test_conversation_is_history_then_input_then_output() -> None:
+def test_conversation_is_each_turns_input_then_output() -> None:
     first = entry("r1", "one")
-    second = entry("r2", "two", history=tuple(conversation(first)))
-    items = conversation(second)
+    second = entry("r2", "two", previous="r1")
+    items = conversation([first, second])
     assert [i["id"] for i in items] == ["in_r1", "msg_r1", "in_r2", "msg_r2"]
     items[0]["id"] = "changed"  # the caller's copy, not the stored entry
-    assert second.history[0]["id"] == "in_r1"
+    assert first.input_items[0]["id"] == "in_r1"
+    assert [i["id"] for i in chain_input_items([first, second])] == ["in_r1", "msg_r1", "in_r2"]
 
 
 def test_conversation_of_a_response_without_output() -> None:
-    item = StoredResponse("r", {"id": "r", "output": []}, ({"id": "i", "type": "message"},), (),
+    item = StoredResponse("r", {"id": "r", "output": []}, ({"id": "i", "type": "message"},), None,
                           None, 0.0)
-    assert conversation(item) == [{"id": "i", "type": "message"}]
+    assert conversation([item]) == [{"id": "i", "type": "message"}]
 
 
 def test_dumps_loads_roundtrip() -> None:
-    item = entry("r2", "two", history=tuple(conversation(entry("r1"))))
+    item = entry("r2", "two", previous="r1")
     back = loads(dumps(item))
     assert back == item
-    assert loads(dumps(StoredResponse("x", {}, (), (), None, 2.5))).worker is None
+    assert loads(dumps(StoredResponse("x", {}, (), None, None, 2.5))).worker is None
 
 
 def test_owner_survives_a_round_trip() -> None:
-    item = StoredResponse("x", {}, (), (), None, 2.5, owner="team-a")
+    item = StoredResponse("x", {}, (), None, None, 2.5, owner="team-a")
     assert loads(dumps(item)).owner == "team-a"
-    assert loads(dumps(StoredResponse("y", {}, (), (), None, 2.5))).owner == "anonymous"
+    assert loads(dumps(StoredResponse("y", {}, (), None, None, 2.5))).owner == "anonymous"
+
+
+# --- chains by reference (issue 15 item 8) --------------------------------------------------
+
+
+async def _chain_of(store: MemoryResponseStore, n: int, owner: str = "anonymous",
+                    prefix: str = "r") -> None:
+    previous = None
+    for i in range(n):
+        await store.put(entry(f"{prefix}{i}", f"turn {i} " + "w" * 200, previous=previous,
+                              owner=owner))
+        previous = f"{prefix}{i}"
+
+
+async def test_a_turn_costs_what_it_adds_not_the_whole_chain() -> None:
+    store = MemoryResponseStore()
+    await _chain_of(store, 300)
+    one = size(entry("r299", "turn 299 " + "w" * 200, previous="r298"))
+    # by value, turn k would hold k earlier turns: 300 turns ~ 45,000 turns' worth
+    assert store.stats()["bytes"] <= 300 * one
+    chain = await load_chain(store, "r299", "anonymous")
+    assert chain is not None and [c.id for c in chain] == [f"r{i}" for i in range(300)]
+    assert len(conversation(chain)) == 600
+
+
+async def test_a_long_chain_evicts_its_own_turns_not_another_keys_responses() -> None:
+    one = size(entry("b0", "turn 0 " + "w" * 200, owner="team-b"))
+    store = MemoryResponseStore(max_bytes=40 * one)
+    await _chain_of(store, 5, owner="team-b", prefix="b")
+    await _chain_of(store, 500, owner="codex", prefix="c")  # one long chain, 12x the bound
+    for i in range(5):
+        assert await store.get(f"b{i}") is not None  # the other team keeps everything
+    assert store.stats()["bytes"] <= 40 * one and store.stats()["evicted"] > 0
+    assert await store.get("c499") is not None and await store.get("c0") is None
+
+
+async def test_a_missing_link_breaks_the_chain_it_never_shortens_it() -> None:
+    store = MemoryResponseStore()
+    await _chain_of(store, 4)
+    assert await store.delete("r1")
+    with pytest.raises(BrokenChain) as broken:
+        await load_chain(store, "r3", "anonymous")
+    assert broken.value.missing == "r1"
+    assert [c.id for c in await load_chain(store, "r0", "anonymous")] == ["r0"]
+    assert await load_chain(store, "r3", "someone-else") is None
+    assert await load_chain(store, "nope", "anonymous") is None
+
+
+async def test_an_expired_link_breaks_the_chain() -> None:
+    clock = FakeClock()
+    store = MemoryResponseStore(max_age=100, clock=clock)
+    await store.put(entry("r0"))
+    clock.now += 60
+    await store.put(entry("r1", previous="r0"))
+    clock.now += 50  # r0 is 110 s old, r1 60 s
+    with pytest.raises(BrokenChain):
+        await load_chain(store, "r1", "anonymous")

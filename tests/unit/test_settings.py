@@ -179,7 +179,17 @@ INVALID = [
      "workers[0]: a local vllm worker needs a model"),
     ("unknown engine", {"workers": [{"name": "l", "kind": "local", "engine": "onnx"}]},
      "workers[0].engine: Input should be 'llamacpp'"),
-    ("cli kind", {"workers": [worker(kind="cli")]}, "workers[0].kind: worker kind 'cli' is not yet supported"),
+    ("cli without cli and home", {"workers": [{"name": "c", "kind": "cli", "models": ["m"]}]},
+     "workers[0]: a cli worker needs cli and home"),
+    ("unknown cli", {"workers": [{"name": "c", "kind": "cli", "cli": "gemini", "home": "/h",
+                                  "models": ["m"]}]},
+     "workers[0].cli: Input should be 'claude', 'codex', 'qwen' or 'jsonrpc'"),
+    ("bad cli mode", {"workers": [{"name": "c", "kind": "cli", "cli": "claude", "home": "/h",
+                                   "models": ["m"], "mode": "auto"}]},
+     "workers[0].mode: Input should be 'chat' or 'agent'"),
+    ("zero conversations", {"workers": [{"name": "c", "kind": "cli", "cli": "claude", "home": "/h",
+                                         "models": ["m"], "max_conversations": 0}]},
+     "workers[0].max_conversations: Input should be greater than 0"),
     ("unknown kind", {"workers": [worker(kind="magic")]}, "workers[0].kind: Input should be 'remote'"),
     ("bad dialect", {"workers": [worker(dialect="gemini")]},
      "workers[0].dialect: Input should be 'openai' or 'anthropic'"),
@@ -264,16 +274,24 @@ def test_check_config_lists_every_problem(tmp_path: Path) -> None:
 
         [[workers]]
         name = "b"
-        kind = "cli"
+        kind = "remote"
         dialect = "openai"
         url = "file:///tmp"
         models = ["m"]
+
+        [[workers]]
+        name = "c"
+        kind = "cli"
+        cli = "claude"
+        home = "/h"
+        models = ["c"]
+        env = { ANTHROPIC_API_KEY_env = "NOT_SET_EITHER" }
     """)
     assert check_config(path, {}) == [
         "workers[0].api_key_env: environment variable NOT_SET_ANYWHERE is not set",
+        "workers[2].env.ANTHROPIC_API_KEY_env: environment variable NOT_SET_EITHER is not set",
         "server.port: Input should be less than or equal to 65535",
         "server.colour: unknown key",
-        "workers[1].kind: worker kind 'cli' is not yet supported ('remote', 'process' or 'local')",
         "workers[1].url: url 'file:///tmp' must be an http:// or https:// URL with a host",
     ]
 
@@ -335,6 +353,39 @@ def test_environment_is_kept_for_child_processes_not_configurable() -> None:
     assert Settings().environment == {}  # built directly: nothing read
     with pytest.raises(ConfigError):
         load_settings(None, {}, {"_environment": {"A": "1"}})
+
+
+def test_cli_worker_settings_with_the_issue_names_and_secret_env(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+        [[workers]]
+        name = "claude-a"
+        kind = "cli"
+        cli = "claude"
+        models = ["claude-sonnet-4-6"]
+        aliases = { sonnet = "claude-sonnet-4-6" }
+        home = "/var/lib/poolgate/accounts/claude-a"
+        command = ["claude"]
+        env = { ANTHROPIC_BASE_URL = "http://127.0.0.1:9", ANTHROPIC_API_KEY_env = "TEAM_KEY" }
+        mode = "agent"
+        max_conversations = 2
+
+        [workers.cli_options]
+        start_session = "session/new"
+
+        [cli_sessions]
+        max_entries = 10
+    """)
+    settings = load_settings(path, {"TEAM_KEY": "sk-secret"})
+    [w] = settings.workers
+    assert (w.kind, w.cli, w.home, w.command, w.mode, w.max_conversations) == (
+        "cli", "claude", "/var/lib/poolgate/accounts/claude-a", ("claude",), "agent", 2)
+    assert w.env == {"ANTHROPIC_BASE_URL": "http://127.0.0.1:9"}
+    assert w.env_secrets["ANTHROPIC_API_KEY"].get_secret_value() == "sk-secret"
+    assert "sk-secret" not in repr(w)
+    assert w.cli_options == {"start_session": "session/new"}
+    assert settings.cli_sessions.max_entries == 10
+    defaults = WorkerSettings(name="q", kind="cli", cli="qwen", home="/h", models=("q",))
+    assert (defaults.mode, defaults.max_conversations, defaults.command) == ("chat", 4, ())
 
 
 KEYS_TOML = """

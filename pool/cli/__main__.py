@@ -1,0 +1,64 @@
+"""The cli worker child: ``python -m pool.cli`` (configuration in ``POOLGATE_CLI_CONFIG``).
+
+Builds the account's driver, starts it, then serves the worker protocol
+(:mod:`pool.worker_main`) with a :class:`~pool.cli.host.CliHost` until the
+gateway closes the socket or sends SIGTERM; every vendor process is closed on
+the way out. The configuration travels in the environment, not in argv: it
+holds the CLI's environment, secrets included, and argv is world-readable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from typing import Any
+
+import orjson
+
+from .. import worker_main
+from .driver import DriverConfig
+from .host import CliHost
+from .registry import make_driver
+
+ENV_CONFIG = "POOLGATE_CLI_CONFIG"
+
+
+def driver_config(data: dict[str, Any]) -> DriverConfig:
+    command = data.get("command")
+    return DriverConfig(
+        name=data["name"], cli=data["cli"], home=data["home"], cwd=data["cwd"],
+        command=tuple(command) if command else None, env=dict(data.get("env") or {}),
+        mode=data.get("mode", "chat"), max_conversations=int(data.get("max_conversations", 4)),
+        options=dict(data.get("options") or {}), tool_timeout=float(data.get("tool_timeout", 300)),
+        idle_timeout=float(data.get("idle_timeout", 300)))
+
+
+async def _main(data: dict[str, Any]) -> None:
+    config = driver_config(data)
+    os.makedirs(config.cwd, exist_ok=True)
+    driver = make_driver(config)
+    if hasattr(driver, "on_process_exit"):
+        # one vendor process serves every conversation (Codex): when it dies, so does
+        # this child, and the supervisor restarts the account with backoff
+        driver.on_process_exit = lambda: os.kill(os.getpid(), signal.SIGTERM)
+    host = CliHost(driver, config,
+                   conversation_idle=float(data.get("conversation_idle", 900)))
+    try:
+        await worker_main.serve(host.answer, setup=host.start, calls={"status": host.status})
+    finally:
+        await host.aclose()
+
+
+def main() -> None:
+    worker_main.guard_parent()
+    data = orjson.loads(os.environ.pop(ENV_CONFIG))
+    try:
+        asyncio.run(_main(data))
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Claude Code's on-disk sessions: turning a stateless API history into a
+transcript that ``claude --resume <id>`` loads (verified on the real binary:
+a hand-written jsonl was sent upstream verbatim).
+
+Sessions live in ``$CLAUDE_CONFIG_DIR/projects/<cwd, every non-alphanumeric
+character replaced by '-'>/<session id>.jsonl``, one record per message
+chained by ``parentUuid``; resume is keyed by that directory, which is why a
+cli worker keeps one fixed cwd per account.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import uuid
+from typing import Any, Iterable, Sequence
+
+import orjson
+
+from ..model import ImagePart, Message, TextPart, ToolCallPart, ToolResultPart
+from .history import tool_result_text
+
+__all__ = ["project_dir", "write_transcript", "content_blocks", "MCP_PREFIX"]
+
+MCP_PREFIX = "mcp__gw__"  # how the model sees a client tool served by the in-band MCP server
+
+
+def project_dir(home: str, cwd: str) -> str:
+    return os.path.join(home, "projects", re.sub(r"[^A-Za-z0-9]", "-", cwd))
+
+
+def content_blocks(message: Message, client_tools: frozenset[str]) -> list[dict[str, Any]]:
+    """A canonical message as Anthropic content blocks, client tools under their MCP names."""
+    blocks: list[dict[str, Any]] = []
+    for part in message.parts:
+        if isinstance(part, TextPart):
+            if part.text:
+                blocks.append({"type": "text", "text": part.text})
+        elif isinstance(part, ToolCallPart):
+            try:
+                arguments = orjson.loads(part.arguments or "{}")
+            except orjson.JSONDecodeError:
+                arguments = {}
+            name = MCP_PREFIX + part.name if part.name in client_tools else part.name
+            blocks.append({"type": "tool_use", "id": part.id, "name": name, "input": arguments})
+        elif isinstance(part, ToolResultPart):
+            blocks.append({"type": "tool_result", "tool_use_id": part.call_id,
+                           "content": tool_result_text(part), "is_error": part.is_error})
+        elif isinstance(part, ImagePart):
+            blocks.append({"type": "image", "source": _image_source(part)})
+    return blocks
+
+
+def _image_source(part: ImagePart) -> dict[str, Any]:
+    if part.data is not None:
+        return {"type": "base64", "media_type": part.media_type or "image/png", "data": part.data}
+    return {"type": "url", "url": part.url}
+
+
+def write_transcript(home: str, cwd: str, session_id: str, model: str,
+                     history: Sequence[Message], client_tools: Iterable[str],
+                     version: str | None = None) -> str:
+    """Write ``history`` as session ``session_id``; returns the file's path."""
+    tools = frozenset(client_tools)
+    directory = project_dir(home, cwd)
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"{session_id}.jsonl")
+    parent: str | None = None
+    now = datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
+    lines = []
+    for message in history:
+        record_id = str(uuid.uuid4())
+        content = content_blocks(message, tools)
+        if message.role == "assistant":
+            body: dict[str, Any] = {
+                "id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant",
+                "model": model, "content": content, "stop_reason":
+                    "tool_use" if any(b["type"] == "tool_use" for b in content) else "end_turn",
+                "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
+        else:
+            body = {"role": "user", "content": content}
+        lines.append(orjson.dumps({
+            "parentUuid": parent, "isSidechain": False, "userType": "external", "cwd": cwd,
+            "sessionId": session_id, "version": version or "2.1.197",
+            "type": "assistant" if message.role == "assistant" else "user",
+            "message": body, "uuid": record_id, "timestamp": now}))
+        parent = record_id
+    with open(path, "wb") as fh:
+        fh.write(b"\n".join(lines) + b"\n")
+    return path

@@ -1,0 +1,315 @@
+"""The worker child's side of a cli worker, the same for every CLI: which
+conversation a request continues, how many stay warm, held tool calls, and
+the account's status. See :mod:`pool.cli.driver` for the driver contract.
+
+Each request is the whole conversation (stateless APIs). :func:`~pool.cli.history.split`
+cuts it into history and the new turn; a warm conversation whose history
+hash matches gets only the new turn (a *hit*); otherwise a new conversation
+is opened, rebuilt from the history when there is one (a *rebuild*: the
+driver loads a transcript, or the history is flattened into the first turn)
+or empty (a *miss*). A conversation is reusable only after a clean end of a
+step; an error, an interrupt or a client that leaves closes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import structlog
+
+from ..errors import BadRequest, GatewayError, Overloaded, UpstreamTimeout, UpstreamUnavailable
+from ..model import (ChatRequest, Event, Finish, Message, ReasoningDelta, ReasoningEnd, Start,
+                     TextDelta, TextPart, ToolCallDelta, ToolCallEnd, ToolCallPart, ToolCallStart,
+                     ToolResultPart, Usage)
+from .driver import CliDriver, Conversation, DriverConfig
+from .events import (CliHealth, ConversationSetup, LoginRequired, PendingToolCall, RateLimited,
+                     Retrying, SessionStarted, TextChunk, ThinkingChunk, ToolAnswer, ToolExecuted,
+                     ToolOutput, ToolsPending, Turn, TurnFailed, TurnFinished, TurnUsage)
+from .history import (answer_message, conversation_hash, flatten, split, system_text,
+                      tool_result_text)
+
+__all__ = ["CliHost", "DEFAULT_SYSTEM_PROMPT"]
+
+log = structlog.get_logger("pool.cli")
+
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+_STOP = {"end_turn": "stop", "max_tokens": "length", "stop_sequence": "stop_sequence",
+         "refusal": "content_filter"}
+_RATE_LIMIT_DEFAULT = 60.0  # seconds of cooldown when the CLI does not say when the limit resets
+
+
+@dataclass(eq=False)
+class _Slot:
+    conv: Conversation
+    setup: ConversationSetup
+    key: str | None = None           # conversation hash after the last clean step
+    pending: tuple[str, ...] = ()    # tool call ids the client must answer
+    busy: bool = False
+    last_used: float = field(default_factory=time.monotonic)
+    release: asyncio.TimerHandle | None = None
+
+
+class CliHost:
+    """Serves canonical requests with one driver's conversations."""
+
+    def __init__(self, driver: CliDriver, config: DriverConfig, *,
+                 conversation_idle: float = 900.0) -> None:
+        self.driver = driver
+        self.config = config
+        self.conversation_idle = conversation_idle
+        self.health = CliHealth(login="logging_in")
+        self.cooldown_until: float | None = None
+        self.counts = {"hits": 0, "misses": 0, "rebuilds": 0}
+        self._slots: list[_Slot] = []
+        self._reaper: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Future[None]] = set()
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.health = await self.driver.start()
+        log.info("cli.started", worker=self.config.name, cli=self.config.cli,
+                 version=self.health.version, login=self.health.login)
+        self._reaper = asyncio.ensure_future(self._reap_forever())
+
+    async def aclose(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+        slots, self._slots = self._slots, []
+        await asyncio.gather(*(s.conv.close() for s in slots), return_exceptions=True)
+        await self.driver.stop()
+
+    async def status(self, params: Any = None) -> dict[str, Any]:
+        """What the gateway shows in ``/internal/workers`` and counts in ``/metrics``."""
+        return {"cli": self.config.cli, "version": self.health.version,
+                "account": self.health.account, "login": self.health.login,
+                "conversations": len(self._slots),
+                "held_tool_calls": sum(len(s.pending) for s in self._slots),
+                "cooldown_until": self.cooldown_until if self._cooling() else None,
+                "sessions": dict(self.counts)}
+
+    def _cooling(self) -> bool:
+        return self.cooldown_until is not None and time.time() < self.cooldown_until
+
+    # --- one request ----------------------------------------------------------------------
+
+    async def answer(self, request: ChatRequest) -> AsyncIterator[Event]:
+        if self.health.login != "ready":
+            raise UpstreamUnavailable(f"worker {self.config.name}: the account is "
+                                      f"{self.health.login.replace('_', ' ')}",
+                                      code="login_required", status=503)
+        system = system_text(request.messages) or DEFAULT_SYSTEM_PROMPT
+        history, new = split(request)
+        if not new or new[-1].role != "user":
+            raise BadRequest("The last message must be a user message (or tool results).",
+                             param="messages")
+        try:
+            slot, steps = await self._route(request, system, history, new)
+        except (BrokenPipeError, ConnectionError):  # the CLI died between two turns
+            raise UpstreamUnavailable(f"worker {self.config.name}: the {self.config.cli} CLI "
+                                      "went away; try again") from None
+        slot.busy = True
+        if slot.release is not None:
+            slot.release.cancel()
+            slot.release = None
+        clean = False
+        answer: list[Any] = []
+        try:
+            started = False
+            async for event in self._translate(steps, answer):
+                if not started:  # only once the CLI answered: a failure before can go elsewhere
+                    started = True
+                    yield Start(model=request.model)
+                yield event
+            clean = True
+        finally:
+            slot.busy = False
+            slot.last_used = time.monotonic()
+            if clean:
+                slot.key = conversation_hash(request.key_name, request.model, system,
+                                             request.tools, (*history, *new, answer_message(answer)))
+                slot.pending = tuple(p.id for p in answer if isinstance(p, ToolCallPart))
+                if slot.pending:
+                    slot.release = asyncio.get_running_loop().call_later(
+                        self.config.tool_timeout, self._release_held, slot)
+            else:
+                await self._discard(slot, interrupt=True)
+
+    async def _route(self, request: ChatRequest, system: str, history: tuple[Message, ...],
+                     new: tuple[Message, ...]) -> tuple[_Slot, AsyncIterator[Any]]:
+        key = (conversation_hash(request.key_name, request.model, system, request.tools, history)
+               if history else None)
+        # what the CLI was started with must match too (Claude: flags and environment)
+        knobs = (request.sampling.max_tokens, request.reasoning_effort, request.thinking_budget)
+        slot = next((s for s in self._slots if key is not None and s.key == key and not s.busy
+                     and s.conv.alive and _knobs(s.setup) == knobs), None)
+        if slot is not None:
+            answers = _tool_answers(new)
+            if slot.pending and {a.call_id for a in answers} >= set(slot.pending):
+                self.counts["hits"] += 1
+                return slot, slot.conv.answer_tools(answers)
+            if not slot.pending and not answers:
+                self.counts["hits"] += 1
+                try:
+                    return slot, slot.conv.send(Turn(new))
+                except (BrokenPipeError, ConnectionError):
+                    await self._discard(slot)
+                    raise
+            await self._discard(slot)  # the client did not answer what the CLI waits for
+        self.counts["rebuilds" if history else "misses"] += 1
+        loads = self.driver.can_load_history
+        setup = ConversationSetup(
+            model=request.model, system=system, tools=request.tools,
+            history=history if loads else (), max_tokens=request.sampling.max_tokens,
+            effort=request.reasoning_effort, thinking_budget=request.thinking_budget)
+        turn = new if loads or not history else (flatten(history, new),)
+        await self._make_room()
+        try:
+            conv = await self.driver.open(setup)
+        except GatewayError:
+            raise
+        except Exception as exc:
+            log.warning("cli.open_failed", worker=self.config.name, error=type(exc).__name__,
+                        detail=str(exc)[:300])
+            raise UpstreamUnavailable(f"worker {self.config.name} could not start a "
+                                      f"{self.config.cli} conversation") from None
+        slot = _Slot(conv, setup)
+        self._slots.append(slot)
+        return slot, conv.send(Turn(turn))
+
+    async def _make_room(self) -> None:
+        if len(self._slots) < self.config.max_conversations:
+            return
+        idle = [s for s in self._slots if not s.busy]
+        if not idle:
+            raise Overloaded(f"worker {self.config.name} has no free conversation", retry_after=1)
+        await self._discard(min(idle, key=lambda s: s.last_used))
+
+    async def _translate(self, steps: AsyncIterator[Any], answer: list[Any]) -> AsyncIterator[Event]:
+        """The driver's events as canonical ones; ``answer`` collects the parts a
+        client will send back (text, tool calls)."""
+        text: list[str] = []
+        usage = [0, 0, 0, 0]
+        index = 0
+        thinking = False
+        async for ev in steps:
+            kind = type(ev)
+            if kind is TextChunk:
+                text.append(ev.text)
+                yield TextDelta(ev.text)
+            elif kind is ThinkingChunk:
+                if ev.text:
+                    thinking = True
+                    yield ReasoningDelta(ev.text)
+                if ev.signature is not None:
+                    thinking = False
+                    yield ReasoningEnd(signature=ev.signature)
+            elif kind is PendingToolCall:
+                if thinking:
+                    thinking = False
+                    yield ReasoningEnd()
+                answer.append(ToolCallPart(ev.call_id, ev.name, ev.arguments))
+                yield ToolCallStart(index, ev.call_id, ev.name)
+                yield ToolCallDelta(index, ev.arguments)
+                yield ToolCallEnd(index)
+                index += 1
+            elif kind is ToolExecuted:
+                # agent mode: the CLI ran it; shown, nothing for the client to answer
+                note = f"\n[{ev.name} {ev.arguments}]\n"
+                text.append(note)
+                yield TextDelta(note)
+            elif kind is ToolOutput:
+                note = f"[{'error' if ev.is_error else 'result'}: {ev.content[:2000]}]\n"
+                text.append(note)
+                yield TextDelta(note)
+            elif kind is TurnUsage:
+                for i, value in enumerate((ev.input_tokens, ev.output_tokens, ev.cached_tokens,
+                                           ev.cache_creation_tokens)):
+                    usage[i] += value or 0
+            elif kind is RateLimited:
+                until = ev.reset_at or time.time() + _RATE_LIMIT_DEFAULT
+                if not self._cooling() or until > (self.cooldown_until or 0):
+                    self.cooldown_until = until
+                log.warning("cli.rate_limited", worker=self.config.name,
+                            cooldown_until=self.cooldown_until)
+            elif kind is Retrying:
+                log.info("cli.upstream_retry", worker=self.config.name, attempt=ev.attempt,
+                         status=ev.status, error=ev.error)
+            elif kind is SessionStarted:
+                pass
+            elif kind in (TurnFinished, ToolsPending):
+                if text:
+                    answer.insert(0, TextPart("".join(text)))
+                yield Usage(input_tokens=usage[0], output_tokens=usage[1],
+                            cached_tokens=usage[2] or None,
+                            cache_creation_tokens=usage[3] or None)
+                yield Finish("tool_calls" if kind is ToolsPending else _STOP.get(ev.stop_reason, "stop"))
+                return
+            elif kind is LoginRequired:
+                self.health = CliHealth(login="logged_out", version=self.health.version,
+                                        account=self.health.account)
+                log.warning("cli.logged_out", worker=self.config.name)
+                raise UpstreamUnavailable(f"worker {self.config.name}: the account is logged out "
+                                          f"({ev.message})", code="login_required", status=503)
+            elif kind is TurnFailed:
+                raise _failure(self.config.name, ev, self.cooldown_until if self._cooling() else None)
+        raise UpstreamUnavailable(f"worker {self.config.name}: the {self.config.cli} CLI ended "
+                                  "the turn without a result")
+
+    # --- keeping conversations ------------------------------------------------------------
+
+    def _release_held(self, slot: _Slot) -> None:
+        """The client never came back with the tool results: free the CLI."""
+        slot.release = None
+        if slot in self._slots and not slot.busy:
+            log.info("cli.held_call_released", worker=self.config.name, calls=len(slot.pending))
+            task = asyncio.ensure_future(self._discard(slot))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def _discard(self, slot: _Slot, *, interrupt: bool = False) -> None:
+        with contextlib.suppress(ValueError):
+            self._slots.remove(slot)
+        if slot.release is not None:
+            slot.release.cancel()
+        try:
+            async with asyncio.timeout(10):
+                if interrupt and slot.conv.alive:
+                    await slot.conv.interrupt()
+                await slot.conv.close()
+        except Exception as exc:  # noqa: BLE001 - closing must not fail the request path
+            log.warning("cli.close_failed", worker=self.config.name, error=type(exc).__name__)
+
+    async def _reap_forever(self) -> None:
+        interval = max(1.0, min(30.0, self.conversation_idle / 4))
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for slot in [s for s in self._slots if not s.busy and
+                         (not s.conv.alive or now - s.last_used > self.conversation_idle)]:
+                await self._discard(slot)
+
+
+def _knobs(setup: ConversationSetup) -> tuple[object, ...]:
+    return (setup.max_tokens, setup.effort, setup.thinking_budget)
+
+
+def _tool_answers(new: tuple[Message, ...]) -> list[ToolAnswer]:
+    return [ToolAnswer(p.call_id, tool_result_text(p), p.is_error)
+            for m in new for p in m.parts if isinstance(p, ToolResultPart)]
+
+
+def _failure(worker: str, ev: TurnFailed, cooldown_until: float | None) -> GatewayError:
+    message = f"worker {worker}: {ev.message}"
+    if cooldown_until is not None or ev.status == 429 or ev.kind == "rate_limit":
+        retry = max(1.0, (cooldown_until or time.time() + _RATE_LIMIT_DEFAULT) - time.time())
+        return Overloaded(message, code="rate_limited", retry_after=round(retry))
+    if ev.kind == "timeout":
+        return UpstreamTimeout(message)
+    if ev.kind == "invalid_request":
+        return BadRequest(message)
+    return UpstreamUnavailable(message)

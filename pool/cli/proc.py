@@ -1,0 +1,122 @@
+"""A vendor CLI process speaking newline-delimited JSON on stdio, for drivers.
+
+Spawned in the worker child's process group (so the supervisor's group kill
+takes it along) and with a parent-death signal (so a child that is SIGKILLed
+or crashes, whose group the supervisor can no longer signal safely, leaves no
+CLI behind), with a bounded tail of its stderr kept for error messages
+(never logged whole: a CLI may print tokens there). :meth:`close` follows
+the notes: stdin EOF (let it finish), then SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import ctypes
+import shutil
+import signal
+import sys
+from typing import Any, AsyncIterator, Mapping, Sequence
+
+import orjson
+import structlog
+
+from .driver import DriverError
+
+__all__ = ["JsonLineProcess", "find_binary"]
+
+log = structlog.get_logger("pool.cli")
+_LINE_LIMIT = 64 * 1024 * 1024  # one stream-json line can carry a whole tool result
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the forked process, before exec
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def find_binary(command: Sequence[str] | None, default: str, env: Mapping[str, str]) -> list[str]:
+    """``command`` as given, else ``default`` found on the CLI's ``PATH``."""
+    if command:
+        return list(command)
+    found = shutil.which(default, path=env.get("PATH"))
+    if found is None:
+        raise DriverError(f"'{default}' is not on PATH; set the worker's command")
+    return [found]
+
+
+class JsonLineProcess:
+    def __init__(self, proc: asyncio.subprocess.Process, label: str) -> None:
+        self.proc = proc
+        self.label = label
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
+        self._stderr_task = asyncio.ensure_future(self._drain_stderr())
+
+    @classmethod
+    async def spawn(cls, argv: Sequence[str], *, env: Mapping[str, str], cwd: str,
+                    label: str) -> JsonLineProcess:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env=dict(env), cwd=cwd, limit=_LINE_LIMIT,
+                preexec_fn=_die_with_parent)
+        except OSError as exc:
+            raise DriverError(f"cannot run {argv[0]}: {exc.strerror}") from None
+        return cls(proc, label)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc.returncode is None
+
+    def send(self, obj: Any) -> None:
+        stdin = self.proc.stdin
+        if stdin is None or stdin.is_closing():
+            raise BrokenPipeError(f"{self.label} is not reading")
+        stdin.write(orjson.dumps(obj) + b"\n")
+
+    async def lines(self) -> AsyncIterator[dict[str, Any]]:
+        """Each JSON object the CLI prints; ends at EOF. Lines that are not
+        JSON objects (a CLI's stray output) are skipped."""
+        stdout = self.proc.stdout
+        assert stdout is not None
+        while line := await stdout.readline():
+            try:
+                obj = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if type(obj) is dict:
+                yield obj
+
+    def why_exited(self) -> str:
+        code = self.proc.returncode
+        tail = " | ".join(line for line in self.stderr_tail if line)[-500:]
+        return f"{self.label} exited" + (f" with {code}" if code is not None else "") + (
+            f": {tail}" if tail else "")
+
+    async def close(self, grace: float = 2.0) -> None:
+        proc = self.proc
+        if proc.returncode is None:
+            if proc.stdin is not None and not proc.stdin.is_closing():
+                proc.stdin.close()
+            for signal_it, wait in ((None, grace), (proc.terminate, 3.0), (proc.kill, 5.0)):
+                if signal_it is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        signal_it()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await proc.wait()
+                        break
+        self._stderr_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._stderr_task
+
+    async def _drain_stderr(self) -> None:
+        stderr = self.proc.stderr
+        assert stderr is not None
+        while line := await stderr.readline():
+            self.stderr_tail.append(line.decode(errors="replace").rstrip()[:300])

@@ -1,0 +1,234 @@
+"""The gateway's side of a cli worker: a supervised ``python -m pool.cli``
+child (see :mod:`pool.cli.__main__`) driving one account's vendor CLI.
+
+Readiness, pings, restart with backoff and crash loops come from
+:class:`~pool.process.ProcessWorker`. On top: the account's status (CLI
+version, account, login state, conversations, cooldown) polled from the child
+and shown in ``/internal/workers``; a logged-out account is not picked
+(``unavailable_reason`` says why); and the session index is kept: written
+after a clean answer, dropped on an error and for every new incarnation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Mapping
+
+import orjson
+import structlog
+
+from ..childenv import child_environment
+from ..errors import GatewayError
+from ..model import (ChatRequest, Event, Finish, TextDelta, TextPart, ToolCallDelta, ToolCallPart,
+                     ToolCallStart)
+from ..process import ProcessSpec, ProcessWorker
+from ..supervisor import SupervisorPolicy
+from ..worker import Capabilities, WorkerState
+from .history import answer_message, conversation_hash, split, system_text
+from .host import DEFAULT_SYSTEM_PROMPT
+from .index import SessionIndex
+from .limits import check_request
+
+__all__ = ["CliSpec", "CliWorker"]
+
+log = structlog.get_logger("pool.cli")
+ENV_CONFIG = "POOLGATE_CLI_CONFIG"
+#: the CLIs that can call tools the API client defines (others: a 400 naming ``tools``)
+CLIENT_TOOLS = frozenset({"claude", "codex", "qwen"})
+#: the CLIs that take images in a user turn
+IMAGES = frozenset({"claude"})
+_POLICY_FIELDS = ("ready_timeout", "health_interval", "health_timeout", "backoff_initial",
+                  "backoff_max", "crash_loop_threshold", "crash_loop_window", "stop_timeout")
+
+
+@dataclass(frozen=True, slots=True)
+class CliSpec:
+    name: str
+    cli: str
+    models: tuple[str, ...]
+    home: str
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    command: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)  # secrets resolved
+    env_passthrough: tuple[str, ...] = ()  # names of the gateway's variables the CLI also gets
+    mode: str = "chat"
+    max_conversations: int = 4
+    options: Mapping[str, Any] = field(default_factory=dict)
+    tool_timeout: float = 300.0
+    conversation_idle: float = 900.0
+    idle_timeout: float = 300.0
+    supervision: SupervisorPolicy = field(default_factory=SupervisorPolicy)
+
+    @property
+    def cwd(self) -> str:
+        """The account's fixed working directory (Claude keys sessions by it)."""
+        return os.path.join(os.path.abspath(os.path.expanduser(self.home)), "workspace")
+
+    def child_config(self, base_env: Mapping[str, str]) -> dict[str, Any]:
+        return {"name": self.name, "cli": self.cli,
+                "home": os.path.abspath(os.path.expanduser(self.home)), "cwd": self.cwd,
+                "command": list(self.command) or None,
+                # the allow-listed part of the gateway's environment, never its secrets
+                "env": {**child_environment(base_env, self.env_passthrough), **self.env},
+                "mode": self.mode, "max_conversations": self.max_conversations,
+                "options": dict(self.options), "tool_timeout": self.tool_timeout,
+                "conversation_idle": self.conversation_idle, "idle_timeout": self.idle_timeout}
+
+    def process_spec(self, base_env: Mapping[str, str]) -> ProcessSpec:
+        config = orjson.dumps(self.child_config(base_env)).decode()
+        policy = self.supervision
+        return ProcessSpec(
+            name=self.name, command=(sys.executable, "-m", "pool.cli"), models=self.models,
+            aliases=dict(self.aliases), capacity=self.max_conversations,
+            env={ENV_CONFIG: config}, env_passthrough=self.env_passthrough,
+            **{f: getattr(policy, f) for f in _POLICY_FIELDS})
+
+
+class CliWorker(ProcessWorker):
+    kind = "cli"
+
+    def __init__(self, spec: CliSpec, *, base_env: Mapping[str, str] = {},
+                 sessions: SessionIndex | None = None) -> None:
+        super().__init__(spec.process_spec(base_env), base_env=base_env,
+                         capabilities=Capabilities(images=False, logprobs=False, max_n=1,
+                                                   tools=spec.cli in CLIENT_TOOLS,
+                                                   token_ids=False))
+        self.capabilities.images = spec.cli in IMAGES
+        self.cli_spec = spec
+        self.sessions = sessions
+        self._status: dict[str, Any] = {}
+        self._poller: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Future[None]] = set()
+
+    # --- status -------------------------------------------------------------------------
+
+    #: set by the gateway while it logs the account in (hook for app/logins.py)
+    login_override: str | None = None
+
+    @property
+    def login(self) -> str | None:
+        return self.login_override or self._status.get("login")
+
+    @property
+    def state(self) -> WorkerState:
+        state = super().state
+        if state is WorkerState.READY:
+            if self.login == "logged_out":
+                return WorkerState.UNHEALTHY
+            if self.login == "logging_in":
+                return WorkerState.LOGGING_IN
+        return state
+
+    @property
+    def unavailable_reason(self) -> str | None:
+        """Why the pool does not pick this worker, in words a client may read."""
+        if self.login == "logged_out":
+            return f"the {self.cli_spec.cli} account of worker {self.name} is logged out"
+        if self.login == "logging_in":
+            return f"the {self.cli_spec.cli} account of worker {self.name} is logging in"
+        return None
+
+    @property
+    def cooldown_until(self) -> float | None:
+        until = self._status.get("cooldown_until")
+        return until if until is not None and until > time.time() else None
+
+    def info(self) -> dict[str, Any]:
+        status = self._status
+        return {**super().info(), "cli": self.cli_spec.cli, "version": status.get("version"),
+                "account": status.get("account"), "login": self.login,
+                "conversations": status.get("conversations", 0),
+                "held_tool_calls": status.get("held_tool_calls", 0),
+                "cooldown_until": self.cooldown_until, "mode": self.cli_spec.mode}
+
+    def session_counts(self) -> dict[str, int]:
+        return dict(self._status.get("sessions") or {})
+
+    async def refresh(self) -> None:
+        """Ask the child for the account's status (no-op while it is not running)."""
+        child = self._child()
+        if child is None or super().state not in (WorkerState.READY, WorkerState.DRAINING):
+            return
+        with contextlib.suppress(GatewayError):
+            status = await child.call("status", None, timeout=self.spec.health_timeout)
+            self._status = dict(status)  # type: ignore[call-overload]
+
+    async def start(self) -> bool:
+        ready = await super().start()
+        await self.refresh()
+        self._poller = asyncio.ensure_future(self._poll())
+        return ready
+
+    async def aclose(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+        await super().aclose()
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.spec.health_interval)
+            await self.refresh()
+
+    async def _launch(self) -> Any:
+        # a new incarnation holds no conversation: forget what the old one held
+        self._status = {}
+        if self.sessions is not None:
+            await self.sessions.drop_worker(self.name)
+        child = await super()._launch()
+        asyncio.get_running_loop().call_later(0.2, lambda: self._soon(self.refresh()))
+        return child
+
+    # --- the request ----------------------------------------------------------------------
+
+    async def stream(self, request: ChatRequest) -> AsyncIterator[Event]:
+        check_request(request)
+        history, new = split(request)
+        system = system_text(request.messages) or DEFAULT_SYSTEM_PROMPT
+        text: list[str] = []
+        calls: list[list[str]] = []
+        finished = False
+        try:
+            async for event in super().stream(request):
+                kind = type(event)
+                if kind is TextDelta:
+                    text.append(event.text)
+                elif kind is ToolCallStart:
+                    calls.append([event.id, event.name, ""])
+                elif kind is ToolCallDelta:
+                    calls[-1][2] += event.arguments
+                elif kind is Finish:
+                    finished = True
+                yield event
+        except GatewayError as exc:
+            self._note_failure(exc)
+            raise
+        finally:
+            self._soon(self.refresh())
+            if self.sessions is not None:
+                if history:
+                    await self.sessions.drop(conversation_hash(
+                        request.key_name, request.model, system, request.tools, history))
+                if finished:
+                    parts: list[Any] = [TextPart("".join(text))] if text else []
+                    parts += [ToolCallPart(i, n, a) for i, n, a in calls]
+                    key = conversation_hash(request.key_name, request.model, system,
+                                            request.tools,
+                                            (*history, *new, answer_message(parts)))
+                    await self.sessions.put(key, self.name)
+
+    def _note_failure(self, exc: GatewayError) -> None:
+        if exc.code == "login_required":
+            self._status["login"] = "logged_out"
+            log.warning("cli.worker_logged_out", worker=self.name)
+        elif exc.code == "rate_limited":
+            self._status["cooldown_until"] = time.time() + (exc.retry_after or 60)
+
+    def _soon(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
