@@ -43,7 +43,8 @@ from .errors import GatewayError
 from .model import ChatRequest, Event, TextDelta
 from .wire import FrameDecoder, error_to_dict, event_to_dict, frame, request_from_dict
 
-__all__ = ["run", "serve", "guard_parent", "Handler", "HealthCheck", "ENV_SOCKET_FD", "ENV_WATCHDOG_FD"]
+__all__ = ["run", "serve", "guard_parent", "Handler", "HealthCheck", "ENV_SOCKET_FD",
+           "ENV_WATCHDOG_FD"]
 
 ENV_SOCKET_FD = "POOLGATE_WORKER_FD"
 ENV_WATCHDOG_FD = "POOLGATE_WATCHDOG_FD"

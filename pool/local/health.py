@@ -111,7 +111,8 @@ class EngineWatch:
                 verdict = (f"the {self.engine.name} engine did not answer its health check "
                            f"within {self.check_timeout:g} s")
             except Exception as exc:  # noqa: BLE001 - a check that breaks is a failed check
-                verdict = f"the {self.engine.name} engine's health check failed ({type(exc).__name__})"
+                verdict = (f"the {self.engine.name} engine's health check failed "
+                           f"({type(exc).__name__})")
         if verdict is not None:
             log.warning("engine.unhealthy", engine=self.engine.name, why=verdict)
         self._checked_at, self._verdict = time.monotonic(), verdict
