@@ -168,7 +168,7 @@ def create_app(settings: Any) -> Starlette:
     _build_policies(gw, settings.routing)
     gw.metrics.registry.register(PoolCollector(gw.metrics_snapshot))
     gw.accounts = Accounts.from_settings(settings)
-    gw.logins = Logins(gw.accounts, gw.metrics.registry, settings.environment)
+    gw.logins = Logins(gw.accounts, gw.metrics.registry, settings.environment, locks=gw.locks)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

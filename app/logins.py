@@ -2,7 +2,7 @@
 the browser (auth/autologin.py, with the worker's recipe and credentials) or
 by an operator who pastes the code, then confirmed with a one-token turn.
 
-One login per account at a time (a lock per worker), one per fixed port
+One login per account at a time (a named lock, in Redis when replicas share it), one per fixed port
 (Codex listens on 1455), each attempt time-limited; automatic attempts are
 retried with doubling delays, except after a wrong password, which stops and
 says so. What an operator sees (``status``) never holds a secret: the URL to
@@ -30,6 +30,7 @@ from pool.errors import BadRequest, GatewayError
 from pool.model import ChatRequest, Finish, Message, Sampling, TextPart
 from pool.worker import WorkerState
 from sessions.bundles import fingerprint
+from sessions.shared import Locks, MemoryLocks
 
 from .accounts import Accounts, Conflict
 
@@ -40,6 +41,7 @@ _BEGIN_TIMEOUT = 30.0
 _SUBMIT_TIMEOUT = 60.0
 _READY_TIMEOUT = 60.0
 _BACKOFF_CAP = 600.0
+_OPERATOR_WAIT = 3600.0  # how long a login lock outlasts an operator who has yet to paste
 _ACTIVE = ("queued", "starting", "browser", "waiting_for_code", "confirming", "retrying")
 
 
@@ -83,8 +85,11 @@ class LoginRecord:
 
 class Logins:
     def __init__(self, accounts: Accounts, registry: CollectorRegistry,
-                 environment: Mapping[str, str], pool: Any = None) -> None:
+                 environment: Mapping[str, str], pool: Any = None,
+                 locks: Locks | None = None) -> None:
         self.accounts = accounts
+        # one login per account across replicas (Redis locks when replicas share Redis)
+        self.locks: Locks = locks if locks is not None else MemoryLocks()
         self.environment = dict(environment)
         self.pool = pool
         self.records: dict[str, LoginRecord] = {}
@@ -198,38 +203,56 @@ class Logins:
         account = self.accounts.config(worker.name)
         port = FIXED_PORTS.get(account.cli)
         started = time.monotonic()
-        lock = self._locks.setdefault(worker.name, asyncio.Lock())
+        # held for every attempt and the waits between them; the port is this host's own
+        timeout = account.login.timeout if account.login is not None else _OPERATOR_WAIT
+        ttl = record.attempts * (timeout + _BACKOFF_CAP) + 60.0
+        lock = self.locks.hold(f"login:{worker.name}", ttl=ttl)
         port_lock = self._locks.setdefault(f"port:{port}", asyncio.Lock()) if port else None
         if port_lock is not None and port_lock.locked():
             # another account's login holds the CLI's fixed port: wait in line, visibly
             record.set(state="queued", last_error=f"waiting for port {port} (another login)")
-        async with lock, (port_lock or contextlib.nullcontext()):
-            record.set(last_error=None)
-            for attempt in range(1, record.attempts + 1):
-                record.set(attempt=attempt, state="starting", next_attempt_at=None)
-                try:
-                    await self._attempt(worker, account, record)
-                except (AutoLoginError, LoginFailed, GatewayError, RecipeError, TimeoutError,
-                        DriverError) as exc:
-                    retry = self._failed(record, exc)
-                    if not retry or attempt == record.attempts:
-                        break
-                    delay = min(account.login.backoff * 2 ** (attempt - 1), _BACKOFF_CAP)
-                    record.set(state="retrying", next_attempt_at=time.time() + delay)
-                    await asyncio.sleep(delay)
-                    continue
-                except Exception as exc:  # a bug must not leave the login "in progress" forever
-                    log.exception("accounts.login_error", worker=worker.name)
-                    self._failed(record, LoginFailed(f"internal error ({type(exc).__name__})",
-                                                     "internal"))
-                    break
-                record.set(state="ready", finished_at=time.time(), last_error=None, reason=None)
-                self.succeeded.labels(worker.name, "auto" if record.auto else "operator").inc()
-                self.duration.labels("ready").observe(time.monotonic() - started)
-                log.info("accounts.login_succeeded", worker=worker.name, attempt=attempt)
+        try:
+            async with lock, (port_lock or contextlib.nullcontext()):
+                if await self._attempts(worker, account, record, started):
+                    return
+        except Exception as exc:  # the shared lock: Redis lost on the way in or out
+            if record.state == "ready":
+                log.warning("accounts.login_lock_lost", worker=worker.name, error=str(exc))
                 return
+            log.warning("accounts.login_lock_failed", worker=worker.name, error=str(exc))
+            self._failed(record, LoginFailed(f"the login lock is unavailable "
+                                             f"({type(exc).__name__})", "lock"))
         record.set(state="failed", finished_at=time.time())
         self.duration.labels("failed").observe(time.monotonic() - started)
+
+    async def _attempts(self, worker: Any, account: Any, record: LoginRecord,
+                        started: float) -> bool:
+        """The attempts of one login, under its lock; whether it ended logged in."""
+        record.set(last_error=None)
+        for attempt in range(1, record.attempts + 1):
+            record.set(attempt=attempt, state="starting", next_attempt_at=None)
+            try:
+                await self._attempt(worker, account, record)
+            except (AutoLoginError, LoginFailed, GatewayError, RecipeError, TimeoutError,
+                    DriverError) as exc:
+                retry = self._failed(record, exc)
+                if not retry or attempt == record.attempts:
+                    break
+                delay = min(account.login.backoff * 2 ** (attempt - 1), _BACKOFF_CAP)
+                record.set(state="retrying", next_attempt_at=time.time() + delay)
+                await asyncio.sleep(delay)
+                continue
+            except Exception as exc:  # a bug must not leave the login "in progress" forever
+                log.exception("accounts.login_error", worker=worker.name)
+                self._failed(record, LoginFailed(f"internal error ({type(exc).__name__})",
+                                                 "internal"))
+                break
+            record.set(state="ready", finished_at=time.time(), last_error=None, reason=None)
+            self.succeeded.labels(worker.name, "auto" if record.auto else "operator").inc()
+            self.duration.labels("ready").observe(time.monotonic() - started)
+            log.info("accounts.login_succeeded", worker=worker.name, attempt=attempt)
+            return True
+        return False
 
     def _failed(self, record: LoginRecord, exc: Exception) -> bool:
         """Record a failed attempt; whether another may follow."""
