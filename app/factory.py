@@ -29,6 +29,7 @@ from pool.supervisor import SupervisorPolicy
 from sessions.bindings import MemoryBindingStore
 from sessions.responses import MemoryResponseStore
 from sessions.upstream import MemoryUpstreamSessions
+from sessions.workers import MemoryWorkerRegistrations
 from pool.remote import RemoteSpec, make_remote_worker
 
 from .gateway import Gateway
@@ -36,16 +37,18 @@ from .http import error_response
 from .middleware import GatewayMiddleware
 from .observability import Metrics
 from .pool_metrics import PoolCollector
-from .routes import chat, keys as key_routes, models, ops, responses
+from .runtime_workers import RuntimeWorkers
+from .routes import chat, keys as key_routes, models, ops, responses, worker_admin
 from .routes.ui import UI_PATH, UI_STATIC_PATH, OperatorPage
 from .settings import EMBEDDED_SAMPLING
 from .state import apply_policy, open_state
 from .teams import Teams, policy_from_settings
 
-__all__ = ["create_app", "worker_specs"]
+__all__ = ["create_app", "worker_specs", "remote_spec"]
 
 log = structlog.get_logger("poolgate")
 
+WORKER_SYNC_INTERVAL = 1.0  # seconds between looks at the shared worker registrations
 DEMO_MODELS = {"openai": ("demo",), "anthropic": ("demo-claude",)}
 
 
@@ -77,13 +80,18 @@ def worker_specs(settings: Any) -> list[Spec]:
                 backoff_max=w.backoff_max, crash_loop_threshold=w.crash_loop_threshold,
                 crash_loop_window=w.crash_loop_window, stop_timeout=w.stop_timeout))
         else:
-            specs.append(RemoteSpec(
-                name=w.name, dialect=w.dialect, url=w.url, api_key=_secret(w.api_key),
-                models=tuple(w.models), aliases=dict(w.aliases),
-                connect_timeout=w.connect_timeout, first_byte_timeout=w.first_byte_timeout,
-                idle_timeout=w.idle_timeout, max_connections=w.max_connections,
-                max_in_flight=w.max_in_flight))
+            specs.append(remote_spec(w))
     return specs
+
+
+def remote_spec(w: Any) -> RemoteSpec:
+    """A ``remote`` worker's spec from its settings (configured or registered at run time)."""
+    return RemoteSpec(
+        name=w.name, dialect=w.dialect, url=w.url, api_key=_secret(w.api_key),
+        models=tuple(w.models), aliases=dict(w.aliases),
+        connect_timeout=w.connect_timeout, first_byte_timeout=w.first_byte_timeout,
+        idle_timeout=w.idle_timeout, max_connections=w.max_connections,
+        max_in_flight=w.max_in_flight)
 
 
 def local_spec(w: Any, settings: Any) -> LocalSpec:
@@ -176,6 +184,7 @@ def create_app(settings: Any) -> Starlette:
                            default_model=settings.routing.default_model)
             await gw.pool.start()
             stack.push_async_callback(gw.pool.aclose)
+            await _open_runtime_workers(gw, settings, stack)
             probes = asyncio.ensure_future(gw.pool.probe_forever(server.health_interval))
             stack.callback(probes.cancel)
             log.info("gateway.started", workers=[s.name for s in specs],
@@ -202,6 +211,8 @@ def create_app(settings: Any) -> Starlette:
         Route("/readyz", ops.readyz, methods=["GET"]),
         Route("/metrics", ops.metrics, methods=["GET"]),
         Route("/internal/workers", ops.internal_workers, methods=["GET"]),
+        Route("/internal/workers", worker_admin.register_worker, methods=["POST"]),
+        Route("/internal/workers/{name}", worker_admin.unregister_worker, methods=["DELETE"]),
         Route("/internal/workers/{name}/engine", ops.worker_engine, methods=["GET"]),
         Route("/internal/workers/{name}/{action}", ops.worker_action, methods=["POST"]),
         Route("/internal/stats", ops.internal_stats, methods=["GET"]),
@@ -223,6 +234,23 @@ def create_app(settings: Any) -> Starlette:
     )
     app.state.gateway = gw
     return app
+
+
+async def _open_runtime_workers(gw: Gateway, settings: Any,
+                                stack: contextlib.AsyncExitStack) -> None:
+    """Remote workers registered at run time, kept in step with their store
+    (polled when other replicas share it)."""
+    def make(worker: Any) -> Any:
+        return make_remote_worker(remote_spec(worker))
+
+    runtime = RuntimeWorkers(gw, MemoryWorkerRegistrations(), environ=settings.environment,
+                             make=make)
+    gw.runtime_workers = runtime
+    stack.push_async_callback(runtime.aclose)
+    await runtime.sync()  # what other replicas registered before this one started
+    if runtime.store.shared:
+        poll = asyncio.ensure_future(runtime.sync_forever(WORKER_SYNC_INTERVAL))
+        stack.callback(poll.cancel)
 
 
 async def _start_demo(stack: contextlib.AsyncExitStack) -> list[RemoteSpec]:

@@ -58,6 +58,7 @@ class Gateway:
     config_keys: frozenset[str] = frozenset()  # names from the configuration (read-only)
     ledger: UsageLedger | None = None  # set while the app runs
     keystore: KeyStore | None = None  # the run-time keys, set while the app runs
+    runtime_workers: Any = None  # app.runtime_workers.RuntimeWorkers, set while the app runs
     _tasks: set[Any] = field(default_factory=set)
 
     async def admit(self, chat: ChatRequest, headers: Mapping[str, str], key: str,
