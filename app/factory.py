@@ -16,7 +16,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from auth.keys import KeyRing, TokenGate
-from auth.limits import MemoryLimits
 from pool.errors import GatewayError, InternalError, NotFound
 from pool.admission import AdmissionGuard
 from pool.pool import Pool
@@ -26,10 +25,6 @@ from pool.local.worker import LocalSpec, LocalWorker
 from pool.process import ProcessSpec, ProcessWorker
 from pool.routing import make_policy
 from pool.supervisor import SupervisorPolicy
-from sessions.bindings import MemoryBindingStore
-from sessions.responses import MemoryResponseStore
-from sessions.upstream import MemoryUpstreamSessions
-from sessions.workers import MemoryWorkerRegistrations
 from pool.remote import RemoteSpec, make_remote_worker
 
 from .gateway import Gateway
@@ -37,6 +32,7 @@ from .http import error_response
 from .middleware import GatewayMiddleware
 from .observability import Metrics
 from .pool_metrics import PoolCollector
+from .replicas import Drains, build_stores
 from .runtime_workers import RuntimeWorkers
 from .routes import chat, keys as key_routes, models, ops, responses, worker_admin
 from .routes.ui import UI_PATH, UI_STATIC_PATH, OperatorPage
@@ -48,7 +44,6 @@ __all__ = ["create_app", "worker_specs", "remote_spec"]
 
 log = structlog.get_logger("poolgate")
 
-WORKER_SYNC_INTERVAL = 1.0  # seconds between looks at the shared worker registrations
 DEMO_MODELS = {"openai": ("demo",), "anthropic": ("demo-claude",)}
 
 
@@ -143,29 +138,25 @@ def make_worker(spec: Spec, environment: Mapping[str, str], sessions: Any = None
 
 def create_app(settings: Any) -> Starlette:
     server = settings.server
-    store = settings.responses
     secrets = {name: _secret(key) or "" for name, key in server.api_keys.items()}
     secrets.update((name, _secret(key.secret) or "") for name, key in server.keys.items())
     keys = KeyRing(secrets)
+    stores = build_stores(settings)
     gw = Gateway(settings=settings, metrics=Metrics(),
                  admin=TokenGate(_secret(server.admin_token)),
                  metrics_gate=TokenGate(_secret(server.metrics_token)),
                  metrics_public=server.metrics_public, max_body_bytes=server.max_body_bytes,
-                 responses=MemoryResponseStore(max_items=store.max_items, max_bytes=store.max_bytes,
-                                               max_age=store.max_age_seconds),
+                 responses=stores.responses,
                  admission=AdmissionGuard(global_limit=server.max_in_flight or None,
                                           per_key_limit=server.max_in_flight_per_key or None,
                                           max_wait=server.queue_timeout),
-                 bindings=MemoryBindingStore(ttl=settings.routing.binding_ttl,
-                                             max_items=settings.routing.max_bindings),
-                 cli_sessions=MemoryUpstreamSessions(
-                     max_entries=settings.cli_sessions.max_entries,
-                     max_age=settings.cli_sessions.max_age_seconds),
+                 bindings=stores.bindings, cli_sessions=stores.cli_sessions,
+                 redis=stores.link, locks=stores.locks, drains=Drains(stores.drained),
                  cooldown_seconds=settings.routing.cooldown_seconds,
                  log_requests=server.log_level in ("debug", "info"),
                  stream_grace=server.stream_grace, ping_interval=server.ping_interval,
                  keyring=keys, config_keys=frozenset(secrets),
-                 teams=Teams((), MemoryLimits()))
+                 teams=Teams((), stores.limits))
     for name, key in server.keys.items():
         apply_policy(gw, policy_from_settings(name, key))
     _build_policies(gw, settings.routing)
@@ -174,6 +165,8 @@ def create_app(settings: Any) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
+            if gw.redis is not None:
+                await _start_redis(gw, stack)
             await open_state(gw, server.state_dir, stack)
             # in a thread: finding the default model may download it (blocking urlopen)
             specs = await asyncio.to_thread(worker_specs, settings)
@@ -184,7 +177,7 @@ def create_app(settings: Any) -> Starlette:
                            default_model=settings.routing.default_model)
             await gw.pool.start()
             stack.push_async_callback(gw.pool.aclose)
-            await _open_runtime_workers(gw, settings, stack)
+            await _open_runtime_workers(gw, settings, stores.workers, stack)
             probes = asyncio.ensure_future(gw.pool.probe_forever(server.health_interval))
             stack.callback(probes.cancel)
             log.info("gateway.started", workers=[s.name for s in specs],
@@ -236,21 +229,35 @@ def create_app(settings: Any) -> Starlette:
     return app
 
 
-async def _open_runtime_workers(gw: Gateway, settings: Any,
+async def _open_runtime_workers(gw: Gateway, settings: Any, registrations: Any,
                                 stack: contextlib.AsyncExitStack) -> None:
     """Remote workers registered at run time, kept in step with their store
-    (polled when other replicas share it)."""
+    (Redis: polled with the link's health probe, see ``_start_redis``)."""
     def make(worker: Any) -> Any:
         return make_remote_worker(remote_spec(worker))
 
-    runtime = RuntimeWorkers(gw, MemoryWorkerRegistrations(), environ=settings.environment,
-                             make=make)
+    runtime = RuntimeWorkers(gw, registrations, environ=settings.environment, make=make)
     gw.runtime_workers = runtime
     stack.push_async_callback(runtime.aclose)
     await runtime.sync()  # what other replicas registered before this one started
-    if runtime.store.shared:
-        poll = asyncio.ensure_future(runtime.sync_forever(WORKER_SYNC_INTERVAL))
-        stack.callback(poll.cancel)
+
+
+async def _start_redis(gw: Gateway, stack: contextlib.AsyncExitStack) -> None:
+    """First ping, then the probe loop (which also syncs drains); a Redis down
+    at start-up is not fatal: the replica serves from memory until it answers."""
+    link = gw.redis
+    stack.push_async_callback(link.aclose)
+    if not await link.ping():
+        log.warning("gateway.redis_unreachable")
+
+    async def tick() -> None:
+        if gw.runtime_workers is not None:
+            await gw.runtime_workers.sync()  # workers registered through other replicas
+        if gw.pool.workers:
+            await gw.drains.sync(gw)
+
+    watch = asyncio.ensure_future(link.watch(tick))
+    stack.callback(watch.cancel)
 
 
 async def _start_demo(stack: contextlib.AsyncExitStack) -> list[RemoteSpec]:

@@ -40,6 +40,11 @@ class PoolCollector:
                 probes.add_metric([w["name"]], w["probe_seconds"])
         yield from (states, restarts, probes, looping)
 
+        redis = snap.get("redis", "off")
+        if redis != "off":
+            yield GaugeMetricFamily("poolgate_redis_up",
+                                    "1 while the shared store (Redis) answers, 0 while it is lost.",
+                                    value=1.0 if redis == "up" else 0.0)
         admission = snap["admission"]
         yield GaugeMetricFamily("poolgate_queue_depth", "Requests waiting for a slot.",
                                 value=admission["waiting"])

@@ -3,8 +3,9 @@
 ``POST /internal/workers`` registers one (validated as a ``[[workers]]``
 entry is), ``DELETE /internal/workers/{name}`` drains it and takes it out.
 Registrations live in a :class:`sessions.workers.WorkerRegistrations` store;
-where that store is shared (Redis) every replica polls it and brings its own
-pool in step, so a worker registered through one replica is served by all.
+where that store is shared (Redis) every replica polls it (with the Redis
+health probe) and brings its own pool in step, so a worker registered through
+one replica is served by all, and one deleted through any replica leaves all.
 
 A worker leaves in three steps: it is drained (admission grants it nothing
 new, also to requests already queued), the gateway waits until no request
@@ -20,8 +21,9 @@ from typing import Any, Callable, Mapping
 
 import structlog
 
-from pool.errors import BadRequest, Conflict, NotFound
+from pool.errors import BadRequest, Conflict, GatewayError, NotFound
 from pool.worker import Worker, WorkerState
+from sessions.redis_link import RedisDown
 from sessions.workers import WorkerRegistrations
 
 from .settings import REGISTRABLE, ConfigError, WorkerSettings, registered_worker
@@ -105,26 +107,22 @@ class RuntimeWorkers:
 
     async def sync(self) -> None:
         """Join what the store has and this pool lacks; let go of what it no longer has."""
-        registrations = await self.store.all()
+        try:
+            registrations = await self.store.all()
+        except RedisDown:
+            return  # the link logged it; the pool stays as it is until Redis answers
         async with self._lock:
             for name, registration in registrations.items():
                 if name in self._joined or name in self.fixed:
                     continue
                 try:
                     await self._join(registered_worker(registration, self._environ))
-                except (ConfigError, Conflict) as exc:
-                    problems = exc.problems if isinstance(exc, ConfigError) else [str(exc)]
-                    log.warning("workers.sync_refused", worker=name, problems=problems)
+                except ConfigError as exc:  # e.g. its api_key_env is not set on this replica
+                    log.warning("workers.sync_refused", worker=name, problems=exc.problems)
+                except (GatewayError, ValueError) as exc:
+                    log.warning("workers.sync_refused", worker=name, problems=[str(exc)])
         for name in self._joined - set(registrations) - set(self._leaves):
             self._start_leave(name)
-
-    async def sync_forever(self, interval: float) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.sync()
-            except Exception:  # noqa: BLE001 - a store hiccup must not end the loop
-                log.warning("workers.sync_failed", exc_info=True)
 
     async def aclose(self) -> None:
         for task in list(self._leaves.values()):
@@ -191,6 +189,7 @@ class RuntimeWorkers:
                 gw.pool.remove(name)
                 self._joined.discard(name)
             await worker.aclose()
+            await gw.drains.forget(name)  # a worker registered later under this name starts afresh
             log.info("workers.left", worker=name)
         finally:
             self._leaves.pop(name, None)

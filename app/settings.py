@@ -36,6 +36,7 @@ __all__ = [
 CONFIG_ENV = "POOLGATE_CONFIG"
 API_KEYS_ENV = "POOLGATE_API_KEYS"
 STATE_DIR_ENV = "POOLGATE_STATE_DIR"
+REDIS_URL_ENV = "POOLGATE_REDIS_URL"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SECTIONS = ("server", "responses", "routing", "cli_sessions")  # tables whose keys merge field by field across layers
@@ -71,6 +72,9 @@ class ServerSettings(BaseModel):
     api_keys: dict[str, SecretStr] = Field(default_factory=dict)
     keys: dict[str, KeySettings] = Field(default_factory=dict)  # [server.keys.<name>]: key + policy
     state_dir: str | None = None  # the usage ledger and run-time keys; None: memory only
+    # shared state of replicas (bindings, stored responses, limits, drains, locks); None: memory
+    redis_url: str | None = None
+    redis_timeout: float = Field(0.25, gt=0, le=5.0)  # bound of every Redis call, seconds
     admin_token_env: str | None = "POOLGATE_ADMIN_TOKEN"
     admin_token: SecretStr | None = None  # resolved from admin_token_env
     metrics_token_env: str | None = "POOLGATE_METRICS_TOKEN"
@@ -89,6 +93,15 @@ class ServerSettings(BaseModel):
     ping_interval: float = Field(10.0, gt=0)      # keep-alive ping after this much stream silence
     demo: bool = False  # no workers configured: serve the built-in demo upstream, not the default model
     cache_dir: str = "~/.cache/poolgate"  # downloads (the default model when it is not installed)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, url: str | None) -> str | None:
+        if not url:
+            return None
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("redis_url must start with redis://, rediss:// or unix://")
+        return url
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod
@@ -498,9 +511,10 @@ def _env_layer(environ: Mapping[str, str], problems: list[str]) -> dict:
         keys = _parse_api_keys(raw_keys, problems)
         if keys is not None:
             data["server"] = {**data.get("server", {}), "api_keys": keys}
-    state_dir = environ.get(STATE_DIR_ENV)
-    if state_dir:
-        data["server"] = {**data.get("server", {}), "state_dir": state_dir}
+    for env, field in ((STATE_DIR_ENV, "state_dir"), (REDIS_URL_ENV, "redis_url")):
+        value = environ.get(env)
+        if value:
+            data["server"] = {**data.get("server", {}), field: value}
     return data
 
 

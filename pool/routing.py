@@ -56,6 +56,13 @@ class BindingStore(Protocol):
 
     async def delete(self, key: str) -> None: ...
 
+    async def claim(self, key: str, expected: str | None, worker: str,
+                    ttl: float | None = None) -> str:
+        """Compare and set: bind ``key`` to ``worker`` if it is bound to
+        ``expected`` (``None``: unbound); return the binding now held (``worker``
+        when the claim won, the other replica's choice when it lost)."""
+        ...
+
 
 def rendezvous(key: str, workers: Sequence[Worker]) -> Worker:
     """The highest-random-weight worker for ``key``: a stable choice that only
@@ -195,7 +202,14 @@ class SessionAffinity:
         if lighter is not None:
             self._load_moves += 1
             return lighter  # not bound: the next turn tries its hashed home again
-        await self._store.set(key, worker.name, self._ttl)
+        # compare and set: a replica with another view of the workers may have
+        # bound (or rebound) this session meanwhile; its choice wins if we can use it
+        held = await self._store.claim(key, bound, worker.name, self._ttl)
+        if held != worker.name:
+            for other in workers:
+                if other.name == held:
+                    self._hits += 1
+                    return other
         if bound is None:
             self._binds += 1
         else:

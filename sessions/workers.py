@@ -4,14 +4,21 @@ variable's *name* for the key, never a secret).
 
 Every replica keeps its pool in step with this store, so where the store is
 shared (Redis) a worker registered through one replica is served by all.
-:class:`MemoryWorkerRegistrations` is the single-replica store.
+:class:`MemoryWorkerRegistrations` is the single-replica store,
+:class:`RedisWorkerRegistrations` the shared one (one hash, one call each).
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping, Protocol
 
-__all__ = ["WorkerRegistrations", "MemoryWorkerRegistrations"]
+import orjson
+
+from .redis_link import PREFIX, RedisDown, RedisLink, StoreUnavailable
+
+__all__ = ["WorkerRegistrations", "MemoryWorkerRegistrations", "RedisWorkerRegistrations"]
+
+_KEY = PREFIX + "workers"  # a hash: worker name -> its registration as JSON
 
 Registration = Mapping[str, Any]
 
@@ -53,3 +60,36 @@ class MemoryWorkerRegistrations:
 
     async def all(self) -> dict[str, dict[str, Any]]:
         return {name: dict(reg) for name, reg in self._items.items()}
+
+
+class RedisWorkerRegistrations:
+    """A Redis hash shared by the replicas. Changes need Redis (they must reach
+    every replica): while it is down they are refused with a 503
+    (:class:`StoreUnavailable`); ``all`` raises :class:`RedisDown` and the
+    replicas keep the workers they have until it answers again."""
+
+    shared = True
+
+    def __init__(self, link: RedisLink) -> None:
+        self._link = link
+
+    async def add(self, name: str, registration: Registration) -> bool:
+        client, data = self._link.client, orjson.dumps(dict(registration))
+        return bool(await self._change(lambda: client.hsetnx(_KEY, name, data)))
+
+    async def remove(self, name: str) -> bool:
+        client = self._link.client
+        return bool(await self._change(lambda: client.hdel(_KEY, name)))
+
+    async def all(self) -> dict[str, dict[str, Any]]:
+        client = self._link.client
+        raw = await self._link.call(lambda: client.hgetall(_KEY))
+        return {(k.decode() if isinstance(k, bytes) else k): orjson.loads(v)
+                for k, v in raw.items()}
+
+    async def _change(self, make: Any) -> Any:
+        try:
+            return await self._link.call(make)
+        except RedisDown:
+            raise StoreUnavailable("Worker registrations are shared through Redis, which is "
+                                   "out of reach; try again shortly.") from None
