@@ -24,7 +24,7 @@ import structlog
 from pool.errors import BadRequest, Conflict, GatewayError, NotFound
 from pool.worker import Worker, WorkerState
 from sessions.redis_link import RedisDown
-from sessions.workers import WorkerRegistrations
+from sessions.workers import RegistrationsLost, WorkerRegistrations
 
 from .settings import REGISTRABLE, ConfigError, WorkerSettings, registered_worker
 
@@ -47,6 +47,7 @@ class RuntimeWorkers:
         # the workers the gateway started with (configured, or the default/demo ones)
         self.fixed = frozenset(w.name for w in gw.pool.workers)
         self._joined: set[str] = set()
+        self._known: dict[str, dict[str, Any]] = {}  # the registrations last read or written
         self._leaves: dict[str, asyncio.Task[None]] = {}
         self._lock = asyncio.Lock()  # one join or leave decision at a time
 
@@ -73,12 +74,14 @@ class RuntimeWorkers:
         if not await self.store.add(name, registration):
             raise Conflict(f"A worker named '{name}' is already registered.", param="name",
                            code="worker_exists")
+        self._known[name] = registration
         try:
             async with self._lock:
                 if name in self._joined:  # a sync of this replica was quicker
                     return self._gw.pool.worker(name)
                 return await self._join(settings)
         except BaseException:
+            self._known.pop(name, None)
             await self.store.remove(name)
             raise
 
@@ -91,6 +94,7 @@ class RuntimeWorkers:
                            "removed at run time (drain it instead).", param="name",
                            code="worker_read_only")
         removed = await self.store.remove(name)
+        self._known.pop(name, None)
         if not removed and name not in self._joined:
             raise NotFound(f"No registered worker named '{name}'.", param="name",
                            code="worker_not_found")
@@ -106,12 +110,17 @@ class RuntimeWorkers:
     # --- keeping in step with the store ---------------------------------------------
 
     async def sync(self) -> None:
-        """Join what the store has and this pool lacks; let go of what it no longer has."""
-        try:
-            registrations = await self.store.all()
-        except RedisDown:
-            return  # the link logged it; the pool stays as it is until Redis answers
+        """Join what the store has and this pool lacks; let go of what it no longer has.
+        The store is read under the lock, so a snapshot never predates a join."""
         async with self._lock:
+            try:
+                registrations = await self.store.all()
+            except RedisDown:
+                return  # the link logged it; the pool stays as it is until Redis answers
+            except RegistrationsLost:
+                await self._restore()
+                return
+            self._known = registrations
             for name, registration in registrations.items():
                 if name in self._joined or name in self.fixed:
                     continue
@@ -121,8 +130,19 @@ class RuntimeWorkers:
                     log.warning("workers.sync_refused", worker=name, problems=exc.problems)
                 except (GatewayError, ValueError) as exc:
                     log.warning("workers.sync_refused", worker=name, problems=[str(exc)])
-        for name in self._joined - set(registrations) - set(self._leaves):
-            self._start_leave(name)
+            for name in self._joined - set(registrations) - set(self._leaves):
+                self._start_leave(name)
+
+    async def _restore(self) -> None:
+        """Redis came back empty: put back the registrations last seen (every replica
+        saw the same ones), rather than let every replica drop its workers."""
+        if not self._known:
+            return
+        try:
+            await self.store.restore(self._known)
+        except RedisDown:
+            return
+        log.warning("workers.registrations_restored", workers=sorted(self._known))
 
     async def aclose(self) -> None:
         for task in list(self._leaves.values()):

@@ -16,9 +16,17 @@ import orjson
 
 from .redis_link import PREFIX, RedisDown, RedisLink, StoreUnavailable
 
-__all__ = ["WorkerRegistrations", "MemoryWorkerRegistrations", "RedisWorkerRegistrations"]
+__all__ = ["WorkerRegistrations", "MemoryWorkerRegistrations", "RedisWorkerRegistrations",
+           "RegistrationsLost"]
 
 _KEY = PREFIX + "workers"  # a hash: worker name -> its registration as JSON
+# set with the first registration and never removed: an empty hash WITH it means every
+# worker was deleted; an empty hash without it, that Redis lost its data (restarted empty)
+_MARK = PREFIX + "workers:kept"
+
+
+class RegistrationsLost(Exception):
+    """The store lost its registrations (not deleted: Redis came back empty)."""
 
 Registration = Mapping[str, Any]
 
@@ -37,7 +45,11 @@ class WorkerRegistrations(Protocol):
         ...
 
     async def all(self) -> dict[str, dict[str, Any]]:
-        """Every registration, by name."""
+        """Every registration, by name; :class:`RegistrationsLost` if the store lost them."""
+        ...
+
+    async def restore(self, registrations: Mapping[str, Registration]) -> None:
+        """Put back what a lost store had (the names nobody registered since)."""
         ...
 
 
@@ -61,6 +73,10 @@ class MemoryWorkerRegistrations:
     async def all(self) -> dict[str, dict[str, Any]]:
         return {name: dict(reg) for name, reg in self._items.items()}
 
+    async def restore(self, registrations: Mapping[str, Registration]) -> None:
+        for name, registration in registrations.items():
+            self._items.setdefault(name, dict(registration))
+
 
 class RedisWorkerRegistrations:
     """A Redis hash shared by the replicas. Changes need Redis (they must reach
@@ -75,7 +91,13 @@ class RedisWorkerRegistrations:
 
     async def add(self, name: str, registration: Registration) -> bool:
         client, data = self._link.client, orjson.dumps(dict(registration))
-        return bool(await self._change(lambda: client.hsetnx(_KEY, name, data)))
+
+        async def add() -> bool:
+            async with client.pipeline(transaction=True) as pipe:
+                added, _ = await pipe.hsetnx(_KEY, name, data).set(_MARK, 1).execute()
+            return bool(added)
+
+        return await self._change(add)
 
     async def remove(self, name: str) -> bool:
         client = self._link.client
@@ -83,9 +105,29 @@ class RedisWorkerRegistrations:
 
     async def all(self) -> dict[str, dict[str, Any]]:
         client = self._link.client
-        raw = await self._link.call(lambda: client.hgetall(_KEY))
+
+        async def read() -> tuple[dict[Any, bytes], int]:
+            async with client.pipeline(transaction=False) as pipe:
+                raw, kept = await pipe.hgetall(_KEY).exists(_MARK).execute()
+            return raw, kept
+
+        raw, kept = await self._link.call(read)
+        if not raw and not kept:
+            raise RegistrationsLost("no worker registrations and no mark: Redis restarted empty")
         return {(k.decode() if isinstance(k, bytes) else k): orjson.loads(v)
                 for k, v in raw.items()}
+
+    async def restore(self, registrations: Mapping[str, Registration]) -> None:
+        client = self._link.client
+
+        async def put_back() -> None:
+            async with client.pipeline(transaction=True) as pipe:
+                for name, registration in registrations.items():
+                    pipe.hsetnx(_KEY, name, orjson.dumps(dict(registration)))
+                await pipe.set(_MARK, 1).execute()
+
+        if registrations:
+            await self._link.call(put_back)
 
     async def _change(self, make: Any) -> Any:
         try:

@@ -2,7 +2,8 @@
 ``redis-server``. A worker registered through one is served by both (and by a
 replica started later); deleted through the other, it leaves both, its stream
 in flight on the first finishing; with Redis down, changes are a clear 503 and
-the workers already joined keep serving."""
+the workers already joined keep serving; Redis back empty, the replicas put
+the registrations back."""
 
 from __future__ import annotations
 
@@ -76,6 +77,14 @@ def _ask(http: httpx.Client, model: str, text: str = "hi") -> Any:
         model=model, messages=[{"role": "user", "content": text}])
 
 
+def _register_on_both(a: httpx.Client, b: httpx.Client, fake: FakeUpstream) -> None:
+    r = a.post("/internal/workers", headers=ADMIN,
+               json={"name": "shared", "dialect": "openai", "url": fake.url,
+                     "models": ["shared-model"], "api_key_env": "UPSTREAM_SECRET"})
+    assert r.status_code == 201, r.text
+    _until(lambda: "shared" in _names(b), "replica B never saw the registered worker")
+
+
 def test_registered_through_one_replica_served_by_all(replicas, fake) -> None:
     a, b = replicas(), replicas()
     assert a.get("/readyz").json()["redis"] == "up"
@@ -98,11 +107,7 @@ def test_registered_through_one_replica_served_by_all(replicas, fake) -> None:
 
 def test_deleted_through_one_replica_leaves_all_after_its_streams(replicas, fake) -> None:
     a, b = replicas(), replicas()
-    assert a.post("/internal/workers", headers=ADMIN,
-                  json={"name": "shared", "dialect": "openai", "url": fake.url,
-                        "models": ["shared-model"], "api_key_env": "UPSTREAM_SECRET"}
-                  ).status_code == 201
-    _until(lambda: "shared" in _names(b), "replica B never saw the registered worker")
+    _register_on_both(a, b, fake)
     answer: list[str] = []
 
     def slow_on_a() -> None:
@@ -118,6 +123,8 @@ def test_deleted_through_one_replica_leaves_all_after_its_streams(replicas, fake
     reader.join(timeout=30)
     assert answer == ["echo: slow on a"]  # A drained its copy: the request finished
     _until(lambda: "shared" not in _names(a), "replica A never let the deleted worker go")
+    time.sleep(1.5)  # three sync rounds: a deleted last worker is not taken for lost data
+    assert "shared" not in _names(a) | _names(b)
     for replica in (a, b):
         with pytest.raises(openai.NotFoundError):
             _ask(replica, "shared-model")
@@ -127,11 +134,7 @@ def test_deleted_through_one_replica_leaves_all_after_its_streams(replicas, fake
 def test_with_redis_down_changes_are_refused_and_joined_workers_keep_serving(
         replicas, fake, redis_server) -> None:
     a, b = replicas(), replicas()
-    assert a.post("/internal/workers", headers=ADMIN,
-                  json={"name": "shared", "dialect": "openai", "url": fake.url,
-                        "models": ["shared-model"], "api_key_env": "UPSTREAM_SECRET"}
-                  ).status_code == 201
-    _until(lambda: "shared" in _names(b), "replica B never saw the registered worker")
+    _register_on_both(a, b, fake)
     redis_server.kill()
     _until(lambda: b.get("/readyz").json()["redis"] == "down", "B never noticed Redis down")
     started = time.monotonic()
@@ -143,5 +146,16 @@ def test_with_redis_down_changes_are_refused_and_joined_workers_keep_serving(
     assert b.delete("/internal/workers/shared", headers=ADMIN).status_code == 503
     for replica in (a, b):  # the pool is kept as it was
         assert _ask(replica, "shared-model").parse().choices[0].message.content == "echo: hi"
-    redis_server.start()  # back, empty: the registration is gone with the old server
-    _until(lambda: "shared" not in _names(b), "B kept a worker the store no longer has")
+    redis_server.start()  # back, empty: the replicas put back what they had
+    check = redis_server.client()
+    try:
+        _until(lambda: check.hexists("poolgate:workers", "shared"),
+               "the registration was not restored into the new Redis")
+    finally:
+        check.close()
+    time.sleep(1.0)  # two sync rounds: nobody took the restart for a delete
+    for replica in (a, b):
+        assert "shared" in _names(replica)
+        assert _ask(replica, "shared-model").parse().choices[0].message.content == "echo: hi"
+    assert b.delete("/internal/workers/shared", headers=ADMIN).status_code == 200
+    _until(lambda: "shared" not in _names(a), "a delete after the restart did not reach A")
