@@ -146,10 +146,26 @@ def test_a_chat_request_is_answered_by_the_default_model(up: dict[str, Any]) -> 
                       ).models.list()
 
 
-def test_readyz_is_ready_and_the_state_volume_is_used(up: dict[str, Any]) -> None:
+def test_readyz_is_ready_redis_is_used_and_the_state_volume_too(up: dict[str, Any]) -> None:
     ready = httpx.get(up["url"] + "/readyz", timeout=10)
     assert ready.status_code == 200
     assert ready.json()["status"] == "ready" and ready.json()["models"] == {DEFAULT_MODEL: True}
+    assert ready.json()["redis"] == "up"  # POOLGATE_REDIS_URL from the compose file
+    metrics = httpx.get(up["url"] + "/metrics", timeout=10,
+                        headers={"authorization": f"Bearer {METRICS}"}).text
+    assert "poolgate_redis_up 1.0" in metrics
+    # and it really writes there: a worker registered through the admin endpoint
+    registered = httpx.post(up["url"] + "/internal/workers", timeout=10,
+                            headers={"authorization": f"Bearer {ADMIN}"},
+                            json={"name": "elsewhere", "dialect": "openai",
+                                  "url": "http://127.0.0.1:9/v1", "models": ["elsewhere"]})
+    assert registered.status_code == 201, registered.text
+    keys = subprocess.run(["redis-cli", "-p", str(up["redis_port"]), "hkeys", "poolgate:workers"],
+                          capture_output=True, text=True, timeout=10).stdout.split()
+    assert keys == ["elsewhere"]
+    removed = httpx.delete(up["url"] + "/internal/workers/elsewhere", timeout=30,
+                           headers={"authorization": f"Bearer {ADMIN}"})
+    assert removed.status_code == 200
     assert list(up["state"].iterdir()), "nothing was written to the state volume"
     admin = httpx.get(up["url"] + "/internal/workers",
                       headers={"authorization": f"Bearer {ADMIN}"}, timeout=10)
