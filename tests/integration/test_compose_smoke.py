@@ -14,13 +14,13 @@ argv and environment the compose file gives it.
 What this cannot cover: the image build itself (the base image, apt's
 Chromium, the uid, file ownership in the volume), Docker networking and the
 published port, ``restart`` policies, and the gpu profile (an NVIDIA device
-reservation and vLLM's image need a GPU host); ``test_compose_config.py``
-checks those parts statically.
+reservation and vLLM's image need a GPU host; only its ``vllm-join`` command
+runs here, against a fake upstream standing in for vLLM);
+``test_compose_config.py`` checks those parts statically.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -31,6 +31,7 @@ import httpx
 import openai
 import pytest
 
+from tests.fakes.upstreams import FakeUpstream
 from tests.support.compose import compose_model
 from tests.support.image_venv import image_venv
 from tests.support.ports import free_port
@@ -171,6 +172,27 @@ def test_readyz_is_ready_redis_is_used_and_the_state_volume_too(up: dict[str, An
                       headers={"authorization": f"Bearer {ADMIN}"}, timeout=10)
     assert admin.status_code == 200  # POOLGATE_ADMIN_TOKEN went through the interpolation
     assert [w["name"] for w in admin.json()["workers"]] == ["local"]
+
+
+def test_the_gpu_profiles_join_command_registers_its_upstream(up: dict[str, Any]) -> None:
+    """vllm-join's command, with a fake OpenAI upstream standing in for vLLM."""
+    services = compose_model(("gpu",), env={"POOLGATE_ADMIN_TOKEN": ADMIN})["services"]
+    join = services["vllm-join"]
+    served = join["command"][join["command"].index("--model") + 1]
+    with FakeUpstream(models=(served,)) as vllm:
+        argv = _remap(_remap(list(join["command"]), "--gateway", up["url"]), "--url", vllm.url)
+        env = {**join["environment"], "PATH": str(up["venv"] / "bin")}
+        proc = subprocess.run([str(up["venv"] / "bin" / argv[0]), *argv[1:]], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        client = openai.OpenAI(base_url=up["url"] + "/v1", api_key=CLIENT_KEY, max_retries=0)
+        reply = client.chat.completions.with_raw_response.create(
+            model=served, messages=[{"role": "user", "content": "through vllm"}])
+        assert reply.headers["x-poolgate-worker"] == "vllm"
+        assert reply.parse().choices[0].message.content == "echo: through vllm"
+        gone = httpx.delete(up["url"] + "/internal/workers/vllm", timeout=30,
+                            headers={"authorization": f"Bearer {ADMIN}"})
+        assert gone.status_code == 200
 
 
 def test_the_venv_runs_the_installed_package_not_the_checkout(up: dict[str, Any]) -> None:
