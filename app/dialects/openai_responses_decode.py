@@ -182,12 +182,12 @@ class _Turns:
             self._result(_output(item, param))
         elif kind == "reasoning":
             self._turn().append(_reasoning(item, param))
-        elif kind in _HOSTED_RECORDS:
-            pass
         elif kind is None:
             raise missing(param + ".type")
         elif type(kind) is not str:
             raise bad_type(param + ".type", "a string")
+        elif kind in _HOSTED_RECORDS:
+            pass
         else:
             raise bad_value(param + ".type", f"unsupported input item type {kind!r}")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 from typing import Any
 
@@ -37,7 +38,12 @@ def driver_config(data: dict[str, Any]) -> DriverConfig:
 async def _main(data: dict[str, Any]) -> None:
     config = driver_config(data)
     os.makedirs(config.cwd, exist_ok=True)
-    host = CliHost(make_driver(config), config,
+    driver = make_driver(config)
+    if hasattr(driver, "on_process_exit"):
+        # one vendor process serves every conversation (Codex): when it dies, so does
+        # this child, and the supervisor restarts the account with backoff
+        driver.on_process_exit = lambda: os.kill(os.getpid(), signal.SIGTERM)
+    host = CliHost(driver, config,
                    conversation_idle=float(data.get("conversation_idle", 900)))
     try:
         await worker_main.serve(host.answer, setup=host.start, calls={"status": host.status})

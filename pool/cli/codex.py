@@ -1,0 +1,206 @@
+"""The Codex driver: one ``codex app-server`` per account, a thread per conversation.
+
+``CODEX_HOME`` is the worker's ``home`` (``auth.json`` there is the account).
+The app-server runs threads concurrently, so every conversation of the
+account shares the process; each is an ephemeral thread (nothing written to
+``sessions/``) started with the gateway's system prompt as
+``baseInstructions`` and the API client's tools as ``dynamicTools``. In chat
+mode the thread also gets ``environments: []`` (no shell, no files), and the
+process runs with Codex's own tools and prompt additions off (see
+:mod:`pool.cli.codex_config`).
+
+A conversation rebuilt from a stateless history is a new thread plus
+``thread/inject_items`` with the history as Responses items (verified on
+0.169.0: the upstream then sees exactly those items before the new turn;
+``thread/resume`` with ``history`` is marked unstable and drops
+``dynamicTools``). A client tool named like one of Codex's own
+(:data:`~pool.cli.codex_config.RESERVED_TOOLS`) is offered as
+``client_<name>`` and reported back under its own name.
+
+Login state: ``account/read`` (``account: null`` when ``auth.json`` holds no
+credentials), and the first 401 of a turn (see :mod:`pool.cli.codex_thread`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+from pathlib import Path
+from typing import Any, Callable
+
+import structlog
+
+from .codex_config import (
+    DEFAULT_CHAT_SYSTEM, CodexOptions, app_server_argv, codex_name, dynamic_tools,
+    history_items, native_binary,
+)
+from .codex_rpc import CodexRpc, RpcClosed, RpcError
+from .codex_thread import CodexThread
+from .driver import DriverConfig, DriverError
+from .events import CliHealth, ConversationSetup
+from .proc import JsonLineProcess, find_binary
+
+__all__ = ["CodexDriver"]
+
+log = structlog.get_logger(__name__)
+
+CLIENT_INFO = {"name": "poolgate", "title": "poolgate", "version": "0.1"}
+_VERSION = re.compile(r"/(\d+\.\d+\.\d+\S*)")
+_START_TIMEOUT = 30.0
+_HEALTH_TIMEOUT = 5.0
+
+
+class CodexDriver:
+    """See the module docstring; the contract is :class:`pool.cli.driver.CliDriver`."""
+
+    cli = "codex"
+    can_load_history = True
+    concurrent_turns = True
+
+    def __init__(self, config: DriverConfig) -> None:
+        self.config = config
+        self.options = CodexOptions(config.options)
+        self.process: JsonLineProcess | None = None
+        self._rpc: CodexRpc | None = None
+        self._threads: dict[str, CodexThread] = {}
+        self._watchers: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self.version: str | None = None
+        #: called once when the app-server dies or hangs while not being stopped; the
+        #: worker child sets it to end itself, so the supervisor restarts the account
+        #: (every conversation lived in that one process)
+        self.on_process_exit: Callable[[], None] | None = None
+
+    @property
+    def rpc(self) -> CodexRpc:
+        if self._rpc is None:
+            raise DriverError("the codex app-server is not started")
+        return self._rpc
+
+    # --- process ---------------------------------------------------------------------------
+
+    async def start(self) -> CliHealth:
+        env = {**self.config.env, "CODEX_HOME": self.config.home}
+        binary = native_binary(find_binary(self.config.command, "codex", env), env)
+        Path(self.config.home).mkdir(parents=True, exist_ok=True)
+        Path(self.config.cwd).mkdir(parents=True, exist_ok=True)
+        argv = app_server_argv(binary, chat=self.config.mode == "chat", options=self.options)
+        self.process = await JsonLineProcess.spawn(argv, env=env, cwd=self.config.cwd,
+                                                   label="codex app-server")
+        proc = self.process.proc
+        assert proc.stdout is not None and proc.stdin is not None
+        self._rpc = CodexRpc(proc.stdout, proc.stdin)
+        try:
+            info = await self.rpc.request("initialize", {
+                "clientInfo": CLIENT_INFO, "capabilities": {"experimentalApi": True}},
+                timeout=_START_TIMEOUT)
+            await self.rpc.notify("initialized")
+        except (RpcError, RpcClosed, TimeoutError) as exc:
+            await self.stop()
+            raise DriverError(f"codex app-server handshake failed: {exc!r}; "
+                              f"{self.process.why_exited()}") from exc
+        found = _VERSION.search(str(info.get("userAgent", "")))
+        self.version = found[1] if found else None
+        log.info("codex.started", worker=self.config.name, pid=proc.pid, version=self.version)
+        health = await self.health()
+        self._watchers = [asyncio.create_task(self._watch_exit(), name="codex-exit"),
+                          asyncio.create_task(self._watchdog(), name="codex-watchdog")]
+        return health
+
+    async def _watch_exit(self) -> None:
+        assert self.process is not None
+        code = await self.process.proc.wait()
+        if self._stopping:
+            return
+        if code == -signal.SIGTERM:  # the worker's group is being stopped: not a failure
+            log.info("codex.app_server_terminated", worker=self.config.name)
+        else:
+            log.error("codex.app_server_exited", worker=self.config.name,
+                      detail=self.process.why_exited())
+        if self.on_process_exit is not None:
+            self.on_process_exit()
+
+    async def _watchdog(self) -> None:
+        """A process that stops answering is as dead as one that exited."""
+        while self.process is not None and self.process.running:
+            await asyncio.sleep(self.options.watchdog)
+            try:
+                await self.health(timeout=min(_HEALTH_TIMEOUT, 2 * self.options.watchdog))
+            except DriverError as exc:
+                if self._stopping or not self.process.running:
+                    return
+                log.error("codex.app_server_hung", worker=self.config.name, error=str(exc))
+                self.process.proc.kill()  # _watch_exit takes it from here
+                return
+
+    async def health(self, timeout: float = _HEALTH_TIMEOUT) -> CliHealth:
+        """``account/read``: cheap, local (no upstream call), answers even mid-turn."""
+        if self.process is None or not self.process.running or self.rpc.closed.is_set():
+            raise DriverError(self.process.why_exited() if self.process
+                              else "the codex app-server is not started")
+        try:
+            answer = await self.rpc.request("account/read", {"refreshToken": False},
+                                            timeout=timeout)
+        except (RpcError, RpcClosed, TimeoutError) as exc:
+            raise DriverError(f"codex app-server did not answer account/read: {exc!r}") from exc
+        account = answer.get("account")
+        detail: dict[str, Any] = {"conversations": len(self._threads),
+                                  "requires_openai_auth": answer.get("requiresOpenaiAuth")}
+        if account is None:
+            return CliHealth(login="logged_out", version=self.version, detail=detail)
+        detail["auth"] = account.get("type")
+        if account.get("planType"):
+            detail["plan"] = account["planType"]
+        return CliHealth(login="ready", version=self.version, account=account.get("email"),
+                         detail=detail)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for task in self._watchers:
+            task.cancel()
+        for thread in list(self._threads.values()):
+            await thread.close()
+        if self.process is not None:
+            await self.process.close(grace=5.0)  # the app-server exits at stdin EOF
+        if self._rpc is not None:
+            await self._rpc.aclose()
+
+    # --- conversations ---------------------------------------------------------------------
+
+    async def open(self, setup: ConversationSetup) -> CodexThread:
+        chat = self.config.mode == "chat"
+        params: dict[str, Any] = {
+            "cwd": self.config.cwd, "model": setup.model, "approvalPolicy": "never",
+            "sandbox": "read-only" if chat else self.options.sandbox, "ephemeral": True,
+            # says when a model response is complete (how many tool calls it made)
+            "experimentalRawEvents": self.options.raw_events,
+            "dynamicTools": dynamic_tools(setup.tools),
+        }
+        if chat:
+            params["environments"] = []
+            params["baseInstructions"] = setup.system or DEFAULT_CHAT_SYSTEM
+        elif setup.system:
+            params["developerInstructions"] = setup.system
+        try:
+            result = await self.rpc.request("thread/start", params)
+            thread_id = result["thread"]["id"]
+            queue = self.rpc.subscribe(thread_id)
+            if setup.history:
+                await self.rpc.request("thread/inject_items", {
+                    "threadId": thread_id, "items": history_items(setup.history)})
+        except (RpcError, RpcClosed, TimeoutError) as exc:
+            raise DriverError(f"codex thread/start failed: {exc}") from exc
+        thread = CodexThread(self, thread_id, setup.model, setup.effort, queue,
+                             {codex_name(t.name): t.name for t in setup.tools})
+        self._threads[thread_id] = thread
+        return thread
+
+    def forget(self, thread_id: str) -> None:
+        self._threads.pop(thread_id, None)
+        if self._rpc is not None:
+            self._rpc.unsubscribe(thread_id)
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid

@@ -1,0 +1,116 @@
+"""State of the fake codex app-server (see :mod:`tests.fakes.codex_app_server`):
+its threads and turns, and the Responses upstream it gets replies from."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+__all__ = ["RESERVED_TOOLS", "parse_config", "Upstream", "Thread", "Turn", "dynamic_tools",
+           "text_item", "turn_info"]
+
+RESERVED_TOOLS = ("exec_command", "shell_command", "request_user_input")
+
+
+def parse_config(argv: list[str]) -> dict[str, Any]:
+    """The ``-c key=value`` overrides (values as TOML scalars, roughly)."""
+    config: dict[str, Any] = {}
+    for n, arg in enumerate(argv):
+        if arg == "-c" and n + 1 < len(argv):
+            key, _, raw = argv[n + 1].partition("=")
+            try:
+                value: Any = json.loads(raw)
+            except ValueError:
+                value = raw
+            config[key] = value
+    return config
+
+
+class Upstream:
+    """Where a provider's requests go, and with which key."""
+
+    def __init__(self, config: dict[str, Any], home: Path) -> None:
+        provider = config.get("model_provider", "openai")
+        self.base_url = config.get(f"model_providers.{provider}.base_url", "")
+        self.retries = int(config.get(f"model_providers.{provider}.stream_max_retries", 5))
+        self.home = home
+
+    def key(self) -> str | None:
+        try:
+            auth = json.loads((self.home / "auth.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return auth.get("OPENAI_API_KEY") or None
+
+    def stream(self, body: dict[str, Any], turn: Turn) -> tuple[int, Any]:
+        """POST and return (status, an iterator of SSE events or the error body)."""
+        url = urlsplit(self.base_url.rstrip("/") + "/responses")
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=120)
+        turn.conn = conn
+        headers = {"content-type": "application/json", "accept": "text/event-stream"}
+        if (key := self.key()) is not None:
+            headers["authorization"] = f"Bearer {key}"
+        conn.request("POST", url.path, json.dumps(body), headers)
+        response = conn.getresponse()
+        if response.status != 200:
+            return response.status, json.loads(response.read() or b"{}")
+        return 200, _sse_events(response)
+
+
+def _sse_events(response: http.client.HTTPResponse):
+    for raw in response:
+        line = raw.decode().strip()
+        if line.startswith("data:"):
+            yield json.loads(line[5:].strip())
+
+
+class Thread:
+    def __init__(self, tid: str, params: dict[str, Any], home: Path) -> None:
+        self.id = tid
+        self.params = params
+        self.path = home / "sessions" / f"{tid}.json"
+        self.input: list[dict[str, Any]] = []
+        self.total = {"inputTokens": 0, "cachedInputTokens": 0, "outputTokens": 0,
+                      "reasoningOutputTokens": 0, "totalTokens": 0}
+
+    def save(self) -> None:
+        if self.params.get("ephemeral"):
+            return  # like the real one: an ephemeral thread leaves no rollout
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps({"params": self.params, "input": self.input}))
+
+    def info(self, cwd: str) -> dict[str, Any]:
+        return {"id": self.id, "sessionId": self.id, "preview": "", "ephemeral": False,
+                "modelProvider": "fake", "cwd": cwd, "environments": [], "turns": [],
+                "status": {"type": "idle"}}
+
+
+class Turn:
+    def __init__(self, thread: Thread) -> None:
+        self.id = str(uuid.uuid4())
+        self.thread = thread
+        self.interrupted = threading.Event()
+        self.conn: http.client.HTTPConnection | None = None
+        self.held: dict[str, threading.Event] = {}
+        self.effort: str | None = None
+
+
+def dynamic_tools(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The thread's usable dynamic tools: like 0.169.0, names of Codex's own
+    tools are silently left out."""
+    return {t["name"]: t for t in params.get("dynamicTools") or ()
+            if t["name"] not in RESERVED_TOOLS}
+
+
+def text_item(role: str, text: str) -> dict[str, Any]:
+    kind = "output_text" if role == "assistant" else "input_text"
+    return {"type": "message", "role": role, "content": [{"type": kind, "text": text}]}
+
+
+def turn_info(turn: Turn, status: str, error: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"id": turn.id, "items": [], "status": status, "error": error}
