@@ -108,8 +108,11 @@ class Drains:
         if self.pending:
             return
         names = await self.shared.members()
+        leaving = gw.runtime_workers.leaving if gw.runtime_workers is not None else None
         for worker in gw.pool.workers:
             name = worker.name
+            if leaving is not None and leaving(name):
+                continue  # on its way out of the pool: it stays drained whatever the set says
             if (name in names) != (name in self.here):
                 apply(gw, worker, name in names)
                 (self.here.add if name in names else self.here.discard)(name)

@@ -197,17 +197,24 @@ class RuntimeWorkers:
     async def _leave(self, name: str) -> None:
         gw = self._gw
         worker = gw.pool.worker(name)
-        try:
-            if worker.state is not WorkerState.STOPPED:
-                worker.drain()  # admission grants it nothing new from here on
-            gw.admission.refresh()  # requests parked on it look again (elsewhere)
-            log.info("workers.leaving", worker=name, in_flight=gw.in_flight(name))
+
+        def busy() -> bool:
             # a slot held during admission counts too, not only requests already streaming
-            while gw.admission.in_flight(name) or gw.pool.in_flight.get(name, 0):
+            return bool(gw.admission.in_flight(name) or gw.pool.in_flight.get(name, 0))
+
+        try:
+            log.info("workers.leaving", worker=name, in_flight=gw.in_flight(name))
+            while True:
+                if worker.state is WorkerState.READY or worker.state is WorkerState.UNHEALTHY:
+                    worker.drain()  # admission grants it nothing new (again, if resumed meanwhile)
+                    gw.admission.refresh()  # requests parked on it look again (elsewhere)
+                if not busy():
+                    async with self._lock:
+                        if not busy():  # nothing was admitted while we took the lock
+                            gw.pool.remove(name)
+                            self._joined.discard(name)
+                            break
                 await asyncio.sleep(_IDLE_POLL)
-            async with self._lock:
-                gw.pool.remove(name)
-                self._joined.discard(name)
             await worker.aclose()
             await gw.drains.forget(name)  # a worker registered later under this name starts afresh
             log.info("workers.left", worker=name)

@@ -131,6 +131,38 @@ def test_deleted_through_one_replica_leaves_all_after_its_streams(replicas, fake
     assert _ask(a, "base-model").parse().choices[0].message.content == "echo: hi"
 
 
+def test_an_operators_drain_does_not_bring_a_leaving_worker_back(replicas, fake) -> None:
+    a, b = replicas(), replicas()
+    _register_on_both(a, b, fake)
+    answer: list[str] = []
+
+    def slow_on_b() -> None:
+        answer.append(_ask(b, "shared-model", "[[sleep:2]] slow on b").parse()
+                      .choices[0].message.content)
+
+    reader = threading.Thread(target=slow_on_b)
+    reader.start()
+    _until(lambda: b.get("/internal/stats", headers=ADMIN).json()["in_flight"].get("shared") == 1,
+           "the request never went in flight on B")
+    assert a.post("/internal/workers/shared/drain", headers=ADMIN).status_code == 200
+
+    def state_on_b() -> str | None:
+        workers = b.get("/internal/workers", headers=ADMIN).json()["workers"]
+        return next((w["state"] for w in workers if w["name"] == "shared"), None)
+
+    _until(lambda: state_on_b() == "draining", "the drain never reached B")
+    # A has nothing in flight: out at once, and its drain is dropped from the shared set
+    assert a.delete("/internal/workers/shared", headers=ADMIN).status_code == 200
+    seen = set()
+    while reader.is_alive():
+        seen.add(state_on_b())
+        time.sleep(0.02)
+    reader.join()
+    assert answer == ["echo: slow on b"]
+    assert "ready" not in seen, seen  # never resumed by the drain set emptying meanwhile
+    _until(lambda: state_on_b() is None, "B never let the deleted worker go")
+
+
 def test_with_redis_down_changes_are_refused_and_joined_workers_keep_serving(
         replicas, fake, redis_server) -> None:
     a, b = replicas(), replicas()
