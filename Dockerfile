@@ -37,7 +37,9 @@ ENV POOLGATE_STATE_DIR=/var/lib/poolgate \
 VOLUME ["/var/lib/poolgate"]
 USER 10001:10001
 
-# A config file is read when mounted: POOLGATE_CONFIG=/etc/poolgate/poolgate.toml
-# (docker-compose.yml sets it and mounts deploy/poolgate.toml there).
+# The configuration: a file mounted at /etc/poolgate/poolgate.toml replaces this default
+# (deploy/poolgate.toml: no workers, so the embedded default model is served).
+COPY deploy/poolgate.toml /etc/poolgate/poolgate.toml
+ENV POOLGATE_CONFIG=/etc/poolgate/poolgate.toml
 EXPOSE 8000
 CMD ["poolgate", "serve", "--host", "0.0.0.0", "--port", "8000"]

@@ -73,7 +73,12 @@ def test_config_is_mounted_where_poolgate_reads_it_and_state_is_a_volume() -> No
     assert check_config(str(source), {}) == []  # the shipped example loads as serve loads it
     state = mounts[env["POOLGATE_STATE_DIR"]]
     assert state["type"] == "volume"
-    assert re.search(r"^VOLUME \[\"/var/lib/poolgate\"\]$", DOCKERFILE.read_text(), re.M)
+    dockerfile = DOCKERFILE.read_text()
+    assert re.search(r"^VOLUME \[\"/var/lib/poolgate\"\]$", dockerfile, re.M)
+    assert f"POOLGATE_STATE_DIR={env['POOLGATE_STATE_DIR']}" in dockerfile
+    # `docker run` without compose reads the same path: the image ships the example there
+    assert f"ENV POOLGATE_CONFIG={env['POOLGATE_CONFIG']}" in dockerfile
+    assert f"COPY deploy/poolgate.toml {env['POOLGATE_CONFIG']}" in dockerfile
 
 
 def test_image_installs_what_make_run_installs_as_a_non_root_user() -> None:

