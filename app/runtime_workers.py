@@ -172,16 +172,16 @@ class RuntimeWorkers:
         """Start the worker, probe it once, and take it into the pool (lock held)."""
         self._check_joining(settings)
         worker = self._make(settings)
-        await worker.start()
-        started = time.perf_counter()
-        healthy = await worker.health()  # an unreachable upstream joins unhealthy, not ready
         pool = self._gw.pool
-        pool.probe_seconds[worker.name] = time.perf_counter() - started
         try:
+            await worker.start()
+            started = time.perf_counter()
+            healthy = await worker.health()  # an unreachable upstream joins unhealthy, not ready
             pool.add(worker)
-        except ValueError:
-            await worker.aclose()
+        except BaseException:
+            await worker.aclose()  # its connection pool must not outlive a failed join
             raise
+        pool.probe_seconds[worker.name] = time.perf_counter() - started
         self._joined.add(worker.name)
         self._gw.admission.refresh()  # requests queued for its model may go to it now
         log.info("workers.joined", worker=worker.name, models=list(worker.models),
