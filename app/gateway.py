@@ -64,6 +64,8 @@ class Gateway:
     redis: Any = None  # the RedisLink when server.redis_url is set
     locks: Any = field(default_factory=MemoryLocks)  # named locks (logins), shared with Redis
     drains: Drains = field(default_factory=lambda: Drains(MemoryDrainedSet()))
+    accounts: Any = None  # cli accounts: bundles (app/accounts.py)
+    logins: Any = None  # cli accounts: logins (app/logins.py)
     _tasks: set[Any] = field(default_factory=set)
 
     async def admit(self, chat: ChatRequest, headers: Mapping[str, str], key: str,

@@ -25,6 +25,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSetti
 from pydantic_settings.exceptions import SettingsError
 from pydantic_settings.sources.utils import parse_env_vars
 
+from .account_settings import LoginSettings, missing_account_secrets, resolve_account
 from .key_settings import KeySettings, missing_key_secrets, resolve_key_secrets
 
 __all__ = [
@@ -201,6 +202,11 @@ class WorkerSettings(BaseModel):
     tool_timeout: float = Field(300.0, gt=0)  # a held client tool call is released after this
     conversation_idle: float = Field(900.0, gt=0)  # an idle conversation is closed after this
     cli_options: dict[str, Any] = Field(default_factory=dict)  # driver-specific (jsonrpc methods)
+    # cli: the account's logged-in files at start-up (a session bundle, docs/accounts.md)
+    bundle: str | None = None  # a bundle file (tar.gz)
+    bundle_env: str | None = None  # an environment variable holding a bundle, base64
+    bundle_b64: SecretStr | None = None  # resolved from bundle_env
+    login: LoginSettings | None = None  # [workers.login]: automatic login
     ready_timeout: float | None = Field(None, gt=0)  # default 30 s (process), 600 s (local)
     health_interval: float = Field(5.0, gt=0)
     health_timeout: float = Field(2.0, gt=0)
@@ -572,6 +578,7 @@ def _missing_worker_secrets(data: dict, environ: Mapping[str, str]) -> list[str]
         env = worker.get("api_key_env") if isinstance(worker, dict) else None
         if isinstance(env, str) and not environ.get(env):
             problems.append(f"workers[{i}].api_key_env: environment variable {env} is not set")
+        problems += missing_account_secrets(i, worker, environ)
         extra = worker.get("env") if isinstance(worker, dict) else None
         for name, var in _secret_refs(extra):
             if not environ.get(var):
@@ -595,6 +602,7 @@ def _resolve_worker(worker: WorkerSettings, environ: Mapping[str, str]) -> Worke
     if refs:
         update["env"] = {k: v for k, v in worker.env.items() if not k.endswith("_env")}
         update["env_secrets"] = {name: SecretStr(environ[var]) for name, var in refs}
+    update.update(resolve_account(worker, environ))
     return worker.model_copy(update=update) if update else worker
 
 

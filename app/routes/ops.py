@@ -146,9 +146,14 @@ async def worker_action(request: Request) -> Response:
     elif action == "restart":
         await worker.restart()
         gw.admission.refresh()
+    elif action == "stop" and hasattr(worker, "supervisor"):
+        # stopped until /restart: what a bundle import needs (its CLI must not run meanwhile)
+        await worker.drain(worker.spec.stop_timeout)
+        await worker.supervisor.stop()
+        worker.resume()
     else:
-        return error_response(NotFound(f"No worker action '{action}' (drain, resume, restart)."),
-                              "openai")
+        return error_response(NotFound(f"No worker action '{action}' "
+                                       "(drain, resume, restart, stop)."), "openai")
     log.info("admin.worker_action", worker=worker.name, action=action)
     return json_response(worker_info(gw, worker, time.time()))
 
