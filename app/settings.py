@@ -75,7 +75,7 @@ class ServerSettings(BaseModel):
     state_dir: str | None = None  # the usage ledger and run-time keys; None: memory only
     # shared state of replicas (bindings, stored responses, limits, drains, locks); None: memory
     redis_url: str | None = None
-    redis_timeout: float = Field(0.25, gt=0, le=5.0)  # bound of every Redis call, seconds
+    redis_timeout: float = Field(0.1, gt=0, le=5.0)  # bound of every Redis call, seconds
     admin_token_env: str | None = "POOLGATE_ADMIN_TOKEN"
     admin_token: SecretStr | None = None  # resolved from admin_token_env
     metrics_token_env: str | None = "POOLGATE_METRICS_TOKEN"

@@ -10,7 +10,8 @@ shared bindings win again.
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, Callable
 
 from .bindings import MemoryBindingStore
 from .redis_link import PREFIX, RedisDown, RedisLink
@@ -54,16 +55,41 @@ def _text(value: Any) -> str | None:
 
 class RedisBindingStore:
     """:class:`~pool.routing.BindingStore` in Redis: ``GETEX`` (sliding), ``SET EX``,
-    ``DEL`` and a compare-and-set script; one round trip each."""
+    ``DEL`` and a compare-and-set script; one round trip each.
 
-    def __init__(self, link: RedisLink, *, ttl: float = 3600, max_items: int = 100_000) -> None:
+    A binding this replica read or wrote less than ``fresh`` seconds ago is
+    answered from the local mirror without a round trip: a busy session costs
+    one Redis read per ``fresh`` seconds, its time to live still slides (by
+    that read), and a rebinding by another replica is seen within ``fresh``
+    seconds (affinity is a hint for warm caches: a late move costs nothing else).
+    """
+
+    def __init__(self, link: RedisLink, *, ttl: float = 3600, max_items: int = 100_000,
+                 fresh: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl = ttl
         self._link = link
         self.local = MemoryBindingStore(ttl=ttl, max_items=max_items)
         self._claim = link.client.register_script(_CLAIM)
         self._fallbacks = 0
+        self._fresh = min(fresh, ttl / 4)  # the reads that slide the time to live come often enough
+        self._clock = clock
+        self._confirmed: dict[str, float] = {}  # key -> when Redis last said so
+        self._max_confirmed = max_items
+        self._local_hits = 0
+
+    def _confirm(self, key: str) -> None:
+        confirmed = self._confirmed
+        if len(confirmed) >= self._max_confirmed and key not in confirmed:
+            confirmed.clear()  # a cache of a cache: start over rather than track order
+        confirmed[key] = self._clock()
 
     async def get(self, key: str) -> str | None:
+        seen = self._confirmed.get(key)
+        if seen is not None and self._clock() - seen < self._fresh and self._link.up:
+            worker = await self.local.get(key)
+            if worker is not None:
+                self._local_hits += 1
+                return worker
         client = self._link.client
         try:
             worker = _text(await self._link.call(
@@ -73,8 +99,10 @@ class RedisBindingStore:
             return await self.local.get(key)
         if worker is None:
             await self.local.delete(key)
+            self._confirmed.pop(key, None)
         else:
             await self.local.set(key, worker)
+            self._confirm(key)
         return worker
 
     async def set(self, key: str, worker: str, ttl: float | None = None) -> None:
@@ -85,9 +113,12 @@ class RedisBindingStore:
             await self._link.call(lambda: client.set(_BIND + key, worker, px=int(ttl * 1000)))
         except RedisDown:
             self._fallbacks += 1
+        else:
+            self._confirm(key)
 
     async def delete(self, key: str) -> None:
         await self.local.delete(key)
+        self._confirmed.pop(key, None)
         client = self._link.client
         try:
             await self._link.call(lambda: client.delete(_BIND + key))
@@ -105,10 +136,12 @@ class RedisBindingStore:
             return await self.local.claim(key, expected, worker, ttl)
         assert held is not None
         await self.local.set(key, held, ttl)
+        self._confirm(key)
         return held
 
     def stats(self) -> dict[str, int]:
-        return {**self.local.stats(), "redis_fallbacks": self._fallbacks}
+        return {**self.local.stats(), "redis_fallbacks": self._fallbacks,
+                "fresh_local_hits": self._local_hits}
 
 
 class RedisUpstreamSessions:

@@ -90,13 +90,16 @@ class RedisLimits:
     Redis is down and builds the refusals; ``clock`` is wall-clock seconds."""
 
     def __init__(self, link: RedisLink, local: Any, *, window: float = 60.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 batch: float = 0.02, clock: Callable[[], float] = time.time) -> None:
         self._link = link
         self.local = local
         self._window = window
         self._clock = clock
         self._script = link.client.register_script(_SCRIPT)
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._batch = batch
+        self._pending: dict[str, int] = {}
+        self._flusher: asyncio.Task[Any] | None = None
         self.fallbacks = 0
 
     def _args(self, mode: str, now: float, *rest: Any) -> list[Any]:
@@ -117,23 +120,38 @@ class RedisLimits:
         return self.local.refusal(policy, _Snapshot(reply), now)
 
     def charge(self, key: str, tokens: int) -> None:
+        """Queue ``tokens`` for ``key``; the queue goes to Redis in one pipeline
+        ``batch`` seconds after the first charge in it (tpm windows lag that much)."""
         if tokens <= 0:
             return
         if not self._link.up:
             self._fell_back("charge")
             self.local.charge(key, tokens)
             return
-        task = asyncio.get_running_loop().create_task(self._charge(key, tokens))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._pending[key] = self._pending.get(key, 0) + tokens
+        if self._flusher is None:
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_soon())
+            self._tasks.add(self._flusher)
+            self._flusher.add_done_callback(self._tasks.discard)
 
-    async def _charge(self, key: str, tokens: int) -> None:
-        args = self._args("charge", self._clock(), -1, -1, -1, -1, tokens, 0)
+    async def _flush_soon(self) -> None:
+        await asyncio.sleep(self._batch)
+        pending, self._pending, self._flusher = self._pending, {}, None
+        now = self._clock()
+
+        async def send() -> None:
+            pipe = self._link.client.pipeline(transaction=False)
+            for key, tokens in pending.items():
+                await self._script(keys=[_KEY + key],
+                                   args=self._args("charge", now, -1, -1, -1, -1, tokens, 0),
+                                   client=pipe)
+            await pipe.execute()
         try:
-            await self._link.call(lambda: self._script(keys=[_KEY + key], args=args))
+            await self._link.call(send)
         except RedisDown:
             self._fell_back("charge")
-            self.local.charge(key, tokens)
+            for key, tokens in pending.items():
+                self.local.charge(key, tokens)
 
     async def seed(self, key: str, day_tokens: int, month_tokens: int) -> None:
         await self.local.seed(key, day_tokens, month_tokens)
@@ -152,8 +170,8 @@ class RedisLimits:
             self._fell_back("forget")
 
     async def flush(self) -> None:
-        """Wait for the charges sent in the background (tests, shutdown)."""
-        if self._tasks:
+        """Wait for the queued charges to reach Redis (tests, shutdown)."""
+        while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _fell_back(self, op: str) -> None:

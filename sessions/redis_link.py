@@ -53,7 +53,7 @@ class StoreUnavailable(GatewayError):
 class RedisLink:
     """A ``redis.asyncio`` client with explicit retry and timeouts, and an up/down flag."""
 
-    def __init__(self, url: str, *, timeout: float = 0.25, probe_interval: float = 0.5) -> None:
+    def __init__(self, url: str, *, timeout: float = 0.1, probe_interval: float = 0.5) -> None:
         self.url = url
         self.timeout = timeout
         self.probe_interval = probe_interval

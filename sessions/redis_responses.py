@@ -76,7 +76,7 @@ while true do
   local best, most = nil, -1
   for i = 1, #flat, 2 do
     local v = tonumber(flat[i + 1])
-    if v > most or (v == most and flat[i] < best) then best, most = flat[i], v end
+    if best == nil or v > most or (v == most and flat[i] < best) then best, most = flat[i], v end
   end
   if best == nil then break end
   local oldest = redis.call('ZRANGE', B .. 'own:' .. best, 0, 0)

@@ -46,7 +46,7 @@ def entry(rid: str, owner: str = "team-a", previous: str | None = None,
 
 
 async def test_bindings_shared_with_sliding_ttl_and_compare_and_set(links) -> None:
-    a, b = (RedisBindingStore(link, ttl=0.4) for link in links)
+    a, b = (RedisBindingStore(link, ttl=0.4, fresh=0) for link in links)  # every read to Redis
     assert await a.claim("s", None, "w1") == "w1"
     assert await b.claim("s", None, "w2") == "w1"   # the first claim won
     assert await b.get("s") == "w1"
@@ -62,12 +62,22 @@ async def test_bindings_shared_with_sliding_ttl_and_compare_and_set(links) -> No
     assert await a.get("t") is None
 
 
-async def test_concurrent_first_claims_agree(links) -> None:
-    a, b = (RedisBindingStore(link) for link in links)
-    held = await asyncio.gather(*(store.claim(f"k{i}", None, f"w-{n}")
-                                  for i in range(20) for n, store in enumerate((a, b))))
-    for i in range(20):
-        assert held[2 * i] == held[2 * i + 1]
+async def test_concurrent_first_claims_agree(server: RedisServer) -> None:
+    # about atomicity, not timing: 40 new connections at once may take longer
+    # than the default 100 ms on a busy machine (and then fall back to local claims)
+    links = [RedisLink(server.url, timeout=2.0) for _ in range(2)]
+    try:
+        for link in links:
+            assert await link.ping()
+        a, b = (RedisBindingStore(link) for link in links)
+        held = await asyncio.gather(*(store.claim(f"k{i}", None, f"w-{n}")
+                                      for i in range(20) for n, store in enumerate((a, b))))
+        for i in range(20):
+            assert held[2 * i] == held[2 * i + 1]
+        assert all(link.up for link in links)
+    finally:
+        for link in links:
+            await link.aclose()
 
 
 async def test_responses_chain_read_and_delete_across_links(links) -> None:
@@ -175,7 +185,7 @@ async def test_drained_set_shared(links) -> None:
 
 async def test_lost_redis_fails_fast_falls_back_and_recovers(server: RedisServer, links) -> None:
     link = links[0]
-    bindings = RedisBindingStore(link)
+    bindings = RedisBindingStore(link, fresh=0)
     responses = RedisResponseStore(link)
     limits = RedisLimits(link, MemoryLimits())
     await bindings.set("s", "w1")
@@ -204,3 +214,48 @@ async def test_lost_redis_fails_fast_falls_back_and_recovers(server: RedisServer
         assert (await responses.get("r2")).id == "r2"
     finally:
         watch.cancel()
+
+
+async def test_a_hung_redis_costs_one_timeout_then_nothing(server: RedisServer, links) -> None:
+    import signal
+    link = links[0]
+    bindings = RedisBindingStore(link, fresh=0)
+    await bindings.set("s", "w1")
+    server.proc.send_signal(signal.SIGSTOP)  # alive but silent: the worst case
+    try:
+        start = time.monotonic()
+        assert await bindings.get("s") == "w1"
+        first = time.monotonic() - start
+        start = time.monotonic()
+        for _ in range(100):
+            assert await bindings.get("s") == "w1"
+        rest = time.monotonic() - start
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+    assert first < link.timeout + 0.1 and rest < 0.1
+    assert await link.ping()
+    assert await bindings.get("s") == "w1"
+
+
+async def test_charges_batched_into_one_pipeline(links) -> None:
+    a, b = (RedisLimits(link, MemoryLimits()) for link in links)
+    for key in ("k1", "k2"):
+        for _ in range(5):
+            a.charge(key, 3)   # 10 charges, one flush
+    await a.flush()
+    for key in ("k1", "k2"):
+        refusal = await b.admit(KeyPolicy(key, tpm=15))
+        assert refusal is not None and refusal.window.tokens_remaining == 0
+        assert await b.admit(KeyPolicy(key, tpm=16)) is None
+
+
+async def test_fresh_bindings_skip_the_round_trip_but_see_moves_later(links) -> None:
+    clock = [0.0]
+    a = RedisBindingStore(links[0], fresh=1.0, clock=lambda: clock[0])
+    b = RedisBindingStore(links[1])
+    await a.set("s", "w1")
+    await b.claim("s", "w1", "w2")             # B moves the session
+    assert await a.get("s") == "w1"            # within `fresh`: A's mirror answers
+    assert a.stats()["fresh_local_hits"] == 1
+    clock[0] = 1.5
+    assert await a.get("s") == "w2"            # after it: Redis, and the move
