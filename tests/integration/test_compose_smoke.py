@@ -35,6 +35,7 @@ from tests.fakes.upstreams import FakeUpstream
 from tests.support.compose import compose_model
 from tests.support.image_venv import image_venv
 from tests.support.ports import free_port
+from tests.support.redis_server import require_redis_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -75,6 +76,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    require_redis_server()  # Debian's redis-server (and its redis-cli) stand in for the image
     tmp = tmp_path_factory.mktemp("compose")
     services = compose_model(env={"POOLGATE_ADMIN_TOKEN": ADMIN, "POOLGATE_METRICS_TOKEN": METRICS,
                                   "POOLGATE_API_KEYS": f"smoke={CLIENT_KEY}"})["services"]
