@@ -66,6 +66,10 @@ class RuntimeWorkers:
         if name in self.fixed:
             raise Conflict(f"A worker named '{name}' comes from the configuration.",
                            param="name", code="worker_exists")
+        if name in self._leaves:
+            raise Conflict(f"The worker '{name}' is still leaving the pool (its requests are "
+                           "finishing); register it again once it has left.", param="name",
+                           code="worker_leaving")
         if name in self._joined:
             raise Conflict(f"A worker named '{name}' is already registered.", param="name",
                            code="worker_exists")

@@ -209,6 +209,8 @@ def test_delete_refusals_and_a_drain_that_outlasts_the_wait(gateway, fake) -> No
     assert _workers(http)["joined"]["state"] == "draining"
     resumed = http.post("/internal/workers/joined/resume", headers=ADMIN)
     assert resumed.status_code == 409  # a leaving worker does not come back
+    again = _register(http, fake)
+    assert again.status_code == 409 and again.json()["error"]["code"] == "worker_leaving"
     with pytest.raises(openai.RateLimitError, match="is ready"):  # draining: nothing new
         _sdk(http).chat.completions.create(model="joined-model",
                                            messages=[{"role": "user", "content": "x"}])
@@ -218,6 +220,7 @@ def test_delete_refusals_and_a_drain_that_outlasts_the_wait(gateway, fake) -> No
     while "joined" in _workers(http):
         assert time.monotonic() < deadline, "the drained worker never left"
         time.sleep(0.05)
+    assert _register(http, fake).status_code == 201  # once it has left, the name is free
 
 
 def test_poolgate_join_registers_through_the_admin_endpoint(gateway, fake) -> None:
