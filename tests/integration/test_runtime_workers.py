@@ -21,6 +21,7 @@ from app.factory import create_app
 from app.settings import load_settings
 from tests.fakes.upstreams import FakeUpstream
 from tests.support.paths import REPO
+from tests.support.ports import free_port
 from tests.support.server import ServerThread
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -244,6 +245,12 @@ def test_poolgate_join_registers_through_the_admin_endpoint(gateway, fake) -> No
     assert again.returncode == 0 and "already registered" in again.stdout
     wrong = run({"POOLGATE_ADMIN_TOKEN": "not-the-token"})
     assert wrong.returncode == 1 and "refused (401)" in wrong.stdout
+    closed = subprocess.run(
+        [*argv[:argv.index("--gateway") + 1], f"http://127.0.0.1:{free_port()}",
+         *argv[argv.index("--gateway") + 2:-1], "0"],
+        env={**env, "POOLGATE_ADMIN_TOKEN": ADMIN_TOKEN}, cwd=REPO, capture_output=True,
+        text=True, timeout=60)
+    assert closed.returncode == 1 and "cannot reach" in closed.stdout
     worker = _workers(http)["claude-up"]
     assert worker["aliases"] == {"cj": "claude-joined"} and worker["source"] == "registered"
     claude = anthropic.Anthropic(base_url=str(http.base_url), api_key=CLIENT_KEY, max_retries=0)
