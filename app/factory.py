@@ -338,7 +338,11 @@ def _build_policies(gw: Gateway, routing: Any) -> None:
     def policy(name: str) -> Any:
         return make_policy(name, in_flight=gw.admission.in_flight, store=gw.bindings,
                            ttl=routing.binding_ttl, busy=busy, imbalance_abs=routing.imbalance_abs,
-                           imbalance_rel=routing.imbalance_rel, owned=True)
+                           imbalance_rel=routing.imbalance_rel, owned=True,
+                           prefix={"block_chars": routing.prefix_block_chars,
+                                   "min_match": routing.prefix_min_match,
+                                   "max_blocks": routing.prefix_max_blocks,
+                                   "max_age": routing.prefix_max_age})
 
     gw.policy = policy(routing.policy)
     gw.policies = {model: policy(name) for model, name in routing.models.items()}

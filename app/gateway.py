@@ -80,6 +80,7 @@ class Gateway:
             prefix = request_prefix_hash(routed)  # the cli worker holding this conversation
             if prefix is not None:
                 prefer = await self.cli_sessions.get(prefix)
+        policy = self.policies.get(routed.model, self.policy)
 
         async def choose(free: Sequence[Worker]) -> Worker:
             if len(free) == 1:  # nothing to decide: skip the session key and the policy
@@ -89,10 +90,10 @@ class Gateway:
                     if worker.name == prefer:
                         return worker
             session, _source = owned_session_key(key, routed, headers)
-            policy = self.policies.get(routed.model, self.policy)
             return await policy.choose(routed, session, free)
 
         lease = await self.admission.acquire(key=key, workers=workers, choose=choose)
+        policy.placed(routed, lease.worker)
         self.pool.acquire(lease.worker)
         self.metrics.in_flight_started(lease.worker.name)
         return lease, routed
@@ -117,8 +118,10 @@ class Gateway:
         """What ``/internal/stats`` shows: admission, routing, bindings, stores."""
         routing = {"default": self.policy.stats(),
                    **{model: p.stats() for model, p in self.policies.items()}}
+        prefix = {model: p.prefix_stats() for model, p in
+                  (("default", self.policy), *self.policies.items()) if hasattr(p, "prefix_stats")}
         return {"in_flight": dict(self.pool.in_flight), "admission": self.admission.stats(),
-                "routing": routing, "bindings": self.bindings.stats(),
+                "routing": routing, "prefix": prefix, "bindings": self.bindings.stats(),
                 "responses": self.responses.stats(), "cli_sessions": self.cli_session_stats(),
                 "redis": self.redis.stats() if self.redis is not None else None}
 
@@ -139,8 +142,9 @@ class Gateway:
                    for w in self.pool.workers]
         stats = self.stats()
         return {"workers": workers, "admission": stats["admission"],
-                "routing": stats["routing"], "bindings": stats["bindings"],
-                "cli_sessions": stats["cli_sessions"], "redis": self.redis_state()}
+                "routing": stats["routing"], "prefix": stats["prefix"],
+                "bindings": stats["bindings"], "cli_sessions": stats["cli_sessions"],
+                "redis": self.redis_state()}
 
     def redis_state(self) -> str:
         """``off`` (no ``server.redis_url``), ``up`` or ``down``."""

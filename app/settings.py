@@ -334,8 +334,9 @@ class RoutingSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    policy: Literal["session_affinity", "least_in_flight"] = "session_affinity"
-    models: dict[str, Literal["session_affinity", "least_in_flight"]] = Field(default_factory=dict)
+    policy: Literal["session_affinity", "least_in_flight", "prefix_cache"] = "session_affinity"
+    models: dict[str, Literal["session_affinity", "least_in_flight", "prefix_cache"]] = Field(
+        default_factory=dict)
     # a model name nothing serves (nor matches an alias or a glob alias such as
     # "claude-*") goes to this served model instead of a 404; None: a 404
     default_model: str | None = None
@@ -346,6 +347,13 @@ class RoutingSettings(BaseModel):
     imbalance_abs: int = Field(2, ge=0)
     imbalance_rel: float = Field(1.5, ge=1)
     cooldown_seconds: float = Field(5.0, ge=0)
+    # the prefix_cache policy: prompts cut in blocks of prefix_block_chars characters;
+    # a worker's match counts from prefix_min_match characters; per worker at most
+    # prefix_max_blocks blocks, each forgotten prefix_max_age seconds after its last use
+    prefix_block_chars: int = Field(128, ge=16, le=65_536)
+    prefix_min_match: int = Field(256, ge=1)
+    prefix_max_blocks: int = Field(20_000, ge=1)
+    prefix_max_age: float = Field(600.0, gt=0)
 
 
 class ResponsesSettings(BaseModel):
