@@ -282,7 +282,13 @@ async def _start_redis(gw: Gateway, stack: contextlib.AsyncExitStack) -> None:
     if not await link.ping():
         log.warning("gateway.redis_unreachable")
 
+    outages = link.outages
+
     async def tick() -> None:
+        nonlocal outages
+        if link.outages != outages:  # back after an outage
+            outages = link.outages
+            gw.drains.republish()
         if gw.runtime_workers is not None:
             await gw.runtime_workers.sync()  # workers registered through other replicas
         if gw.pool.workers:

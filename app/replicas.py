@@ -6,7 +6,10 @@ any replica.
 Drains: an operator's drain or resume is applied here at once and written to
 the shared set; every replica polls the set with the health probe (every
 ``probe_interval``) and drains or resumes its own workers of those names.
-A change made while Redis is down is kept and written when it returns.
+A change made while Redis is down is kept and written when it returns, and
+after an outage each replica writes its drains again (Redis may come back
+empty); a resume made elsewhere while this replica could not reach Redis is
+then undone here, the safe direction for a drain.
 """
 
 from __future__ import annotations
@@ -101,6 +104,12 @@ class Drains:
             self.here.discard(name)
             self.pending[name] = False
             await self.flush()
+
+    def republish(self) -> None:
+        """After an outage: write this replica's drains again (a Redis without
+        persistence comes back empty, and would otherwise resume every drained worker)."""
+        for name in self.here:
+            self.pending.setdefault(name, True)
 
     async def sync(self, gw: Any) -> None:
         """Apply the shared set to this replica's workers (with the health probe)."""

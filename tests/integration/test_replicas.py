@@ -196,6 +196,8 @@ def test_redis_killed_then_back(cluster) -> None:
     a, b = cluster.a, cluster.b
     stored = a.http.post("/v1/responses", headers=KEY,
                          json={"model": OPENAI_MODEL, "input": "before"}).json()["id"]
+    assert a.http.post("/internal/workers/w3/drain", headers=ADMIN).status_code == 200
+    _until(lambda: b.worker_state("w3") == "draining", 5, "B drains w3")
     # requests in flight when Redis dies: each upstream answer takes 0.5 s
     with ThreadPoolExecutor(4) as pool:
         def slow(i: int) -> tuple[int, float]:
@@ -243,6 +245,11 @@ def test_redis_killed_then_back(cluster) -> None:
     took = max(_until(lambda: r.http.get("/readyz").json()["redis"] == "up", 5, "Redis used again")
                for r in (a, b))
     assert took < 5
+    # Redis came back empty: the replicas wrote their drains again rather than resume w3
+    time.sleep(1.5)
+    assert a.worker_state("w3") == b.worker_state("w3") == "draining"
+    assert b.http.post("/internal/workers/w3/resume", headers=ADMIN).status_code == 200
+    _until(lambda: a.worker_state("w3") == "ready", 5, "A resumes w3")
     rid = b.http.post("/v1/responses", headers=KEY,
                       json={"model": OPENAI_MODEL, "input": "after"}).json()["id"]
     assert a.http.get(f"/v1/responses/{rid}", headers=KEY).status_code == 200
