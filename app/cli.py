@@ -1,4 +1,4 @@
-"""``poolgate`` command line: ``serve``, ``check-config``, ``version``.
+"""``poolgate`` command line: ``serve``, ``check-config``, ``version``, ``join``.
 
 This is the one place that touches ``os.environ``: it hands it to
 ``load_settings`` explicitly.
@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 import structlog
 
+from app.join import add_join_parser, join
 from app.settings import ConfigError, Settings, check_config, load_settings
 
 __all__ = ["main", "build_parser", "build_server", "serve_overrides", "insecure_refusal"]
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("file", metavar="FILE")
 
     commands.add_parser("version", help="print the version")
+    add_join_parser(commands)
     return parser
 
 
@@ -58,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     if args.command == "check-config":
         return _check_config(args.file, os.environ, sys.stdout)
+    if args.command == "join":
+        return join(args, os.environ, sys.stdout)
     return _serve(args, os.environ)
 
 

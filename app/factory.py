@@ -36,13 +36,15 @@ from .middleware import GatewayMiddleware
 from .observability import Metrics
 from .pool_metrics import PoolCollector
 from .replicas import Drains, build_stores
-from .routes import accounts as account_routes, chat, keys as key_routes, models, ops, responses
+from .runtime_workers import RuntimeWorkers
+from .routes import (accounts as account_routes, chat, keys as key_routes, models, ops, responses,
+                     worker_admin)
 from .routes.ui import UI_PATH, UI_STATIC_PATH, OperatorPage
 from .settings import EMBEDDED_SAMPLING
 from .state import apply_policy, open_state
 from .teams import Teams, policy_from_settings
 
-__all__ = ["create_app", "worker_specs"]
+__all__ = ["create_app", "worker_specs", "remote_spec"]
 
 log = structlog.get_logger("poolgate")
 
@@ -78,13 +80,18 @@ def worker_specs(settings: Any) -> list[Spec]:
                 backoff_max=w.backoff_max, crash_loop_threshold=w.crash_loop_threshold,
                 crash_loop_window=w.crash_loop_window, stop_timeout=w.stop_timeout))
         else:
-            specs.append(RemoteSpec(
-                name=w.name, dialect=w.dialect, url=w.url, api_key=_secret(w.api_key),
-                models=tuple(w.models), aliases=dict(w.aliases),
-                connect_timeout=w.connect_timeout, first_byte_timeout=w.first_byte_timeout,
-                idle_timeout=w.idle_timeout, max_connections=w.max_connections,
-                max_in_flight=w.max_in_flight, policy=pass_policy(w)))
+            specs.append(remote_spec(w))
     return specs
+
+
+def remote_spec(w: Any) -> RemoteSpec:
+    """A ``remote`` worker's spec from its settings (configured or registered at run time)."""
+    return RemoteSpec(
+        name=w.name, dialect=w.dialect, url=w.url, api_key=_secret(w.api_key),
+        models=tuple(w.models), aliases=dict(w.aliases),
+        connect_timeout=w.connect_timeout, first_byte_timeout=w.first_byte_timeout,
+        idle_timeout=w.idle_timeout, max_connections=w.max_connections,
+        max_in_flight=w.max_in_flight, policy=pass_policy(w))
 
 
 def pass_policy(w: Any) -> PassPolicy:
@@ -190,6 +197,7 @@ def create_app(settings: Any) -> Starlette:
             stack.push_async_callback(gw.logins.aclose)
             watcher = asyncio.ensure_future(gw.logins.watch())
             stack.callback(watcher.cancel)
+            await _open_runtime_workers(gw, settings, stores.workers, stack)
             probes = asyncio.ensure_future(gw.pool.probe_forever(server.health_interval))
             stack.callback(probes.cancel)
             log.info("gateway.started", workers=[s.name for s in specs],
@@ -216,6 +224,8 @@ def create_app(settings: Any) -> Starlette:
         Route("/readyz", ops.readyz, methods=["GET"]),
         Route("/metrics", ops.metrics, methods=["GET"]),
         Route("/internal/workers", ops.internal_workers, methods=["GET"]),
+        Route("/internal/workers", worker_admin.register_worker, methods=["POST"]),
+        Route("/internal/workers/{name}", worker_admin.unregister_worker, methods=["DELETE"]),
         Route("/internal/workers/{name}/engine", ops.worker_engine, methods=["GET"]),
         Route("/internal/workers/{name}/bundle", account_routes.get_bundle, methods=["GET"]),
         Route("/internal/workers/{name}/bundle", account_routes.put_bundle, methods=["PUT"]),
@@ -251,6 +261,19 @@ def create_app(settings: Any) -> Starlette:
     return app
 
 
+async def _open_runtime_workers(gw: Gateway, settings: Any, registrations: Any,
+                                stack: contextlib.AsyncExitStack) -> None:
+    """Remote workers registered at run time, kept in step with their store
+    (Redis: polled with the link's health probe, see ``_start_redis``)."""
+    def make(worker: Any) -> Any:
+        return make_remote_worker(remote_spec(worker))
+
+    runtime = RuntimeWorkers(gw, registrations, environ=settings.environment, make=make)
+    gw.runtime_workers = runtime
+    stack.push_async_callback(runtime.aclose)
+    await runtime.sync()  # what other replicas registered before this one started
+
+
 async def _start_redis(gw: Gateway, stack: contextlib.AsyncExitStack) -> None:
     """First ping, then the probe loop (which also syncs drains); a Redis down
     at start-up is not fatal: the replica serves from memory until it answers."""
@@ -266,6 +289,8 @@ async def _start_redis(gw: Gateway, stack: contextlib.AsyncExitStack) -> None:
         if link.outages != outages:  # back after an outage
             outages = link.outages
             gw.drains.republish()
+        if gw.runtime_workers is not None:
+            await gw.runtime_workers.sync()  # workers registered through other replicas
         if gw.pool.workers:
             await gw.drains.sync(gw)
 

@@ -60,6 +60,7 @@ class Gateway:
     config_keys: frozenset[str] = frozenset()  # names from the configuration (read-only)
     ledger: UsageLedger | None = None  # set while the app runs
     keystore: KeyStore | None = None  # the run-time keys, set while the app runs
+    runtime_workers: Any = None  # app.runtime_workers.RuntimeWorkers, set while the app runs
     redis: Any = None  # the RedisLink when server.redis_url is set
     locks: Any = field(default_factory=MemoryLocks)  # named locks (logins), shared with Redis
     drains: Drains = field(default_factory=lambda: Drains(MemoryDrainedSet()))

@@ -30,6 +30,8 @@ from sessions.responses import MemoryResponseStore
 from sessions.shared import (DrainedSet, Locks, MemoryDrainedSet, MemoryLocks, RedisDrainedSet,
                              RedisLocks)
 from sessions.upstream import MemoryUpstreamSessions
+from sessions.workers import (MemoryWorkerRegistrations, RedisWorkerRegistrations,
+                              WorkerRegistrations)
 
 __all__ = ["Stores", "build_stores", "Drains"]
 
@@ -44,6 +46,7 @@ class Stores:
     limits: Any
     locks: Locks
     drained: DrainedSet
+    workers: WorkerRegistrations  # remote workers registered at run time
     link: RedisLink | None = None
 
 
@@ -58,7 +61,8 @@ def build_stores(settings: Any) -> Stores:
             bindings=MemoryBindingStore(ttl=routing.binding_ttl, max_items=routing.max_bindings),
             cli_sessions=MemoryUpstreamSessions(max_entries=cli.max_entries,
                                                 max_age=cli.max_age_seconds),
-            limits=MemoryLimits(), locks=MemoryLocks(), drained=MemoryDrainedSet())
+            limits=MemoryLimits(), locks=MemoryLocks(), drained=MemoryDrainedSet(),
+            workers=MemoryWorkerRegistrations())
     link = RedisLink(server.redis_url, timeout=server.redis_timeout)
     return Stores(
         responses=RedisResponseStore(link, max_items=store.max_items, max_bytes=store.max_bytes,
@@ -67,7 +71,7 @@ def build_stores(settings: Any) -> Stores:
         cli_sessions=RedisUpstreamSessions(link, max_entries=cli.max_entries,
                                            max_age=cli.max_age_seconds),
         limits=RedisLimits(link, MemoryLimits()), locks=RedisLocks(link),
-        drained=RedisDrainedSet(link), link=link)
+        drained=RedisDrainedSet(link), workers=RedisWorkerRegistrations(link), link=link)
 
 
 @dataclass(slots=True, eq=False)
@@ -94,6 +98,13 @@ class Drains:
                 return
             self.pending.pop(name, None)
 
+    async def forget(self, name: str) -> None:
+        """``name`` left the pool: drop it from the drained names, here and shared."""
+        if name in self.here or name in self.pending:
+            self.here.discard(name)
+            self.pending[name] = False
+            await self.flush()
+
     def republish(self) -> None:
         """After an outage: write this replica's drains again (a Redis without
         persistence comes back empty, and would otherwise resume every drained worker)."""
@@ -106,8 +117,11 @@ class Drains:
         if self.pending:
             return
         names = await self.shared.members()
+        leaving = gw.runtime_workers.leaving if gw.runtime_workers is not None else None
         for worker in gw.pool.workers:
             name = worker.name
+            if leaving is not None and leaving(name):
+                continue  # on its way out of the pool: it stays drained whatever the set says
             if (name in names) != (name in self.here):
                 apply(gw, worker, name in names)
                 (self.here.add if name in names else self.here.discard)(name)

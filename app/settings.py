@@ -31,7 +31,7 @@ from .key_settings import KeySettings, missing_key_secrets, resolve_key_secrets
 __all__ = [
     "CONFIG_ENV", "API_KEYS_ENV", "ConfigError", "ServerSettings", "WorkerSettings", "Settings",
     "CliSessionSettings",
-    "load_settings", "check_config", "is_loopback_host",
+    "load_settings", "check_config", "is_loopback_host", "registered_worker", "REGISTRABLE",
 ]
 
 CONFIG_ENV = "POOLGATE_CONFIG"
@@ -469,6 +469,37 @@ def load_settings(config_path: str | None, environ: Mapping[str, str], overrides
         # nothing configured: the embedded default model on the llama.cpp engine
         settings = settings.model_copy(update={"workers": (DEFAULT_WORKER,)})
     return _resolve_secrets(settings, environ)
+
+
+# What ``POST /internal/workers`` may set: a remote worker's fields, its key by
+# environment variable name (``api_key`` itself is refused: no secret in a body).
+REGISTRABLE = frozenset({
+    "name", "kind", "dialect", "url", "models", "aliases", "api_key_env", "connect_timeout",
+    "first_byte_timeout", "idle_timeout", "max_connections", "max_in_flight", "pass_fields",
+    "pass_betas", "server_tools", "image_urls", "image_max_bytes",
+})
+
+
+def registered_worker(data: Mapping[str, Any], environ: Mapping[str, str]) -> WorkerSettings:
+    """A remote worker registered at run time, validated as a ``[[workers]]``
+    entry is and its key resolved from ``environ``; ``ConfigError`` otherwise."""
+    if "api_key" in data:
+        raise ConfigError(["api_key: secrets never go in a request body; name the environment "
+                           "variable that holds it in api_key_env"])
+    unknown = sorted(k for k in data if k not in REGISTRABLE)
+    if unknown:
+        raise ConfigError([f"{k}: unknown key (a registered worker takes "
+                           f"{', '.join(sorted(REGISTRABLE))})" for k in unknown])
+    if data.get("kind", "remote") != "remote":
+        raise ConfigError(["kind: only remote workers can be registered at run time"])
+    try:
+        worker = WorkerSettings.model_validate({**data, "kind": "remote"})
+    except ValidationError as exc:
+        raise ConfigError([_format_error(err) for err in exc.errors()]) from None
+    env = worker.api_key_env
+    if env is not None and not environ.get(env):
+        raise ConfigError([f"api_key_env: environment variable {env} is not set"])
+    return _resolve_worker(worker, environ)
 
 
 def check_config(path: str, environ: Mapping[str, str]) -> list[str]:

@@ -9,7 +9,7 @@ wire envelope.
 from __future__ import annotations
 
 __all__ = [
-    "GatewayError", "BadRequest", "AuthenticationFailed", "PermissionDenied", "NotFound",
+    "GatewayError", "BadRequest", "AuthenticationFailed", "PermissionDenied", "NotFound", "Conflict",
     "PayloadTooLarge", "Overloaded", "UpstreamError", "UpstreamUnavailable", "UpstreamTimeout",
     "InternalError", "WorkerCrashed", "EngineUnavailable", "EngineFailed",
     "UpstreamCredentialsRefused",
@@ -51,6 +51,13 @@ class PermissionDenied(GatewayError):
 class NotFound(GatewayError):
     status = 404
     kind = "not_found"
+
+
+class Conflict(GatewayError):
+    """The request clashes with what exists (a name taken, a read-only item)."""
+
+    status = 409
+    kind = "invalid_request"
 
 
 class PayloadTooLarge(GatewayError):

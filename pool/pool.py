@@ -12,7 +12,7 @@ import asyncio
 import time
 from fnmatch import fnmatchcase
 from dataclasses import dataclass, replace
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import structlog
 
@@ -39,25 +39,67 @@ def is_pattern(alias: str) -> bool:
 
 class Pool:
     def __init__(self, workers: Sequence[Worker], *, default_model: str | None = None) -> None:
-        self.workers: tuple[Worker, ...] = tuple(workers)
-        self._serving: dict[str, list[Worker]] = {}
-        self._aliases: dict[str, str] = {}
-        self._patterns: list[tuple[str, str]] = []  # (glob, model) in configuration order
-        for worker in self.workers:
-            for model in worker.models:
-                self._serving.setdefault(model, []).append(worker)
-            for alias, model in worker.aliases.items():
-                if is_pattern(alias):
-                    self._patterns.append((alias, model))
-                else:
-                    self._aliases.setdefault(alias, model)
-        self._matched: dict[str, str | None] = {}  # names already looked up among the globs
+        self.workers: tuple[Worker, ...] = ()
+        self.in_flight: dict[str, int] = {}
+        self._index(tuple(workers))
         if default_model is not None and self._named(default_model) is None:
             raise ValueError(f"default_model {default_model!r} is not served by any worker")
         self.default_model = default_model
-        self.in_flight: dict[str, int] = {w.name: 0 for w in self.workers}
         self.probe_seconds: dict[str, float] = {}
         self._cooling_until: dict[str, tuple[float, int]] = {}
+
+    def _index(self, workers: tuple[Worker, ...]) -> None:
+        """Make ``workers`` the pool: the lookup tables are built aside and swapped
+        in at once, so a request never sees half a change (no await in between)."""
+        serving: dict[str, list[Worker]] = {}
+        aliases: dict[str, str] = {}
+        patterns: list[tuple[str, str]] = []  # (glob, model) in configuration order
+        for worker in workers:
+            for model in worker.models:
+                serving.setdefault(model, []).append(worker)
+            for alias, model in worker.aliases.items():
+                if is_pattern(alias):
+                    patterns.append((alias, model))
+                else:
+                    aliases.setdefault(alias, model)
+        self.workers, self._serving, self._aliases, self._patterns = (
+            workers, serving, aliases, patterns)
+        self._matched: dict[str, str | None] = {}  # names already looked up among the globs
+        for worker in workers:
+            self.in_flight.setdefault(worker.name, 0)
+
+    # --- workers joining and leaving at run time ----------------------------------------
+
+    def check_joining(self, name: str, models: Sequence[str], aliases: Mapping[str, str]) -> None:
+        """Raise ``ValueError`` if a worker so named and serving these names cannot
+        join: its name is taken, or a name it serves means another model here."""
+        if any(w.name == name for w in self.workers):
+            raise ValueError(f"a worker named {name!r} is already in the pool")
+        meaning = {m: m for w in self.workers for m in w.models}
+        for w in self.workers:
+            for alias, model in w.aliases.items():
+                meaning.setdefault(alias, model)
+        for served, target in [*((m, m) for m in models), *aliases.items()]:
+            known = meaning.get(served)
+            if known is not None and known != target:
+                raise ValueError(f"{served!r} already means {known!r} here, not {target!r}")
+
+    def add(self, worker: Worker) -> None:
+        """Take a started worker into the pool: routing sees it from now on."""
+        self.check_joining(worker.name, worker.models, worker.aliases)
+        self._index((*self.workers, worker))
+        self.in_flight[worker.name] = 0
+
+    def remove(self, name: str) -> Worker:
+        """Take ``name`` out of the pool (the caller drained it: nothing is in flight)."""
+        worker = self.worker(name)
+        if self.in_flight.get(name, 0):
+            raise RuntimeError(f"worker {name!r} still has requests in flight")
+        self._index(tuple(w for w in self.workers if w is not worker))
+        self.in_flight.pop(name, None)
+        self.probe_seconds.pop(name, None)
+        self._cooling_until.pop(name, None)
+        return worker
 
     # --- models -------------------------------------------------------------
 

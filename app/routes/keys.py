@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from auth.keys import digest
-from pool.errors import BadRequest, GatewayError, NotFound
+from pool.errors import BadRequest, Conflict, GatewayError, NotFound
 from sessions.keystore import KeyExists
 from sessions.ledger import GROUPS
 
@@ -52,11 +52,6 @@ class _Policy(BaseModel):
 
 class _NewKey(_Policy):
     name: str = Field(pattern=_NAME_PATTERN)
-
-
-class Conflict(GatewayError):
-    status = 409
-    kind = "invalid_request"
 
 
 async def _body(request: Request, model: type[_Policy]) -> tuple[_Policy, dict[str, Any]]:

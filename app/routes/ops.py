@@ -11,13 +11,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from auth.keys import extract_key
-from pool.errors import AuthenticationFailed, GatewayError, NotFound
+from pool.errors import AuthenticationFailed, Conflict, GatewayError, NotFound
 from pool.worker import WorkerState
 
 from ..gateway import Gateway
 from ..http import error_response, json_response
 
-__all__ = ["root", "healthz", "readyz", "metrics", "internal_workers", "worker_action",
+__all__ = ["root", "healthz", "readyz", "metrics", "internal_workers", "worker_action", "worker_info",
            "worker_engine", "internal_stats", "admin_denied"]
 
 log = structlog.get_logger("poolgate.admin")
@@ -71,7 +71,8 @@ def admin_denied(gw: Gateway, request: Request) -> Response | None:
     return None
 
 
-def _worker_info(gw: Gateway, w: Any, now: float) -> dict[str, Any]:
+def worker_info(gw: Gateway, w: Any, now: float) -> dict[str, Any]:
+    """One worker as ``GET /internal/workers`` lists it."""
     uptime = getattr(w, "uptime", None)
     started = getattr(w, "started_at", None)
     if uptime is None and started:
@@ -79,7 +80,9 @@ def _worker_info(gw: Gateway, w: Any, now: float) -> dict[str, Any]:
     last_exit = getattr(w, "last_exit", None)
     if hasattr(last_exit, "as_dict"):
         last_exit = last_exit.as_dict()
+    runtime = gw.runtime_workers
     return {"name": w.name, "kind": w.kind, "state": w.state.value,
+            "source": runtime.source(w.name) if runtime is not None else "config",
             "pid": getattr(w, "pid", None),
             "uptime": round(uptime, 3) if uptime is not None else None,
             "restarts": getattr(w, "restarts", 0),
@@ -117,7 +120,7 @@ async def internal_workers(request: Request) -> Response:
     if denied is not None:
         return denied
     now = time.time()
-    return json_response({"workers": [_worker_info(gw, w, now) for w in gw.pool.workers],
+    return json_response({"workers": [worker_info(gw, w, now) for w in gw.pool.workers],
                           "time": now})
 
 
@@ -133,6 +136,11 @@ async def worker_action(request: Request) -> Response:
         worker = gw.pool.worker(request.path_params["name"])
     except NotFound as exc:
         return error_response(exc, "openai")
+    if action == "resume" and gw.runtime_workers is not None and gw.runtime_workers.leaving(
+            worker.name):
+        return error_response(Conflict(
+            f"The worker '{worker.name}' is leaving the pool; it cannot be resumed.",
+            param="name", code="worker_leaving"), "openai")
     if action in ("drain", "resume"):
         await gw.drains.set(gw, worker, action == "drain")  # here, then every replica
     elif action == "restart":
@@ -147,7 +155,7 @@ async def worker_action(request: Request) -> Response:
         return error_response(NotFound(f"No worker action '{action}' "
                                        "(drain, resume, restart, stop)."), "openai")
     log.info("admin.worker_action", worker=worker.name, action=action)
-    return json_response(_worker_info(gw, worker, time.time()))
+    return json_response(worker_info(gw, worker, time.time()))
 
 
 async def worker_engine(request: Request) -> Response:

@@ -340,7 +340,8 @@ def _imports(path: Path) -> set[str]:
     ("sessions/keys.py", {"app", "auth"}),
     ("sessions/bindings.py", {"app", "auth"}),
     *((f"sessions/{name}.py", {"app", "auth"}) for name in (
-        "redis_link", "redis_bindings", "redis_responses", "redis_limits", "shared")),
+        "redis_link", "redis_bindings", "redis_responses", "redis_limits", "shared", "workers")),
+    ("pool/pool.py", {"app", "sessions", "auth"}),
 ])
 def test_imports_follow_the_package_direction(module: str, forbidden: set[str]) -> None:
     imports = _imports(REPO / module)
