@@ -22,7 +22,9 @@ Mapping choices:
 * Hosted tools (``web_search``, ``file_search``, ``mcp``, ...) and unknown
   tool types are left out of the canonical tools; forcing one with
   ``tool_choice`` is refused. Records of hosted tool calls in the input
-  (``web_search_call``, ...) are skipped.
+  (``web_search_call``, ...) are skipped, except ``mcp_call``: this
+  gateway's agent-mode workers answer with it (a tool the CLI ran), so it
+  comes back as an ``ExecutedToolPart`` of the assistant turn.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any, Mapping, Sequence
 
 from pool.errors import BadRequest
 from pool.model import (
-    ChatRequest, ImagePart, Message, Part, ReasoningPart, ResponseFormat, Sampling, TextPart,
+    ChatRequest, ExecutedToolPart, ImagePart, Message, Part, ReasoningPart, ResponseFormat, Sampling, TextPart,
     Tool, ToolCallPart, ToolChoice, ToolResultPart,
 )
 
@@ -50,10 +52,11 @@ _SESSION_HEADERS = ("session_id", "session-id", "x-session-id")
 # records of hosted tools at work: history the gateway has no worker-side meaning for
 _HOSTED_RECORDS = frozenset((
     "web_search_call", "file_search_call", "tool_search_call", "tool_search_output",
-    "image_generation_call", "code_interpreter_call", "mcp_list_tools", "mcp_call",
+    "image_generation_call", "code_interpreter_call", "mcp_list_tools",
     "mcp_approval_request", "mcp_approval_response"))
 _ID_PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_",
-              "custom_tool_call": "ctc_", "custom_tool_call_output": "ctco_", "reasoning": "rs_"}
+              "custom_tool_call": "ctc_", "custom_tool_call_output": "ctco_", "reasoning": "rs_",
+              "mcp_call": "mcp_"}
 
 
 # --- content ------------------------------------------------------------------------
@@ -130,6 +133,21 @@ def _output(item: dict[str, Any], param: str) -> ToolResultPart:
     return ToolResultPart(call_id, tuple(_content(item.get("output"), param + ".output", True)))
 
 
+def _mcp_call(item: dict[str, Any], param: str) -> ExecutedToolPart:
+    output = opt_str(item, "output", param + ".output") or ""
+    error = item.get("error")
+    if not output and error is not None:  # the failure's text is the output there is
+        output = error if type(error) is str else "".join(
+            c["text"] for c in (error.get("content") if type(error) is dict
+                                and type(error.get("content")) is list else ())
+            if type(c) is dict and type(c.get("text")) is str)
+    return ExecutedToolPart(req_str(item, "id", param + ".id"),
+                            req_str(item, "name", param + ".name"),
+                            opt_str(item, "arguments", param + ".arguments") or "",
+                            output, error is not None,
+                            opt_str(item, "server_label", param + ".server_label"))
+
+
 class _Turns:
     """Folds input items into canonical messages, one turn at a time."""
 
@@ -182,6 +200,8 @@ class _Turns:
             self._result(_output(item, param))
         elif kind == "reasoning":
             self._turn().append(_reasoning(item, param))
+        elif kind == "mcp_call":
+            self._turn().append(_mcp_call(item, param))
         elif kind in _HOSTED_RECORDS:
             pass
         elif kind is None:

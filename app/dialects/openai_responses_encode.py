@@ -18,6 +18,12 @@ Output mapping:
 * a tool call is a ``custom_tool_call`` when the call says ``kind="custom"``
   or names a custom tool of the request, else a ``function_call``; a call to
   a flattened namespace member ``ns__t`` goes out as ``name: t, namespace: ns``;
+* a tool the worker ran itself (an agent-mode CLI) is an ``mcp_call`` item
+  ``{id, server_label, name, arguments, output, error, status}``, streamed as
+  ``output_item.added``, ``mcp_call.in_progress``, ``mcp_call_arguments.delta``
+  and ``.done``, ``mcp_call.completed`` (``.failed`` when the tool failed:
+  then ``error`` is an ``mcp_tool_execution_error`` holding the output) and
+  ``output_item.done``; it is history, nothing for the client to answer;
 * finish ``length`` -> status ``incomplete`` (reason ``max_output_tokens``),
   ``content_filter`` -> ``incomplete`` (reason ``content_filter``); a failure
   -> ``failed`` with ``error: {code, message}``.
@@ -32,7 +38,7 @@ import orjson
 from pool.accumulate import Accumulator
 from pool.errors import GatewayError
 from pool.model import (
-    ChatRequest, Completion, Event, Finish, ReasoningDelta, ReasoningEnd, ReasoningPart,
+    ChatRequest, Completion, Event, ExecutedTool, ExecutedToolPart, Finish, ReasoningDelta, ReasoningEnd, ReasoningPart,
     TextDelta, TextPart, ToolCallDelta, ToolCallEnd, ToolCallPart, ToolCallStart, Usage,
 )
 
@@ -115,6 +121,21 @@ def _reasoning_item(item_id: str, text: str, encrypted: str | None) -> dict[str,
     return item
 
 
+def _mcp_call_item(item_id: str, part: ExecutedTool | ExecutedToolPart,
+                   done: bool = True) -> dict[str, Any]:
+    item: dict[str, Any] = {"type": "mcp_call", "id": item_id,
+                            "server_label": part.server or "worker", "name": part.name,
+                            "arguments": part.arguments if done else "",
+                            "output": part.output if done else None, "error": None,
+                            "status": "in_progress"}
+    if done:
+        item["status"] = "failed" if part.is_error else "completed"
+        if part.is_error:
+            item["error"] = {"type": "mcp_tool_execution_error",
+                             "content": [{"type": "text", "text": part.output}]}
+    return item
+
+
 class _Names:
     """How a canonical tool call shows on the wire: kind, name and namespace."""
 
@@ -169,6 +190,8 @@ def encode_completion(completion: Completion, request: ChatRequest, *, response_
             prefix = "ctc" if names.is_custom(part.name, part.kind) else "fc"
             output.append(names.item(f"{prefix}_{base}_{len(output)}", part.id, part.name,
                                      part.kind, part.arguments))
+        elif t is ExecutedToolPart:
+            output.append(_mcp_call_item(f"mcp_{base}_{len(output)}", part))
         elif t is ReasoningPart:
             if part.redacted_data is None and (part.text or part.encrypted_content is not None):
                 output.append(_reasoning_item(f"rs_{base}_{len(output)}", part.text,
@@ -328,6 +351,20 @@ class StreamEncoder:
             done = {"type": "response.function_call_arguments.done", **where, "arguments": text}
         return self._event(done) + self._item_done(item, call.index)
 
+    def _executed(self, event: ExecutedTool) -> bytes:
+        index = self._next_index()
+        item_id = f"mcp_{self._base}_{index}"
+        where = {"item_id": item_id, "output_index": index}
+        outcome = "response.mcp_call.failed" if event.is_error else "response.mcp_call.completed"
+        return (self._added(_mcp_call_item(item_id, event, done=False), index)
+                + self._event({"type": "response.mcp_call.in_progress", **where})
+                + self._event({"type": "response.mcp_call_arguments.delta", **where,
+                               "delta": event.arguments})
+                + self._event({"type": "response.mcp_call_arguments.done", **where,
+                               "arguments": event.arguments})
+                + self._event({"type": outcome, **where})
+                + self._item_done(_mcp_call_item(item_id, event), index))
+
     # --- the interface -----------------------------------------------------------------
 
     def feed(self, event: Event) -> bytes:
@@ -379,6 +416,12 @@ class StreamEncoder:
         if t is ToolCallEnd:
             call = self._calls.pop(event.index, None)
             return out + self._close_call(call) if call is not None else out
+        if t is ExecutedTool:
+            if self._msg is not None:
+                out += self._close_message()
+            if self._rs_open:
+                out += self._close_reasoning()
+            return out + self._executed(event)
         return out  # Start, Usage, Finish, Logprobs: folded, nothing on the wire
 
     def ping(self) -> bytes:
