@@ -30,6 +30,7 @@ from sessions.bindings import MemoryBindingStore
 from sessions.responses import MemoryResponseStore
 from sessions.upstream import MemoryUpstreamSessions
 from pool.remote import RemoteSpec, make_remote_worker
+from pool.remote.policy import PassPolicy
 
 from .gateway import Gateway
 from .http import error_response
@@ -71,7 +72,8 @@ def worker_specs(settings: Any) -> list[Spec]:
         elif w.kind == "process":
             specs.append(ProcessSpec(
                 name=w.name, command=tuple(w.command), models=tuple(w.models),
-                aliases=dict(w.aliases), capacity=w.max_in_flight, env=dict(w.env), cwd=w.cwd,
+                aliases=dict(w.aliases), capacity=w.max_in_flight, env=dict(w.env),
+                env_passthrough=tuple(w.env_passthrough), cwd=w.cwd,
                 ready_timeout=w.ready_timeout or 30.0, health_interval=w.health_interval,
                 health_timeout=w.health_timeout, backoff_initial=w.backoff_initial,
                 backoff_max=w.backoff_max, crash_loop_threshold=w.crash_loop_threshold,
@@ -82,8 +84,14 @@ def worker_specs(settings: Any) -> list[Spec]:
                 models=tuple(w.models), aliases=dict(w.aliases),
                 connect_timeout=w.connect_timeout, first_byte_timeout=w.first_byte_timeout,
                 idle_timeout=w.idle_timeout, max_connections=w.max_connections,
-                max_in_flight=w.max_in_flight))
+                max_in_flight=w.max_in_flight, policy=pass_policy(w)))
     return specs
+
+
+def pass_policy(w: Any) -> PassPolicy:
+    return PassPolicy(pass_fields=frozenset(w.pass_fields), pass_betas=frozenset(w.pass_betas),
+                      server_tools=frozenset(w.server_tools), image_urls=w.image_urls,
+                      image_max_bytes=w.image_max_bytes)
 
 
 def local_spec(w: Any, settings: Any) -> LocalSpec:
@@ -101,6 +109,7 @@ def local_spec(w: Any, settings: Any) -> LocalSpec:
         context_length=w.context_length, capacity=w.capacity, max_in_flight=w.max_in_flight,
         threads=w.threads, gpu_ids=w.gpu_ids, engine_args=dict(w.engine_args),
         chat_template=template, python=w.python, env=dict(w.env),
+        env_passthrough=tuple(w.env_passthrough),
         sampling_defaults=sampling.model_dump(exclude_none=True) if sampling else {},
         ready_timeout=w.ready_timeout or 600.0, health_interval=w.health_interval,
         health_timeout=w.health_timeout, stop_timeout=w.stop_timeout,
@@ -111,7 +120,8 @@ def cli_spec(w: Any) -> CliSpec:
     env = {**w.env, **{name: _secret(value) or "" for name, value in w.env_secrets.items()}}
     return CliSpec(
         name=w.name, cli=w.cli, models=tuple(w.models), home=w.home, aliases=dict(w.aliases),
-        command=tuple(w.command), env=env, mode=w.mode, max_conversations=w.max_conversations,
+        command=tuple(w.command), env=env, env_passthrough=tuple(w.env_passthrough),
+        mode=w.mode, max_conversations=w.max_conversations,
         options=dict(w.cli_options), tool_timeout=w.tool_timeout,
         conversation_idle=w.conversation_idle, idle_timeout=w.idle_timeout,
         supervision=SupervisorPolicy(
@@ -218,7 +228,8 @@ def create_app(settings: Any) -> Starlette:
         routes=routes,
         exception_handlers={HTTPException: _http_exception, Exception: _unhandled},
         middleware=[Middleware(GatewayMiddleware, keys=keys, max_body_bytes=server.max_body_bytes,
-                               on_finish=gw.finish)],
+                               on_finish=gw.finish, admin=gw.admin, metrics=gw.metrics_gate,
+                               metrics_public=gw.metrics_public)],
         lifespan=lifespan,
     )
     app.state.gateway = gw

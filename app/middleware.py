@@ -16,9 +16,10 @@ import orjson
 import structlog
 from structlog.contextvars import bind_contextvars, clear_contextvars
 
-from auth.keys import KeyRing, extract_key_from_scope
-from pool.errors import AuthenticationFailed, GatewayError, PayloadTooLarge
+from auth.keys import KeyRing, TokenGate, extract_key_from_scope
+from pool.errors import AuthenticationFailed, GatewayError, NotFound, PayloadTooLarge
 
+from .access import ADMIN, CLIENT, METRICS, PUBLIC, required_credential, route_path
 from .errors import error_body, error_status
 from .record import RequestRecord
 
@@ -26,14 +27,18 @@ __all__ = ["GatewayMiddleware"]
 
 log = structlog.get_logger("poolgate.access")
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
-_PROTECTED = ("/v1/", "/generate")
+_CLOSED = TokenGate(None)
 
 
 class GatewayMiddleware:
     def __init__(self, app: Any, *, keys: KeyRing, max_body_bytes: int,
-                 on_finish: Callable[[RequestRecord], None]) -> None:
+                 on_finish: Callable[[RequestRecord], None], admin: TokenGate = _CLOSED,
+                 metrics: TokenGate = _CLOSED, metrics_public: bool = False) -> None:
         self.app = app
         self.keys = keys
+        self.admin = admin
+        self.metrics = metrics
+        self.metrics_public = metrics_public
         self.max_body_bytes = max_body_bytes
         self.on_finish = on_finish
 
@@ -57,7 +62,7 @@ class GatewayMiddleware:
                 anthropic_version = True
         if request_id is None:
             request_id = os.urandom(16).hex()
-        path = scope["path"]
+        path = route_path(scope)
         record = RequestRecord(request_id, scope["method"], path, started)
         record.anthropic_version = anthropic_version
         scope.setdefault("state", {})["record"] = record
@@ -83,9 +88,20 @@ class GatewayMiddleware:
 
     def _admit(self, scope: dict[str, Any], path: str, record: RequestRecord,
                content_length: bytes | None) -> GatewayError | None:
-        if not path.startswith(_PROTECTED):
+        needed = required_credential(scope["method"], path)
+        if needed == PUBLIC:
             return None
-        if self.keys.enabled:
+        if needed == ADMIN:
+            if self.admin.closed:  # closed, not merely unauthorised: say nothing more
+                return NotFound("Admin endpoints are disabled: no admin token is set.")
+            if not self.admin.check(extract_key_from_scope(scope)):
+                return AuthenticationFailed(
+                    "Admin endpoints need the admin token as 'Authorization: Bearer <token>'.")
+        elif needed == METRICS:
+            if not self.metrics_public and not self.metrics.check(extract_key_from_scope(scope)):
+                return AuthenticationFailed(
+                    "/metrics needs the metrics token as 'Authorization: Bearer <token>'.")
+        elif needed == CLIENT and self.keys.enabled:
             name = self.keys.identify(extract_key_from_scope(scope))
             if name is None:
                 return AuthenticationFailed(

@@ -163,6 +163,9 @@ class WorkerSettings(BaseModel):
     # gateway's environment variable VAR (secrets never go in the file)
     env: dict[str, str] = Field(default_factory=dict)
     env_secrets: dict[str, SecretStr] = Field(default_factory=dict)  # resolved from env's *_env
+    # the gateway's own variables a process/local child also gets, beyond the
+    # default allow-list (pool/childenv.py); nothing else of its environment passes
+    env_passthrough: tuple[str, ...] = ()
     cwd: str | None = None
     # local: a model engine in a supervised child process (see docs/workers.md)
     engine: Literal["llamacpp", "transformers", "vllm", "sglang"] | None = None
@@ -204,6 +207,13 @@ class WorkerSettings(BaseModel):
     idle_timeout: float = Field(300.0, gt=0)
     max_connections: int = Field(0, ge=0)  # 0: unlimited
     max_in_flight: int = Field(256, gt=0)  # requests in flight on this worker before others wait
+    # remote: what a same-dialect pass-through may carry beyond the defaults
+    # (pool/remote/policy.py), and what happens to image URLs (pool/remote/images.py)
+    pass_fields: tuple[str, ...] = ()
+    pass_betas: tuple[str, ...] = ()
+    server_tools: tuple[str, ...] = ()
+    image_urls: Literal["data_only", "fetch", "forward"] = "data_only"
+    image_max_bytes: int = Field(20 * 1024 * 1024, gt=0)
 
     @field_validator("name")
     @classmethod

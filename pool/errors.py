@@ -12,6 +12,7 @@ __all__ = [
     "GatewayError", "BadRequest", "AuthenticationFailed", "PermissionDenied", "NotFound",
     "PayloadTooLarge", "Overloaded", "UpstreamError", "UpstreamUnavailable", "UpstreamTimeout",
     "InternalError", "WorkerCrashed", "EngineUnavailable", "EngineFailed",
+    "UpstreamCredentialsRefused",
 ]
 
 
@@ -89,6 +90,18 @@ class UpstreamUnavailable(GatewayError):
     kind = "upstream"
 
 
+class UpstreamCredentialsRefused(UpstreamUnavailable):
+    """The upstream refused the gateway's own credentials (HTTP 401/403, or an
+    in-stream authentication/permission error). That is the operator's fault,
+    not the client's: a 502, retried on another worker, never a 401 the client
+    would take for its own key being wrong. The upstream's text is not kept (it
+    often quotes the key, partly masked)."""
+
+    def __init__(self, upstream_status: int) -> None:
+        super().__init__("upstream credentials refused")
+        self.upstream_status = upstream_status
+
+
 class WorkerCrashed(UpstreamUnavailable):
     """A worker process of ours died (or was killed as hung) with this request
     in flight. ``before_first_event``: nothing had reached the client yet, so
@@ -97,6 +110,14 @@ class WorkerCrashed(UpstreamUnavailable):
     def __init__(self, message: str, *, before_first_event: bool) -> None:
         super().__init__(message)
         self.before_first_event = before_first_event
+
+
+class NoUsableWorker(UpstreamUnavailable):
+    """Every worker of a model is out for a lasting reason a client can read (its
+    account logged out, its credentials refused): a 503 naming why, not the
+    transient 429/529 of a busy or restarting pool."""
+
+    status = 503
 
 
 class EngineUnavailable(UpstreamUnavailable):

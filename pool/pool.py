@@ -16,7 +16,7 @@ from typing import Iterable, Sequence
 
 import structlog
 
-from .errors import BadRequest, NotFound, Overloaded
+from .errors import BadRequest, NoUsableWorker, NotFound, Overloaded
 from .model import ChatRequest, ImagePart, ToolResultPart
 from .worker import Capabilities, Worker, WorkerState
 
@@ -151,8 +151,11 @@ class Pool:
         ready = [w for w in self._serving[model]
                  if w.state is WorkerState.READY and w.name not in exclude]
         if not ready:
-            reasons = [r for w in self._serving[model]
-                       if w.name not in exclude and (r := getattr(w, "unavailable_reason", None))]
+            candidates = [w for w in self._serving[model] if w.name not in exclude]
+            reasons = [r for w in candidates if (r := getattr(w, "unavailable_reason", None))]
+            if candidates and len(reasons) == len(candidates):
+                raise NoUsableWorker(f"No worker can serve '{request.model}': "
+                                     f"{'; '.join(reasons)}.")
             why = f" ({'; '.join(reasons)})" if reasons else ""
             raise Overloaded(f"No worker serving '{request.model}' is ready{why}; try again "
                              "shortly.", retry_after=1)

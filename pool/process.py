@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping, cast
 
 from .channel import Incarnation
+from .childenv import child_environment
 from .errors import UpstreamUnavailable
 from .model import ChatRequest, Event, Start
 from .supervisor import ChildGone, ExitInfo, Supervisor, SupervisorPolicy
@@ -35,6 +36,7 @@ class ProcessSpec:
     aliases: Mapping[str, str] = field(default_factory=dict)
     capacity: int = 64
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    env_passthrough: tuple[str, ...] = ()  # names of the gateway's variables the child also gets
     cwd: str | None = None
     ready_timeout: float = 30.0
     health_interval: float = 5.0
@@ -66,9 +68,10 @@ class ProcessWorker:
         self.aliases = dict(spec.aliases)
         self.capacity = spec.capacity
         self.capabilities = capabilities or Capabilities()
-        # The child's environment before spec.env: what the gateway was started
-        # with, handed down from its Settings (pool/ reads no environment itself).
-        self._base_env = dict(base_env)
+        # The child's environment before spec.env: the allow-listed part of what
+        # the gateway was started with, handed down from its Settings (pool/
+        # reads no environment itself). Never the gateway's secrets.
+        self._base_env = child_environment(base_env, spec.env_passthrough)
         self._supervisor = Supervisor(spec.name, spec.policy(), self._launch)
         self._draining = False  # drained by request: sticky until resume()
         self._restarting = 0  # restarts under way: nothing new meanwhile, whatever resume() says

@@ -60,6 +60,8 @@ def _part(part: object, param: str, kinds: frozenset[str]) -> TextPart | ImagePa
     kind = part.get("type")
     if kind == "text":
         return TextPart(req_str(part, "text", param + ".text"))
+    if kind is not None and type(kind) is not str:
+        raise bad_type(param + ".type", "a string")
     if kind in kinds:
         if kind == "image_url":
             return _image(part, param)
@@ -143,7 +145,7 @@ def _text_only(content: object) -> tuple[TextPart, ...] | None:
 
 
 def _plain(msg: dict[str, Any], role: object) -> Message | None:
-    if role not in _PLAIN_ROLES:
+    if type(role) is not str or role not in _PLAIN_ROLES:  # any JSON may come: a list is unhashable
         return None
     name = msg.get("name")
     if name is not None and type(name) is not str:

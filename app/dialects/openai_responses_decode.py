@@ -202,12 +202,12 @@ class _Turns:
             self._turn().append(_reasoning(item, param))
         elif kind == "mcp_call":
             self._turn().append(_mcp_call(item, param))
-        elif kind in _HOSTED_RECORDS:
-            pass
         elif kind is None:
             raise missing(param + ".type")
         elif type(kind) is not str:
             raise bad_type(param + ".type", "a string")
+        elif kind in _HOSTED_RECORDS:
+            pass
         else:
             raise bad_value(param + ".type", f"unsupported input item type {kind!r}")
 

@@ -22,6 +22,7 @@ from typing import Any, AsyncIterator, Mapping
 import orjson
 import structlog
 
+from ..childenv import child_environment
 from ..errors import GatewayError
 from ..accumulate import Accumulator
 from ..model import ChatRequest, Event, Finish
@@ -37,6 +38,8 @@ __all__ = ["CliSpec", "CliWorker"]
 
 log = structlog.get_logger("pool.cli")
 ENV_CONFIG = "POOLGATE_CLI_CONFIG"
+#: the CLIs that can call tools the API client defines (others: a 400 naming ``tools``)
+CLIENT_TOOLS = frozenset({"claude", "codex", "qwen"})
 #: the CLIs that take images in a user turn
 IMAGES = frozenset({"claude"})
 _POLICY_FIELDS = ("ready_timeout", "health_interval", "health_timeout", "backoff_initial",
@@ -52,6 +55,7 @@ class CliSpec:
     aliases: Mapping[str, str] = field(default_factory=dict)
     command: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict, repr=False)  # secrets resolved
+    env_passthrough: tuple[str, ...] = ()  # names of the gateway's variables the CLI also gets
     mode: str = "chat"
     max_conversations: int = 4
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -68,7 +72,9 @@ class CliSpec:
     def child_config(self, base_env: Mapping[str, str]) -> dict[str, Any]:
         return {"name": self.name, "cli": self.cli,
                 "home": os.path.abspath(os.path.expanduser(self.home)), "cwd": self.cwd,
-                "command": list(self.command) or None, "env": {**base_env, **self.env},
+                "command": list(self.command) or None,
+                # the allow-listed part of the gateway's environment, never its secrets
+                "env": {**child_environment(base_env, self.env_passthrough), **self.env},
                 "mode": self.mode, "max_conversations": self.max_conversations,
                 "options": dict(self.options), "tool_timeout": self.tool_timeout,
                 "conversation_idle": self.conversation_idle, "idle_timeout": self.idle_timeout,
@@ -81,7 +87,8 @@ class CliSpec:
         return ProcessSpec(
             name=self.name, command=(sys.executable, "-m", "pool.cli"), models=self.models,
             aliases=dict(self.aliases), capacity=self.max_conversations,
-            env={ENV_CONFIG: config}, **{f: getattr(policy, f) for f in _POLICY_FIELDS})
+            env={ENV_CONFIG: config}, env_passthrough=self.env_passthrough,
+            **{f: getattr(policy, f) for f in _POLICY_FIELDS})
 
 
 class CliWorker(ProcessWorker):
@@ -91,7 +98,8 @@ class CliWorker(ProcessWorker):
                  sessions: SessionIndex | None = None) -> None:
         super().__init__(spec.process_spec(base_env), base_env=base_env,
                          capabilities=Capabilities(images=False, logprobs=False, max_n=1,
-                                                   tools=True, token_ids=False))
+                                                   tools=spec.cli in CLIENT_TOOLS,
+                                                   token_ids=False))
         self.capabilities.images = spec.cli in IMAGES
         self.cli_spec = spec
         self.sessions = sessions

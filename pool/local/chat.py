@@ -34,6 +34,7 @@ from ..model import (
 from .engine import Engine, EngineError, GenParams, Step
 from .health import EngineWatch
 from .sampling import SamplingDefaults
+from .shield import SpecialShield
 from .template import TemplateError
 from .toolcalls import OPEN, CallOut, HermesParser, TextOut, new_call_id
 
@@ -175,18 +176,20 @@ class LocalChat:
                 raise BadRequest("The prompt has no tokens.",
                                  param="text" if request.dialect == "native" else "prompt")
             return ids, None
-        tools = template_tools(request)
+        # client strings may not produce special tokens: only the template's markup does
+        shield = SpecialShield(getattr(tok, "special_texts", ()))
+        tools = shield.shield(template_tools(request))
         try:
-            text = tok.render_chat(template_messages(request.messages), tools, True)
+            text = tok.render_chat(shield.shield(template_messages(request.messages)), tools, True)
         except TemplateError as exc:
             raise BadRequest(f"The model's chat template refused the conversation: {exc}",
                              param="messages") from None
         except ValueError as exc:
             raise BadRequest(str(exc), param="messages") from None
         forced = self._forced_opening(request, text) if tools else None
-        if forced is not None:
-            text += forced
-        return tok.encode(text), forced
+        if forced is not None:  # the tool name in it is the client's
+            text += OPEN + shield.shield(forced[len(OPEN):])
+        return shield.encode(tok, text), forced
 
     def _forced_opening(self, request: ChatRequest, rendered: str) -> str | None:
         choice = request.tool_choice

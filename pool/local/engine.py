@@ -95,6 +95,13 @@ class Tokenizer(Protocol):
         contains them) and no BOS added unless the model always wants one."""
         ...
 
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of ``text`` with special-token texts as plain text (client text)."""
+        ...
+
+    #: the texts of the special tokens (``<|im_start|>``...), which client text must not produce
+    special_texts: frozenset[str]
+
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes one token stands for (a piece of UTF-8, maybe partial)."""
         ...

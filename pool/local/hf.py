@@ -22,6 +22,8 @@ class HFTokenizer:
         self.eos_ids = eos_ids
         self._bytes: dict[int, bytes] = {}
         self.vocab_size = len(tokenizer)
+        self.special_texts = frozenset(t.content for t in tokenizer.added_tokens_decoder.values()
+                                       if t.special)
 
     @classmethod
     def from_pretrained(cls, path: str, *, chat_template: str | None = None,
@@ -50,6 +52,9 @@ class HFTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False)
+
+    def encode_text(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False, split_special_tokens=True)
 
     def token_bytes(self, token_id: int) -> bytes:
         piece = self._bytes.get(token_id)

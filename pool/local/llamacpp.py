@@ -156,6 +156,8 @@ class LlamaCppTokenizer:
         types = meta.token_types
         self.special_ids = frozenset(i for i, t in enumerate(types)
                                      if t in (_CONTROL, _UNKNOWN, _UNUSED)) | eos_ids
+        self.special_texts = frozenset(meta.tokens[i] for i, t in enumerate(types)
+                                       if t == _CONTROL)
         self._server = server
         self._bytes: dict[int, bytes] = {}
         self._index: dict[bytes, list[int]] | None = None
@@ -173,12 +175,18 @@ class LlamaCppTokenizer:
     # --- Tokenizer protocol -------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
+        return self._tokenize(text, parse_special=True)
+
+    def encode_text(self, text: str) -> list[int]:
+        return self._tokenize(text, parse_special=False)
+
+    def _tokenize(self, text: str, *, parse_special: bool) -> list[int]:
         if not text:
             return []
         if self._server is None:
             raise RuntimeError("the llama.cpp server is not running")
         body = self._server.post("/tokenize", {"content": text, "add_special": False,
-                                               "parse_special": True})
+                                               "parse_special": parse_special})
         return [int(t) for t in body["tokens"]]
 
     def token_bytes(self, token_id: int) -> bytes:

@@ -42,6 +42,7 @@ class LocalSpec:
     sampling_defaults: Mapping[str, Any] = field(default_factory=dict)
     python: str | None = None  # the interpreter whose environment has the engine
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    env_passthrough: tuple[str, ...] = ()  # names of the gateway's variables the child also gets
     ready_timeout: float = 120.0
     health_interval: float = 5.0
     health_timeout: float = 5.0
@@ -68,6 +69,7 @@ class LocalSpec:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.gpu_ids))
         return ProcessSpec(name=self.name, command=command, models=self.models,
                            aliases=dict(self.aliases), capacity=self.max_in_flight, env=env,
+                           env_passthrough=tuple(self.env_passthrough),
                            ready_timeout=self.ready_timeout, health_interval=self.health_interval,
                            health_timeout=self.health_timeout, stop_timeout=self.stop_timeout)
 

@@ -40,6 +40,7 @@ from pool.model import (
 )
 
 from .errors import error_from_object
+from .policy import ANTHROPIC_FIELDS, PassPolicy
 
 __all__ = ["build_body", "StreamParser", "body_events", "STOP_REASONS", "DEFAULT_MAX_TOKENS",
            "JSON_INSTRUCTION", "JSON_SCHEMA_INSTRUCTION", "CUSTOM_TOOL_SCHEMA",
@@ -64,14 +65,16 @@ CUSTOM_TOOL_SCHEMA = {"type": "object", "properties": {"input": {"type": "string
 _NO_NAMES: frozenset[str] = frozenset()
 _EMPTY_SCHEMA = {"type": "object", "properties": {}}
 _NONE: tuple[Event, ...] = ()
+_DEFAULT_POLICY = PassPolicy()
 
 
 # --- request -------------------------------------------------------------------
 
-def build_body(request: ChatRequest) -> dict[str, Any]:
-    """The upstream body: the client's own body when it spoke this dialect."""
+def build_body(request: ChatRequest, policy: PassPolicy = _DEFAULT_POLICY) -> dict[str, Any]:
+    """The upstream body: the client's own body when it spoke this dialect
+    (less what ``policy`` holds back)."""
     if request.dialect == "anthropic" and request.raw:
-        body = dict(request.raw)  # shallow: raw itself is never touched
+        body = policy.body(request.raw, ANTHROPIC_FIELDS)  # a copy: raw is never touched
         body["model"] = request.model
         if request.stream or "stream" in body:
             body["stream"] = request.stream

@@ -21,12 +21,16 @@ import aiohttp
 import orjson
 import structlog
 
-from pool.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable
+from pool.errors import (
+    GatewayError, UpstreamCredentialsRefused, UpstreamTimeout, UpstreamUnavailable,
+)
 from pool.model import ChatRequest, Event, ReasoningPart, Start
 from pool.sse import SSEDecoder
 from pool.worker import Capabilities, WorkerState
 
-from .errors import error_from_body
+from .errors import error_from_body, scrub_error
+from .images import vet_images
+from .policy import PassPolicy
 
 __all__ = ["RemoteSpec", "RemoteWorker", "StreamParser"]
 
@@ -54,6 +58,7 @@ class RemoteSpec:
     max_connections: int = 0
     max_in_flight: int = 256            # the admission guard's per-worker capacity
     headers: Mapping[str, str] = field(default_factory=dict)
+    policy: PassPolicy = field(default_factory=PassPolicy)  # what a pass-through may carry
 
 
 class StreamParser(Protocol):
@@ -86,6 +91,7 @@ class RemoteWorker:
         self.capabilities = capabilities
         self.capacity = spec.max_in_flight
         self.state = WorkerState.STARTING
+        self._refused = False  # unhealthy because the upstream refused our key
         self.started_at: float | None = None
         self._chat_url = chat_url
         self._health_url = health_url
@@ -143,22 +149,39 @@ class RemoteWorker:
             await session.close()
 
     async def health(self) -> bool:
-        """Reachable: the upstream answered the model listing with any status < 500."""
+        """Reachable and taking our credentials: the upstream answered the model
+        listing with a status < 500 other than 401/403."""
         try:
             session = self._session or await self._ensure_session()
             async with asyncio.timeout(min(_HEALTH_TIMEOUT, self.spec.first_byte_timeout)):
                 async with session.get(self._health_url, allow_redirects=False) as resp:
-                    ok = resp.status < 500
+                    ok = resp.status < 500 and resp.status not in (401, 403)
         except (aiohttp.ClientError, OSError, TimeoutError, UpstreamUnavailable):
             ok = False
         if self.state is WorkerState.DRAINING or self.state is WorkerState.STOPPED:
             return ok
         if ok and self.state is WorkerState.UNHEALTHY:
             self.state = WorkerState.READY
+            self._refused = False
         elif not ok and self.state is WorkerState.READY:
             self.state = WorkerState.UNHEALTHY
             log.warning("remote.unhealthy", worker=self.name)
         return ok
+
+    def _credentials_refused(self, exc: UpstreamCredentialsRefused) -> None:
+        """Our key was refused: unhealthy (shown in /internal/workers; no new
+        requests) until a health probe gets through with it again."""
+        log.error("remote.credentials_refused", worker=self.name, status=exc.upstream_status)
+        if self.state is WorkerState.READY:
+            self.state = WorkerState.UNHEALTHY
+            self._refused = True
+
+    @property
+    def unavailable_reason(self) -> str | None:
+        """Why the pool does not pick this worker, in words a client may read."""
+        if self._refused and self.state is WorkerState.UNHEALTHY:
+            return f"the upstream of worker {self.name} refused the gateway's credentials"
+        return None
 
     async def _ensure_session(self) -> aiohttp.ClientSession:
         """The session, opened on first use when ``start()`` was skipped."""
@@ -176,6 +199,7 @@ class RemoteWorker:
         return None
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[Event]:
+        request = await vet_images(request, self.spec.policy)
         body, headers = self.prepare(request)
         if request.dialect == "openai_responses":
             dropped = _encrypted_reasoning(request)
@@ -209,6 +233,11 @@ class RemoteWorker:
                                                     custom):
                     yield event
             reusable = await self._drained(resp)
+        except UpstreamCredentialsRefused as exc:  # reported in-stream
+            self._credentials_refused(exc)
+            raise
+        except GatewayError as exc:  # in-stream texts are the parsers': scrub them here
+            raise scrub_error(exc, self.spec.api_key) from None
         finally:
             if reusable:
                 resp.release()
@@ -244,9 +273,12 @@ class RemoteWorker:
         if 200 <= resp.status < 300:
             return resp
         try:
-            raise await self._refusal(resp)
+            refusal = await self._refusal(resp)
         finally:
             resp.close()
+        if isinstance(refusal, UpstreamCredentialsRefused):
+            self._credentials_refused(refusal)
+        raise refusal
 
     async def _refusal(self, resp: aiohttp.ClientResponse) -> GatewayError:
         parts: list[bytes] = []

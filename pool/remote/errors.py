@@ -9,17 +9,19 @@ may echo internals) and are scrubbed of the upstream API key.
 from __future__ import annotations
 
 import email.utils
+import re
 import time
 from typing import Any, Mapping
 
 import orjson
 
 from pool.errors import (
-    GatewayError, UpstreamError, UpstreamTimeout, UpstreamUnavailable, kind_for_status,
+    GatewayError, UpstreamCredentialsRefused, UpstreamError, UpstreamTimeout, UpstreamUnavailable,
+    kind_for_status,
 )
 
 __all__ = ["error_for_status", "error_from_body", "error_from_object", "parse_retry_after",
-           "scrub"]
+           "scrub", "scrub_error"]
 
 # Anthropic ``error.type`` (also used by some OpenAI-compatible servers) -> HTTP status
 _STATUS_BY_TYPE = {
@@ -38,11 +40,27 @@ _STATUS_BY_TYPE = {
 }
 
 
+# what looks like a key, whole or partly masked ("sk-proj-****abcd", "sk-ant-api03-…",
+# "Bearer abc"): upstreams quote the key they refused
+_KEY_LIKE = re.compile(r"\b(?:sk|pk|rk|ak)[-_][\w\-*.…]*[\w*…]|\bBearer\s+\S+", re.IGNORECASE)
+
+
 def scrub(message: str, secret: str | None) -> str:
-    """Remove ``secret`` (the upstream API key) from a message meant for a client."""
+    """Remove ``secret`` (the upstream API key) and anything key-like from a
+    message meant for a client or a log."""
     if secret and secret in message:
-        return message.replace(secret, "***")
-    return message
+        message = message.replace(secret, "***")
+    return _KEY_LIKE.sub("***", message)
+
+
+def scrub_error(exc: GatewayError, secret: str | None) -> GatewayError:
+    """``exc`` with its message scrubbed (in place; errors raised in-stream are
+    built by the parsers, which do not know the key)."""
+    clean = scrub(exc.message, secret)
+    if clean != exc.message:
+        exc.message = clean
+        exc.args = (clean,)
+    return exc
 
 
 def parse_retry_after(headers: Mapping[str, str]) -> float | None:
@@ -73,9 +91,12 @@ def error_for_status(status: int, message: str | None, *, upstream: str = "upstr
     """The exception for an upstream that answered (or reported in-stream) ``status``.
 
     4xx, 429 and 529 keep the upstream's status and message so the client sees
-    what the upstream said in its own dialect; other 5xx become a 502 that
-    names only the status.
+    what the upstream said in its own dialect, except 401 and 403: those refuse
+    the gateway's credentials, a 502 (:class:`UpstreamCredentialsRefused`);
+    other 5xx become a 502 that names only the status.
     """
+    if status in (401, 403):
+        return UpstreamCredentialsRefused(status)
     if 400 <= status < 500 or status == 529:
         return UpstreamError(message or f"{upstream} refused the request (HTTP {status})",
                              status=status, kind=kind_for_status(status), param=param,
@@ -131,9 +152,12 @@ def error_from_object(obj: Any, *, upstream: str = "upstream") -> GatewayError:
     raw_code = err.get("code") if isinstance(err, dict) else None
     if isinstance(raw_code, int) and 400 <= raw_code < 600:
         status = raw_code
+    elif code == "invalid_api_key":  # OpenAI's type for it is invalid_request_error
+        status = 401
     else:
         status = _STATUS_BY_TYPE.get(etype or code or "", 500)
     if status >= 500 and status not in (504, 529):
         # no upstream text for server faults: it may describe internals
         return UpstreamUnavailable(f"{upstream} reported {etype or code or 'an error'}")
-    return error_for_status(status, message, upstream=upstream, param=param, code=code)
+    return error_for_status(status, scrub(message, None) if message else message,
+                            upstream=upstream, param=param, code=code)

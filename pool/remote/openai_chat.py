@@ -42,6 +42,7 @@ from pool.model import (
 
 from .anthropic_messages import CUSTOM_TOOL_SCHEMA, unwrap_custom_input
 from .errors import error_from_object
+from .policy import OPENAI_CHAT_FIELDS, PassPolicy
 
 __all__ = ["build_body", "StreamParser", "body_events", "FINISH_REASONS"]
 
@@ -54,19 +55,21 @@ FINISH_REASONS = {
 }
 _NONE: tuple[Event, ...] = ()
 _NO_NAMES: frozenset[str] = frozenset()
+_DEFAULT_POLICY = PassPolicy()
 
 
 # --- request -------------------------------------------------------------------
 
-def build_body(request: ChatRequest) -> dict[str, Any]:
-    """The upstream body: the client's own body when it spoke this dialect."""
+def build_body(request: ChatRequest, policy: PassPolicy = _DEFAULT_POLICY) -> dict[str, Any]:
+    """The upstream body: the client's own body when it spoke this dialect
+    (less what ``policy`` holds back)."""
     if request.dialect == "openai_chat" and request.raw:
-        return _passthrough(request)
+        return _passthrough(request, policy)
     return _translate(request)
 
 
-def _passthrough(request: ChatRequest) -> dict[str, Any]:
-    body = dict(request.raw)  # shallow: raw itself is never touched
+def _passthrough(request: ChatRequest, policy: PassPolicy) -> dict[str, Any]:
+    body = policy.body(request.raw, OPENAI_CHAT_FIELDS)  # a copy: raw itself is never touched
     body["model"] = request.model
     if request.stream:
         body["stream"] = True

@@ -14,6 +14,7 @@ from pool.worker import Capabilities
 
 from . import anthropic_messages, openai_chat
 from .base import RemoteSpec, RemoteWorker
+from .images import vet_images
 
 __all__ = ["OpenAIChatWorker", "AnthropicMessagesWorker", "ANTHROPIC_VERSION"]
 
@@ -39,7 +40,7 @@ class OpenAIChatWorker(RemoteWorker):
                          auth_headers=auth)
 
     def prepare(self, request: ChatRequest) -> tuple[dict[str, Any], Mapping[str, str]]:
-        return openai_chat.build_body(request), _JSON
+        return openai_chat.build_body(request, self.spec.policy), _JSON
 
 
 class AnthropicMessagesWorker(RemoteWorker):
@@ -47,7 +48,8 @@ class AnthropicMessagesWorker(RemoteWorker):
     ``POST {url}/v1/messages/count_tokens`` counts input tokens.
 
     A request that came in as Anthropic carries the client's
-    ``anthropic-version`` and ``anthropic-beta`` headers on to the upstream.
+    ``anthropic-version`` and ``anthropic-beta`` headers on to the upstream
+    (the betas the worker's policy allows).
     """
 
     parser_factory = anthropic_messages.StreamParser
@@ -64,7 +66,7 @@ class AnthropicMessagesWorker(RemoteWorker):
         self._count_url = root + "/v1/messages/count_tokens"
 
     def prepare(self, request: ChatRequest) -> tuple[dict[str, Any], Mapping[str, str]]:
-        body = anthropic_messages.build_body(request)
+        body = anthropic_messages.build_body(request, self.spec.policy)
         passed = request.passthrough_headers
         if request.dialect != "anthropic" or not passed:
             return body, _JSON
@@ -73,15 +75,16 @@ class AnthropicMessagesWorker(RemoteWorker):
         if version:
             headers["anthropic-version"] = version
         beta = passed.get("anthropic-beta")
-        if beta:
-            headers["anthropic-beta"] = beta
+        kept = self.spec.policy.betas(beta) if beta else None
+        if kept:
+            headers["anthropic-beta"] = kept
         return body, headers
 
     async def count_tokens(self, request: ChatRequest) -> int | None:
         """The upstream's ``input_tokens`` for ``request``, built like a
         messages request without the generation fields; ``None`` when the
         upstream has no count_tokens endpoint (404 or 405)."""
-        body, headers = self.prepare(request)
+        body, headers = self.prepare(await vet_images(request, self.spec.policy))
         for key in _NOT_COUNTED:
             body.pop(key, None)
         try:

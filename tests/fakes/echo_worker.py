@@ -10,7 +10,8 @@ message script faults, like the fake upstreams:
 * ``[[die-after:N]]``: stream N text events, then ``os._exit(9)``;
 * ``[[error:STATUS]]``: fail the request with that status;
 * ``[[sleep:S]]``: wait S seconds between words;
-* ``[[forever]]``: stream words until cancelled.
+* ``[[forever]]``: stream words until cancelled;
+* ``[[env]]``: answer the child's whole environment as one JSON object.
 
 ``--hang-after N``: after N requests, block the event loop for good (pings
 stop being answered). ``--log PATH``: append ``event <rid>``/``cancelled``
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import os
 import re
 import signal
@@ -33,7 +35,7 @@ from pool import worker_main
 from pool.errors import UpstreamError, UpstreamUnavailable
 from pool.model import ChatRequest, Event, Finish, Start, TextDelta, TextPart, Usage
 
-_MARK = re.compile(r"\[\[(die-after|error|sleep|forever)(?::([^\]]*))?\]\]")
+_MARK = re.compile(r"\[\[(die-after|error|sleep|forever|env)(?::([^\]]*))?\]\]")
 
 
 def last_user_text(request: ChatRequest) -> str:
@@ -81,6 +83,11 @@ def main(argv: list[str] | None = None) -> None:
             if status >= 500:
                 raise UpstreamUnavailable(f"scripted failure {status}")
             raise UpstreamError(f"scripted refusal {status}", status=status)
+        if "env" in marks:
+            yield Start(id=f"echo-{os.getpid()}-{n}", model=request.model)
+            yield TextDelta(json.dumps(dict(os.environ), sort_keys=True))
+            yield Finish("stop")
+            return
         die_after = int(marks["die-after"]) if "die-after" in marks else None
         pause = float(marks.get("sleep") or 0)
         yield Start(id=f"echo-{os.getpid()}-{n}", model=request.model)

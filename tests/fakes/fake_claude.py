@@ -392,7 +392,7 @@ def main() -> int:
         print(f"{VERSION} (Claude Code)")
         return 0
     opts = parse_args(argv)
-    log({"argv": argv, "cwd": os.getcwd()})
+    log({"argv": argv, "cwd": os.getcwd(), "env": dict(ENV)})
     cli = Cli(opts)
     if "--resume" in opts and not cli.load():
         sys.stderr.write(f"No conversation found with session ID: {cli.session_id}\n")

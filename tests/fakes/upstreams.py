@@ -93,6 +93,17 @@ def error_response(status: int, dialect: str, message: str | None = None) -> JSO
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+def _masked(key: str) -> str:
+    """A key partly masked, as vendors quote the key they refused."""
+    return key[:7] + "*" * 12 + key[-4:] if len(key) > 11 else "****"
+
+
+def _wrong_key_message(request: Request) -> str:
+    presented = (request.headers.get("authorization") or "").removeprefix("Bearer ")
+    return (f"Incorrect API key provided: {_masked(presented)}. You can find your API key "
+            "at https://platform.openai.com/account/api-keys.")
+
+
 # --- HTTP ------------------------------------------------------------------------
 
 class _Frames(Response):
@@ -224,7 +235,7 @@ class FakeUpstream:
     async def _chat(self, request: Request) -> Response:
         body = await self._receive(request)
         if not self._authorised(request, "openai"):
-            return error_response(401, "openai", "Incorrect API key provided")
+            return error_response(401, "openai", _wrong_key_message(request))
         if not isinstance(body.get("messages"), list) or not body["messages"]:
             return error_response(400, "openai", "'messages' is a required property")
         script = script_openai(body)
@@ -233,7 +244,8 @@ class FakeUpstream:
     async def _messages(self, request: Request) -> Response:
         body = await self._receive(request)
         if not self._authorised(request, "anthropic"):
-            return error_response(401, "anthropic", "invalid x-api-key")
+            return error_response(401, "anthropic", "invalid x-api-key " + _masked(
+                request.headers.get("x-api-key") or ""))
         if not request.headers.get("anthropic-version"):
             return error_response(400, "anthropic", "anthropic-version: header is required")
         if not isinstance(body.get("max_tokens"), int):

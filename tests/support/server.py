@@ -13,13 +13,14 @@ class ServerThread:
     """``with ServerThread(app) as srv: srv.url`` — a real uvicorn server with
     its own event loop, so sync and async clients in the test can both use it."""
 
-    def __init__(self, app: Any, *, lifespan: str = "on", start_timeout: float = 30) -> None:
+    def __init__(self, app: Any, *, lifespan: str = "on", start_timeout: float = 30,
+                 **options: Any) -> None:
         self.start_timeout = start_timeout  # the app's lifespan may load models
         # log_config=None: leave logging as the process has it (no dictConfig per server)
         self.config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan=lifespan, log_config=None,
                                      log_level="warning", access_log=False,
                                      loop="asyncio", http="httptools",
-                                     timeout_graceful_shutdown=5)
+                                     timeout_graceful_shutdown=5, **options)
         self.server = uvicorn.Server(self.config)
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
         self.port = 0

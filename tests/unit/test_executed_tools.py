@@ -208,3 +208,16 @@ def test_the_session_hash_of_the_history_is_the_same_in_every_dialect():
         Message("user", (TextPart("go"),)), Message("assistant", tuple(completion.parts)),
         Message("user", (TextPart("next"),))))
     assert hashes == {request_prefix_hash(host_side)}
+
+
+def test_token_estimates_count_an_executed_tool_as_its_text():
+    from pool.tokens import estimate_tokens
+
+    def request(*parts: Any) -> ChatRequest:
+        return ChatRequest(model="m", dialect="anthropic", messages=(
+            Message("user", (TextPart("go"),)), Message("assistant", parts),
+            Message("user", (TextPart("next"),))))
+
+    part = ExecutedToolPart("t", "Read", '{"file_path":"a.txt"}', "x" * 4000)
+    with_tool = estimate_tokens(request(TextPart("ok"), part))
+    assert with_tool > estimate_tokens(request(TextPart("ok"))) + 400

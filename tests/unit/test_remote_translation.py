@@ -10,7 +10,9 @@ from typing import Any
 import orjson
 import pytest
 
-from pool.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from pool.errors import (
+    BadRequest, UpstreamCredentialsRefused, UpstreamError, UpstreamTimeout, UpstreamUnavailable,
+)
 from pool.model import (
     ChatRequest, Finish, ImagePart, Logprobs, Message, ReasoningDelta, ReasoningEnd,
     ReasoningPart, ResponseFormat, Sampling, Start, TextDelta, TextPart, TokenLogprob, Tool,
@@ -19,6 +21,7 @@ from pool.model import (
 from pool.remote import anthropic_messages as am
 from pool.remote import openai_chat as oc
 from pool.remote.errors import error_from_body, error_from_object, parse_retry_after, scrub
+from pool.remote.policy import PassPolicy
 from pool.sse import SSEDecoder
 
 
@@ -265,12 +268,14 @@ ANTHROPIC_RAW = {"model": "alias", "max_tokens": 64000, "stream": True,
                  "context_management": {"edits": [{"type": "clear_thinking_20251015"}]},
                  "output_config": {"effort": "high"}, "thinking": {"type": "adaptive"}}
 
+# service_tier is not passed on by default (the worker's pass_fields can allow it)
+_OPENAI_KEPT = {k: v for k, v in OPENAI_RAW.items() if k != "service_tier"}
 PASSTHROUGH = [
     ("openai streaming", oc.build_body, "openai_chat", OPENAI_RAW, True,
-     {**OPENAI_RAW, "model": "up-model",
+     {**_OPENAI_KEPT, "model": "up-model",
       "stream_options": {"include_obfuscation": False, "include_usage": True}}),
     ("openai non-streaming drops stream_options", oc.build_body, "openai_chat", OPENAI_RAW, False,
-     {k: v for k, v in OPENAI_RAW.items() if k != "stream_options"}
+     {k: v for k, v in _OPENAI_KEPT.items() if k != "stream_options"}
      | {"model": "up-model", "stream": False}),
     ("anthropic streaming", am.build_body, "anthropic", ANTHROPIC_RAW, True,
      {**ANTHROPIC_RAW, "model": "up-model"}),
@@ -287,6 +292,57 @@ def test_same_dialect_passes_raw_through(build: Any, dialect: str, raw: dict[str
     request = req(user("ignored: raw wins"), dialect=dialect, raw=raw, stream=stream)
     assert build(request) == expected
     assert raw == before  # never mutated
+
+
+ANTHROPIC_EXTRAS = {"mcp_servers": [{"type": "url", "url": "https://mcp.example/sse", "name": "x"}],
+                    "service_tier": "auto", "container": "c1", "inference_geo": "us"}
+
+
+def test_pass_through_drops_what_the_operator_did_not_allow() -> None:
+    raw = {**ANTHROPIC_RAW, **ANTHROPIC_EXTRAS}
+    body = am.build_body(req(user("x"), dialect="anthropic", raw=raw, stream=True))
+    assert body == {**ANTHROPIC_RAW, "model": "up-model"}
+    widened = PassPolicy(pass_fields=frozenset({"service_tier", "mcp_servers"}))
+    body = am.build_body(req(user("x"), dialect="anthropic", raw=raw, stream=True), widened)
+    assert body["service_tier"] == "auto" and body["mcp_servers"] == raw["mcp_servers"]
+    assert "container" not in body
+    raw = {**OPENAI_RAW, "store": True, "metadata": {"a": "b"}, "web_search_options": {}}
+    body = oc.build_body(req(user("x"), dialect="openai_chat", raw=raw, stream=True))
+    assert not {"store", "metadata", "service_tier", "web_search_options"} & body.keys()
+    searching = PassPolicy(server_tools=frozenset({"web_search"}))
+    body = oc.build_body(req(user("x"), dialect="openai_chat", raw=raw, stream=True), searching)
+    assert "web_search_options" in body and "store" not in body
+
+
+@pytest.mark.parametrize("tool_type", ["web_fetch_20250910", "code_execution_20250825",
+                                       "web_search_20250305", "mcp_toolset"])
+def test_server_tools_need_the_operators_consent(tool_type: str) -> None:
+    raw = {**ANTHROPIC_RAW, "tools": [{"name": "f", "input_schema": {"type": "object"}},
+                                      {"type": tool_type, "name": "s"}]}
+    request = req(user("x"), dialect="anthropic", raw=raw)
+    with pytest.raises(BadRequest) as info:
+        am.build_body(request)
+    assert info.value.param == "tools[1].type" and tool_type in info.value.message
+    base = tool_type.rsplit("_", 1)[0] if tool_type[-1].isdigit() else tool_type
+    allowed = PassPolicy(server_tools=frozenset({base}))
+    assert am.build_body(request, allowed)["tools"] == raw["tools"]
+    openai_raw = {**OPENAI_RAW, "tools": [{"type": "web_search"}]}
+    with pytest.raises(BadRequest):
+        oc.build_body(req(user("x"), dialect="openai_chat", raw=openai_raw))
+
+
+def test_betas_are_filtered_to_the_allowed_ones() -> None:
+    claude_code = ("claude-code-20250219,context-1m-2025-08-07,interleaved-thinking-2025-05-14,"
+                   "thinking-token-count-2026-05-13,context-management-2025-06-27,"
+                   "prompt-caching-scope-2026-01-05,mid-conversation-system-2026-04-07,"
+                   "effort-2025-11-24")
+    policy = PassPolicy()
+    assert policy.betas(claude_code) == claude_code
+    assert policy.betas("web-fetch-2025-09-10,code-execution-2025-08-25,mcp-client-2025-04-04,"
+                        "effort-2025-11-24") == "effort-2025-11-24"
+    assert policy.betas("files-api-2025-04-14") is None
+    assert PassPolicy(pass_betas=frozenset({"web-fetch"})).betas("web-fetch-2025-09-10") == \
+        "web-fetch-2025-09-10"
 
 
 def test_other_dialect_is_translated_not_passed_through() -> None:
@@ -589,9 +645,15 @@ REFUSALS = [
     ("anthropic 404", 404, {"type": "error", "error": {"type": "not_found_error",
                                                        "message": "model: x"}}, {},
      UpstreamError, 404, "not_found", "model: x", None, None),
-    ("401 message is scrubbed of the key", 401,
+    ("401 is the gateway's credentials, not the client's", 401,
      {"error": {"message": f"Incorrect API key provided: {KEY}"}}, {},
-     UpstreamError, 401, "authentication", "Incorrect API key provided: ***", None, None),
+     UpstreamCredentialsRefused, 502, "upstream", "upstream credentials refused", None, None),
+    ("403 likewise", 403, {"type": "error", "error": {"type": "permission_error",
+                                                      "message": "sk-ant-****wxyz denied"}}, {},
+     UpstreamCredentialsRefused, 502, "upstream", "upstream credentials refused", None, None),
+    ("400 message is scrubbed of the key and of masked keys", 400,
+     {"error": {"message": f"bad {KEY}; also sk-proj-******abcd. and Bearer zz9"}}, {},
+     UpstreamError, 400, "invalid_request", "bad ***; also ***. and ***", None, None),
     ("429 with retry-after", 429, {"error": {"message": "slow"}}, {"retry-after": "7"},
      UpstreamError, 429, "rate_limit", "slow", None, 7.0),
     ("529 with retry-after-ms", 529, {"type": "error", "error": {
@@ -599,8 +661,8 @@ REFUSALS = [
      UpstreamError, 529, "overloaded", "Overloaded", None, 1.5),
     ("FastAPI detail", 422, {"detail": "field required"}, {},
      UpstreamError, 422, "invalid_request", "field required", None, None),
-    ("no envelope", 403, b"<html>forbidden</html>", {},
-     UpstreamError, 403, "permission", "upstream u refused the request (HTTP 403)", None, None),
+    ("no envelope", 404, b"<html>not here</html>", {},
+     UpstreamError, 404, "not_found", "upstream u refused the request (HTTP 404)", None, None),
     ("5xx hides the body", 500, {"error": {"message": f"trace with {KEY}"}}, {},
      UpstreamUnavailable, 502, "upstream", "upstream u failed (HTTP 500)", None, None),
     ("503 keeps retry-after", 503, b"busy", {"retry-after": "2"},
@@ -632,3 +694,16 @@ def test_scrub_and_object_errors() -> None:
     assert scrub("nothing", None) == "nothing"
     exc = error_from_object({"error": "plain string"})
     assert type(exc) is UpstreamUnavailable
+
+
+def test_in_stream_errors_are_scrubbed_and_credential_ones_are_ours() -> None:
+    refused = error_from_object({"error": {"message": "Incorrect API key provided: sk-pro****abcd",
+                                           "type": "invalid_request_error",
+                                           "code": "invalid_api_key"}})
+    assert type(refused) is UpstreamCredentialsRefused and refused.status == 502
+    assert type(error_from_object({"type": "error", "error": {
+        "type": "permission_error", "message": "key sk-ant-api03-xx** lacks access"}})) \
+        is UpstreamCredentialsRefused
+    exc = error_from_object({"type": "error", "error": {
+        "type": "invalid_request_error", "message": "bad sk-ant-api03-AbC***wxyz here"}})
+    assert exc.status == 400 and exc.message == "bad *** here" and "sk-" not in str(exc)

@@ -1,0 +1,377 @@
+"""The Qwen Code driver: one ``qwen`` process per conversation, stream-json.
+
+``qwen --auth-type openai --input-format stream-json -o stream-json
+--include-partial-messages --model M`` reads user messages and control
+requests on stdin, one JSON per line, and runs one turn at a time. What the
+driver does about Qwen's habits (all verified on 0.15.10):
+
+* ``initialize`` goes first (without it a tool needing approval hangs with no
+  ``can_use_tool``); the CLI answers with its session id.
+* ``memory.enableManagedAutoMemory = false`` is written into the home's
+  ``.qwen/settings.json``; otherwise every prompt costs a second upstream call.
+* Chat mode: every built-in tool excluded and ``--system-prompt`` replacing the
+  agent prompt (1.8 KB requests instead of 64 KB). Agent mode: ``--approval-mode
+  yolo``, and any ``can_use_tool`` is allowed.
+* ``interrupt`` ends the whole process, so the driver SIGKILLs it instead (it
+  may ignore SIGTERM) and the next turn respawns with ``--resume <sid>``.
+* A conversation opened with history gets it as a transcript written in
+  Qwen's own session format and ``--resume`` (nothing is flattened).
+* No credentials: the CLI prints a ``result`` error ("Missing API key ...")
+  and exits 1; an upstream 401 comes back as assistant text (see
+  :mod:`pool.cli.qwen_events`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import weakref
+from pathlib import Path
+from typing import Any, AsyncIterator, Mapping, Sequence
+
+import structlog
+
+from .content import turn_blocks
+from .driver import DriverConfig, DriverError
+from .events import (
+    CliEvent, CliHealth, ConversationSetup, LoginRequired, PendingToolCall, SessionStarted,
+    ToolAnswer, ToolsPending, Turn, TurnFailed,
+)
+from .qwen_events import QwenTurnParser, UsageTotals, is_login_error
+from .qwen_home import QwenHome
+from .qwen_tools import PREFIX, SdkToolServer
+from .qwen_transcript import write_transcript
+from .proc import JsonLineProcess, find_binary
+from .turns import guarded
+
+__all__ = ["QwenDriver", "QwenConversation", "CHAT_EXCLUDED_TOOLS"]
+
+log = structlog.get_logger("pool.cli.qwen")
+
+#: every built-in tool of Qwen Code 0.15.x (unknown names are ignored by the CLI)
+CHAT_EXCLUDED_TOOLS = (
+    "tool_search", "agent", "task", "task_stop", "send_message", "skill", "list_directory",
+    "read_file", "read_many_files", "grep_search", "glob", "edit", "write_file",
+    "run_shell_command", "todo_write", "ask_user_question", "web_fetch", "web_search",
+    "monitor", "save_memory", "exit_plan_mode", "lsp",
+)
+DEFAULT_CHAT_SYSTEM = "You are a helpful assistant."
+_OPTIONS = {"auth_type", "approval_mode", "extra_args"}
+_HANDSHAKE_TIMEOUT = 60.0
+class QwenDriver:
+    """One Qwen Code account (``home`` is its ``HOME``)."""
+
+    cli = "qwen"
+    can_load_history = True   # a transcript written for --resume (pool/cli/qwen_transcript.py)
+    concurrent_turns = False
+
+    def __init__(self, config: DriverConfig) -> None:
+        unknown = sorted(set(config.options) - _OPTIONS)
+        if unknown:
+            raise DriverError(f"cli_options.{unknown[0]}: not an option of the qwen driver "
+                              f"(one of {', '.join(sorted(_OPTIONS))})")
+        self.config = config
+        self.auth_type = str(config.options.get("auth_type", "openai"))
+        extra = config.options.get("extra_args", [])
+        if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
+            raise DriverError("cli_options.extra_args: must be a list of strings")
+        self.extra_args: tuple[str, ...] = tuple(extra)
+        self.approval_mode = str(config.options.get(
+            "approval_mode", "yolo" if config.mode == "agent" else "default"))
+        self.home = Path(config.home)
+        self.account = QwenHome(self.home, self.auth_type, config.env)
+        self.command: list[str] = []   # the binary and its fixed arguments, set by start()
+        self.version: str | None = None
+        self.logged_out_reason: str | None = None
+        self._conversations: weakref.WeakSet[QwenConversation] = weakref.WeakSet()
+
+    # --- the process environment ---
+
+    def env(self) -> dict[str, str]:
+        env = dict(self.config.env)
+        env.update(HOME=str(self.home), QWEN_CODE_NO_RELAUNCH="true", QWEN_DISABLE_AUTO_TITLE="1",
+                   QWEN_CODE_DISABLE_PRECONNECT="1", NO_COLOR="1", TERM="dumb")
+        return env
+
+    # --- CliDriver ---
+
+    async def start(self) -> CliHealth:
+        self.command = find_binary(self.config.command, "qwen", self.config.env)
+        self.home.mkdir(parents=True, exist_ok=True)
+        Path(self.config.cwd).mkdir(parents=True, exist_ok=True)
+        self.account.write()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self.command, "--version", env=self.env(), cwd=self.config.cwd,
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(proc.communicate(), _HANDSHAKE_TIMEOUT)
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise DriverError(f"qwen: cannot run {self.command[0]}: {exc!r}") from None
+        if proc.returncode != 0:
+            raise DriverError(f"qwen --version exited {proc.returncode}: "
+                              f"{err.decode(errors='replace').strip()[-300:]}")
+        self.version = out.decode(errors="replace").strip().splitlines()[-1] if out.strip() else None
+        log.info("cli.qwen.started", worker=self.config.name, version=self.version)
+        return await self.health()
+
+    async def health(self) -> CliHealth:
+        login = "ready"
+        if self.logged_out_reason is not None or not self.account.has_credentials():
+            login = "logged_out"
+        detail: dict[str, Any] = {"auth_type": self.auth_type,
+                                  "conversations": sum(1 for c in self._conversations if c.alive)}
+        if self.logged_out_reason:
+            detail["reason"] = self.logged_out_reason
+        return CliHealth(login=login, version=self.version, account=None, detail=detail)
+
+    async def open(self, setup: ConversationSetup) -> QwenConversation:
+        conversation = QwenConversation(self, setup)
+        if setup.history:
+            conversation.resume_from(write_transcript(self.home, self.config.cwd, setup.history,
+                                                      version=self.version))
+        self._conversations.add(conversation)
+        return conversation
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(c.close() for c in list(self._conversations)),
+                             return_exceptions=True)
+
+    def note_terminal(self, event: CliEvent) -> None:
+        """Remember a logged-out account until its credentials change (a restart)."""
+        if isinstance(event, LoginRequired):
+            self.logged_out_reason = event.message
+        elif not isinstance(event, TurnFailed):
+            self.logged_out_reason = None
+
+
+class QwenConversation:
+    """One ``qwen`` process (respawned with ``--resume`` after an interrupt)."""
+
+    def __init__(self, driver: QwenDriver, setup: ConversationSetup) -> None:
+        self.driver = driver
+        self.setup = setup
+        self._proc: JsonLineProcess | None = None
+        self._lines: AsyncIterator[dict[str, Any]] | None = None
+        self._tools = SdkToolServer(setup.tools) if setup.tools else None
+        self._parser: QwenTurnParser | None = None  # of a step that ended at held tool calls
+        self._session_id: str | None = None
+        self._totals: UsageTotals = {}
+        self._closed = False
+        self._resumable = True   # false after a crash: the session on disk is suspect
+        self._interrupted = False
+        self._requests = 0
+
+    @property
+    def session_id(self) -> str | None:
+        return self._session_id
+
+    def resume_from(self, session_id: str) -> None:
+        """Start the process with ``--resume session_id`` (a written transcript)."""
+        self._session_id = session_id
+
+    async def _read(self, timeout: float) -> dict[str, Any] | None:
+        """The CLI's next JSON line; None at EOF. TimeoutError after ``timeout`` s of silence."""
+        assert self._lines is not None
+        async with asyncio.timeout(timeout):
+            return await anext(self._lines, None)
+
+    def _send(self, message: Mapping[str, Any]) -> None:
+        assert self._proc is not None
+        try:
+            self._proc.send(message)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # it died: the read that follows sees EOF and says why
+
+    def _kill(self) -> None:
+        if self._proc is not None and self._proc.running:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.proc.kill()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._proc.running else None
+
+    @property
+    def alive(self) -> bool:
+        if self._closed:
+            return False
+        if self._proc is None or self._proc.running:
+            return True
+        return self._resumable and self._session_id is not None
+
+    def argv(self) -> list[str]:
+        d, setup = self.driver, self.setup
+        argv = [*d.command, "--auth-type", d.auth_type, "--input-format", "stream-json",
+                "-o", "stream-json", "--include-partial-messages", "--model", setup.model,
+                "--approval-mode", d.approval_mode]
+        if d.config.mode == "chat":
+            argv += ["--exclude-tools", ",".join(CHAT_EXCLUDED_TOOLS),
+                     "--system-prompt", setup.system or DEFAULT_CHAT_SYSTEM]
+        elif setup.system:
+            argv += ["--append-system-prompt", setup.system]
+        if self._session_id is not None:
+            argv += ["--resume", self._session_id]
+        return argv + list(d.extra_args)
+
+    def _control_id(self) -> str:
+        self._requests += 1
+        return f"pg{self._requests}"
+
+    async def _spawn(self) -> CliEvent | None:
+        """Start the process and handshake; a terminal event when that failed."""
+        self._interrupted = False
+        try:
+            proc = await JsonLineProcess.spawn(self.argv(), env=self.driver.env(),
+                                               cwd=self.driver.config.cwd, label="qwen")
+        except DriverError as exc:
+            return TurnFailed("upstream", f"qwen: {exc}")
+        self._proc, self._lines = proc, proc.lines()
+        request_id = self._control_id()
+        initialize: dict[str, Any] = {"subtype": "initialize", "hooks": None}
+        if self._tools is not None:
+            initialize["sdkMcpServers"] = self._tools.initialize_payload()
+        self._send({"type": "control_request", "request_id": request_id, "request": initialize})
+        initialized = False
+        try:
+            while (obj := await self._read(_HANDSHAKE_TIMEOUT)) is not None:
+                if obj.get("type") == "control_response":
+                    response = obj.get("response") or {}
+                    if response.get("request_id") == request_id:
+                        sid = (response.get("response") or {}).get("session_id")
+                        self._session_id = str(sid) if sid else self._session_id
+                        initialized = True
+                elif obj.get("type") == "control_request":
+                    await self._answer_control(obj)
+                elif obj.get("type") == "result" and obj.get("is_error"):
+                    return self._startup_failure(obj)
+                # with client tools, the first turn waits until Qwen has listed them
+                if initialized and (self._tools is None or self._tools.listed):
+                    return None
+        except TimeoutError:
+            self._kill()
+            return TurnFailed("timeout", "qwen: no answer to initialize")
+        await proc.proc.wait()
+        return self._exit_failure(proc)
+
+    def _startup_failure(self, result: Mapping[str, Any]) -> CliEvent:
+        error = result.get("error")
+        message = (error.get("message") if isinstance(error, dict) else None) or "startup failed"
+        self._resumable = False
+        if is_login_error(message):
+            return LoginRequired(f"qwen: {message}")
+        return TurnFailed("upstream", f"qwen: {message}")
+
+    def _exit_failure(self, proc: JsonLineProcess) -> CliEvent:
+        if self._interrupted:
+            return TurnFailed("interrupted", "qwen: interrupted")
+        self._resumable = False
+        return TurnFailed("upstream", proc.why_exited())
+
+    async def _answer_control(self, obj: Mapping[str, Any]) -> None:
+        """Answer the CLI's own control requests (tool permissions)."""
+        assert self._proc is not None
+        request = obj.get("request") or {}
+        response: dict[str, Any]
+        if request.get("subtype") == "mcp_message" and self._tools is not None:
+            answer = self._tools.message(str(obj.get("request_id")), request.get("message") or {})
+            if answer is not None:  # None: a tools/call held for the client
+                self._send(answer)
+            return
+        if request.get("subtype") == "can_use_tool":
+            if self.driver.config.mode == "agent":
+                body = {"behavior": "allow", "updatedInput": request.get("input") or {}}
+            else:
+                body = {"behavior": "deny", "message": "tools are off in chat mode"}
+            response = {"subtype": "success", "request_id": obj.get("request_id"), "response": body}
+        else:
+            response = {"subtype": "error", "request_id": obj.get("request_id"),
+                        "error": f"unsupported control request {request.get('subtype')!r}"}
+        self._send({"type": "control_response", "response": response})
+
+    async def send(self, turn: Turn) -> AsyncIterator[CliEvent]:
+        if self._closed:
+            yield TurnFailed("upstream", "qwen: conversation closed")
+            return
+        # a caller that leaves mid-turn: the only way to stop Qwen is to end it
+        async for event in guarded(self._run(turn), on_terminal=self.driver.note_terminal,
+                                   on_abandon=self.interrupt):
+            yield event
+
+    async def _run(self, turn: Turn) -> AsyncIterator[CliEvent]:
+        if self._proc is None or not self._proc.running:
+            failure = await self._spawn()
+            if failure is not None:
+                yield failure
+                return
+        proc = self._proc
+        assert proc is not None
+        if self._session_id:
+            yield SessionStarted(self._session_id, self.setup.model)
+        parser = QwenTurnParser(self._totals, client_tool_prefix=PREFIX if self._tools else None)
+        self._send({"type": "user", "message": {"role": "user", "content": turn_blocks(turn)}})
+        async for event in self._pump(parser):
+            yield event
+
+    async def _pump(self, parser: QwenTurnParser) -> AsyncIterator[CliEvent]:
+        """Read the turn on to its end, or to client tool calls (then held)."""
+        proc = self._proc
+        assert proc is not None
+        idle = self.driver.config.idle_timeout
+        while True:
+            try:
+                obj = await self._read(idle)
+            except TimeoutError:
+                log.warning("cli.qwen_stalled", pid=proc.pid, seconds=idle)
+                self._resumable = False
+                self._kill()
+                yield TurnFailed("timeout", f"qwen said nothing for {idle:g} s")
+                return
+            if obj is None:
+                break
+            kind = obj.get("type")
+            if kind == "control_request":
+                await self._answer_control(obj)
+                continue
+            events = parser.feed(obj)
+            if parser.done:  # before yielding: the consumer may stop at the terminal event
+                self._totals = parser.totals
+            for event in events:
+                if isinstance(event, SessionStarted):
+                    if event.session_id == self._session_id:
+                        continue
+                    self._session_id = event.session_id
+                elif isinstance(event, PendingToolCall) and self._tools is not None:
+                    self._tools.called(event)
+                yield event
+            if parser.done:
+                return
+            if parser.pending:  # the client answers; Qwen's tools/call waits unanswered
+                self._parser = parser
+                yield ToolsPending()
+                return
+        await proc.proc.wait()
+        yield self._exit_failure(proc)
+
+    async def answer_tools(self, answers: Sequence[ToolAnswer]) -> AsyncIterator[CliEvent]:
+        parser, self._parser = self._parser, None
+        if self._tools is None or parser is None or self._proc is None or not self._proc.running:
+            yield TurnFailed("invalid_request", "qwen: no tool call is held")
+            return
+        for response in self._tools.answer(answers):
+            self._send(response)
+        parser.pending = False
+        async for event in guarded(self._pump(parser), on_terminal=self.driver.note_terminal,
+                                   on_abandon=self.interrupt):
+            yield event
+
+    async def interrupt(self) -> None:
+        """Qwen's own ``interrupt`` ends the process anyway; SIGKILL is certain."""
+        if self._proc is not None and self._proc.running:
+            self._interrupted = True
+            self._kill()
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._proc is not None:
+            await self._proc.close()

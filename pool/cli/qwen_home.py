@@ -1,0 +1,88 @@
+"""A Qwen Code account's home: the settings the driver needs, and whether it
+holds credentials.
+
+``$HOME/.qwen/settings.json`` gets managed auto-memory off (otherwise every
+prompt costs a second upstream call, verified on 0.15.10), auto-update and
+telemetry off, and an auth type when it has none; every other key the
+account's settings hold (its API key, say) is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+__all__ = ["QwenHome"]
+
+_SETTINGS: dict[str, Any] = {
+    "memory": {"enableManagedAutoMemory": False},
+    "general": {"enableAutoUpdate": False},
+    "privacy": {"usageStatisticsEnabled": False},
+    "telemetry": {"enabled": False},
+}
+
+
+def _merge(into: dict[str, Any], defaults: Mapping[str, Any]) -> bool:
+    changed = False
+    for key, value in defaults.items():
+        if isinstance(value, Mapping):
+            node = into.get(key)
+            if not isinstance(node, dict):
+                into[key] = node = {}
+                changed = True
+            changed |= _merge(node, value)
+        elif into.get(key) != value:
+            into[key] = value
+            changed = True
+    return changed
+
+
+class QwenHome:
+    """The ``HOME`` of one Qwen account."""
+
+    def __init__(self, home: Path, auth_type: str, env: Mapping[str, str]) -> None:
+        self.home, self.auth_type, self.env = home, auth_type, env
+
+    def settings_path(self) -> Path:
+        return self.home / ".qwen" / "settings.json"
+
+    def read_settings(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.settings_path().read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def write(self) -> None:
+        """Turn managed auto-memory, auto-update and telemetry off, keeping
+        whatever else the account's settings hold (its API key, say)."""
+        path = self.settings_path()
+        settings = self.read_settings()
+        defaults: dict[str, Any] = dict(_SETTINGS)
+        if not isinstance(settings.get("security", {}).get("auth", {}).get("selectedType"), str):
+            defaults["security"] = {"auth": {"selectedType": self.auth_type}}
+        if _merge(settings, defaults) or not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(settings, indent=2))
+            os.chmod(tmp, 0o600)
+            tmp.replace(path)
+
+    def has_credentials(self) -> bool:
+        """For ``openai`` auth: a key in the environment, settings.json or an .env file."""
+        if self.auth_type != "openai":
+            return True  # other auth types are only known by the first turn
+        if self.env.get("OPENAI_API_KEY"):
+            return True
+        if self.read_settings().get("security", {}).get("auth", {}).get("apiKey"):
+            return True
+        for dotenv in (self.home / ".qwen" / ".env", self.home / ".env"):
+            try:
+                if any(line.strip().startswith("OPENAI_API_KEY=") and line.split("=", 1)[1].strip()
+                       for line in dotenv.read_text().splitlines()):
+                    return True
+            except OSError:
+                continue
+        return False
