@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator
 
+import shutil
+
 import anthropic
 import httpx
 import openai
@@ -19,6 +21,7 @@ from app.factory import create_app
 from app.settings import ServerSettings, Settings, WorkerSettings
 from tests.fakes.responses_upstream import ResponsesUpstream
 from tests.fakes.upstreams import FakeUpstream
+from tests.integration.clis import CODEX, command_executions, ensure_cli, final_message, run_codex
 from tests.support.cli_accounts import claude_home, fake_claude_worker, user_lines, wait_for
 from tests.support.codex_accounts import CODEX_MODEL, codex_home, codex_worker, turn_inputs
 from tests.support.server import ServerThread
@@ -192,6 +195,25 @@ def test_codex_agent_turn_shows_the_executed_command_in_both_dialects(codex):
     assert use["name"] == "shell" and use["server_name"] == "codex"
     assert result["is_error"] is True and "No such file" in result["content"][0]["text"]
     assert text["text"].startswith("tool said: cat: missing.txt")
+
+
+def test_codex_cli_as_a_client_takes_the_mcp_call_of_an_agent_worker(codex, tmp_path):
+    """The real Codex CLI (``codex exec``) → poolgate's Responses API → an
+    agent-mode codex worker whose app-server runs the command itself: the
+    client gets an ``mcp_call`` item it has nothing to do for, and finishes."""
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not installed: cannot install the Codex CLI")
+    assert ensure_cli(*CODEX) is not None
+    srv, http, home = codex
+    workspace = tmp_path / "client-ws"
+    workspace.mkdir()
+    events = run_codex(srv.url + "/v1", "sk-team-a", f"What do the notes say? {SHELL}",
+                       model=CODEX_MODEL, cwd=workspace, home=tmp_path / "client-home",
+                       timeout=120)
+    assert final_message(events) == f"tool said: {NOTES}"
+    assert command_executions(events) == []  # the worker ran it; the client ran nothing
+    errors = [e["item"]["message"] for e in events if (e.get("item") or {}).get("type") == "error"]
+    assert [m for m in errors if "Model metadata" not in m] == []  # the mcp_call parsed
 
 
 # --- login recheck ---------------------------------------------------------------------
