@@ -145,10 +145,16 @@ def test_claude_agent_turn_as_a_responses_mcp_call(claude):
             {"role": "user", "content": READ},
             *[o.model_dump(exclude_none=True) for o in first.output],
             {"role": "user", "content": "and now?"}])
-    assert second.output_text == "echo: and now?"
-    sent = user_lines(log)
-    assert sent[-1]["pid"] == sent[0]["pid"]
-    assert _stats(http, "claude-a", 1)["hits"] == 1
+        assert second.output_text == "echo: and now?"
+        sent = user_lines(log)
+        assert sent[-1]["pid"] == sent[0]["pid"]
+        assert _stats(http, "claude-a", 1)["hits"] == 1
+        # chained by previous_response_id: the stored mcp_call is history as well
+        third = oai.responses.create(model=MODEL, previous_response_id=second.id,
+                                     input="and then?")
+    assert third.output_text == "echo: and then?"
+    assert user_lines(log)[-1]["pid"] == sent[0]["pid"]
+    assert _stats(http, "claude-a", 2)["hits"] == 2
 
 
 def test_claude_agent_turn_in_chat_completions_is_readable_text_and_reused(claude):
