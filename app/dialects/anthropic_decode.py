@@ -44,8 +44,8 @@ import orjson
 
 from pool.errors import BadRequest
 from pool.model import (
-    ChatRequest, ExecutedToolPart, ImagePart, Message, Part, ReasoningPart, ResponseFormat, Sampling, TextPart,
-    Tool, ToolCallPart, ToolChoice, ToolResultPart,
+    ChatRequest, ExecutedToolPart, ImagePart, Message, Part, ReasoningPart, ResponseFormat,
+    Sampling, TextPart, Tool, ToolCallPart, ToolChoice, ToolResultPart,
 )
 
 from .validate import Validators

@@ -49,8 +49,9 @@ from app.errors import anthropic_error_frame
 from pool.accumulate import merge_usage
 from pool.errors import GatewayError
 from pool.model import (
-    ChatRequest, Completion, Event, ExecutedTool, ExecutedToolPart, Finish, ReasoningDelta, ReasoningEnd, ReasoningPart,
-    TextDelta, TextPart, ToolCallDelta, ToolCallEnd, ToolCallPart, ToolCallStart, Usage,
+    ChatRequest, Completion, Event, ExecutedTool, ExecutedToolPart, Finish, ReasoningDelta,
+    ReasoningEnd, ReasoningPart, TextDelta, TextPart, ToolCallDelta, ToolCallEnd, ToolCallPart,
+    ToolCallStart, Usage,
 )
 
 __all__ = ["encode_completion", "StreamEncoder", "stop_reason", "usage_fields", "executed_blocks"]

@@ -35,10 +35,11 @@ from typing import Any, Mapping, Sequence
 
 from pool.errors import BadRequest
 from pool.model import (
-    ChatRequest, ExecutedToolPart, ImagePart, Message, Part, ReasoningPart, ResponseFormat, Sampling, TextPart,
+    ChatRequest, ImagePart, Message, Part, ReasoningPart, ResponseFormat, Sampling, TextPart,
     Tool, ToolCallPart, ToolChoice, ToolResultPart,
 )
 
+from .openai_responses_mcp import mcp_call_part
 from .validate import (
     bad_type, bad_value, first_header, image_url, missing, opt_bool, opt_dict, opt_int, opt_list,
     opt_number, opt_str, req_str,
@@ -133,21 +134,6 @@ def _output(item: dict[str, Any], param: str) -> ToolResultPart:
     return ToolResultPart(call_id, tuple(_content(item.get("output"), param + ".output", True)))
 
 
-def _mcp_call(item: dict[str, Any], param: str) -> ExecutedToolPart:
-    output = opt_str(item, "output", param + ".output") or ""
-    error = item.get("error")
-    if not output and error is not None:  # the failure's text is the output there is
-        output = error if type(error) is str else "".join(
-            c["text"] for c in (error.get("content") if type(error) is dict
-                                and type(error.get("content")) is list else ())
-            if type(c) is dict and type(c.get("text")) is str)
-    return ExecutedToolPart(req_str(item, "id", param + ".id"),
-                            req_str(item, "name", param + ".name"),
-                            opt_str(item, "arguments", param + ".arguments") or "",
-                            output, error is not None,
-                            opt_str(item, "server_label", param + ".server_label"))
-
-
 class _Turns:
     """Folds input items into canonical messages, one turn at a time."""
 
@@ -201,7 +187,7 @@ class _Turns:
         elif kind == "reasoning":
             self._turn().append(_reasoning(item, param))
         elif kind == "mcp_call":
-            self._turn().append(_mcp_call(item, param))
+            self._turn().append(mcp_call_part(item, param))
         elif kind is None:
             raise missing(param + ".type")
         elif type(kind) is not str:

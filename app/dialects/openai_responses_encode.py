@@ -19,11 +19,7 @@ Output mapping:
   or names a custom tool of the request, else a ``function_call``; a call to
   a flattened namespace member ``ns__t`` goes out as ``name: t, namespace: ns``;
 * a tool the worker ran itself (an agent-mode CLI) is an ``mcp_call`` item
-  ``{id, server_label, name, arguments, output, error, status}``, streamed as
-  ``output_item.added``, ``mcp_call.in_progress``, ``mcp_call_arguments.delta``
-  and ``.done``, ``mcp_call.completed`` (``.failed`` when the tool failed:
-  then ``error`` is an ``mcp_tool_execution_error`` holding the output) and
-  ``output_item.done``; it is history, nothing for the client to answer;
+  (:mod:`app.dialects.openai_responses_mcp`), nothing for the client to answer;
 * finish ``length`` -> status ``incomplete`` (reason ``max_output_tokens``),
   ``content_filter`` -> ``incomplete`` (reason ``content_filter``); a failure
   -> ``failed`` with ``error: {code, message}``.
@@ -38,11 +34,13 @@ import orjson
 from pool.accumulate import Accumulator
 from pool.errors import GatewayError
 from pool.model import (
-    ChatRequest, Completion, Event, ExecutedTool, ExecutedToolPart, Finish, ReasoningDelta, ReasoningEnd, ReasoningPart,
-    TextDelta, TextPart, ToolCallDelta, ToolCallEnd, ToolCallPart, ToolCallStart, Usage,
+    ChatRequest, Completion, Event, ExecutedTool, ExecutedToolPart, Finish, ReasoningDelta,
+    ReasoningEnd, ReasoningPart, TextDelta, TextPart, ToolCallDelta, ToolCallEnd, ToolCallPart,
+    ToolCallStart, Usage,
 )
 
 from .openai_responses_decode import namespace_map
+from .openai_responses_mcp import mcp_call_item, mcp_call_stream
 
 __all__ = ["encode_completion", "StreamEncoder", "usage_json", "error_json"]
 
@@ -121,21 +119,6 @@ def _reasoning_item(item_id: str, text: str, encrypted: str | None) -> dict[str,
     return item
 
 
-def _mcp_call_item(item_id: str, part: ExecutedTool | ExecutedToolPart,
-                   done: bool = True) -> dict[str, Any]:
-    item: dict[str, Any] = {"type": "mcp_call", "id": item_id,
-                            "server_label": part.server or "worker", "name": part.name,
-                            "arguments": part.arguments if done else "",
-                            "output": part.output if done else None, "error": None,
-                            "status": "in_progress"}
-    if done:
-        item["status"] = "failed" if part.is_error else "completed"
-        if part.is_error:
-            item["error"] = {"type": "mcp_tool_execution_error",
-                             "content": [{"type": "text", "text": part.output}]}
-    return item
-
-
 class _Names:
     """How a canonical tool call shows on the wire: kind, name and namespace."""
 
@@ -191,7 +174,7 @@ def encode_completion(completion: Completion, request: ChatRequest, *, response_
             output.append(names.item(f"{prefix}_{base}_{len(output)}", part.id, part.name,
                                      part.kind, part.arguments))
         elif t is ExecutedToolPart:
-            output.append(_mcp_call_item(f"mcp_{base}_{len(output)}", part))
+            output.append(mcp_call_item(f"mcp_{base}_{len(output)}", part))
         elif t is ReasoningPart:
             if part.redacted_data is None and (part.text or part.encrypted_content is not None):
                 output.append(_reasoning_item(f"rs_{base}_{len(output)}", part.text,
@@ -353,17 +336,8 @@ class StreamEncoder:
 
     def _executed(self, event: ExecutedTool) -> bytes:
         index = self._next_index()
-        item_id = f"mcp_{self._base}_{index}"
-        where = {"item_id": item_id, "output_index": index}
-        outcome = "response.mcp_call.failed" if event.is_error else "response.mcp_call.completed"
-        return (self._added(_mcp_call_item(item_id, event, done=False), index)
-                + self._event({"type": "response.mcp_call.in_progress", **where})
-                + self._event({"type": "response.mcp_call_arguments.delta", **where,
-                               "delta": event.arguments})
-                + self._event({"type": "response.mcp_call_arguments.done", **where,
-                               "arguments": event.arguments})
-                + self._event({"type": outcome, **where})
-                + self._item_done(_mcp_call_item(item_id, event), index))
+        return b"".join(self._event(payload) for payload in
+                        mcp_call_stream(f"mcp_{self._base}_{index}", index, event))
 
     # --- the interface -----------------------------------------------------------------
 
