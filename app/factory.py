@@ -16,7 +16,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from auth.keys import KeyRing, TokenGate
-from auth.limits import MemoryLimits
 from pool.errors import GatewayError, InternalError, NotFound
 from pool.admission import AdmissionGuard
 from pool.pool import Pool
@@ -26,18 +25,18 @@ from pool.local.worker import LocalSpec, LocalWorker
 from pool.process import ProcessSpec, ProcessWorker
 from pool.routing import make_policy
 from pool.supervisor import SupervisorPolicy
-from sessions.bindings import MemoryBindingStore
-from sessions.responses import MemoryResponseStore
-from sessions.upstream import MemoryUpstreamSessions
 from pool.remote import RemoteSpec, make_remote_worker
 from pool.remote.policy import PassPolicy
 
+from .accounts import Accounts
 from .gateway import Gateway
+from .logins import Logins
 from .http import error_response
 from .middleware import GatewayMiddleware
 from .observability import Metrics
 from .pool_metrics import PoolCollector
-from .routes import chat, keys as key_routes, models, ops, responses
+from .replicas import Drains, build_stores
+from .routes import accounts as account_routes, chat, keys as key_routes, models, ops, responses
 from .routes.ui import UI_PATH, UI_STATIC_PATH, OperatorPage
 from .settings import EMBEDDED_SAMPLING
 from .state import apply_policy, open_state
@@ -145,38 +144,39 @@ def make_worker(spec: Spec, environment: Mapping[str, str], sessions: Any = None
 
 def create_app(settings: Any) -> Starlette:
     server = settings.server
-    store = settings.responses
     secrets = {name: _secret(key) or "" for name, key in server.api_keys.items()}
     secrets.update((name, _secret(key.secret) or "") for name, key in server.keys.items())
     keys = KeyRing(secrets)
+    stores = build_stores(settings)
     gw = Gateway(settings=settings, metrics=Metrics(),
                  admin=TokenGate(_secret(server.admin_token)),
                  metrics_gate=TokenGate(_secret(server.metrics_token)),
                  metrics_public=server.metrics_public, max_body_bytes=server.max_body_bytes,
-                 responses=MemoryResponseStore(max_items=store.max_items, max_bytes=store.max_bytes,
-                                               max_age=store.max_age_seconds),
+                 responses=stores.responses,
                  admission=AdmissionGuard(global_limit=server.max_in_flight or None,
                                           per_key_limit=server.max_in_flight_per_key or None,
                                           max_wait=server.queue_timeout),
-                 bindings=MemoryBindingStore(ttl=settings.routing.binding_ttl,
-                                             max_items=settings.routing.max_bindings),
-                 cli_sessions=MemoryUpstreamSessions(
-                     max_entries=settings.cli_sessions.max_entries,
-                     max_age=settings.cli_sessions.max_age_seconds),
+                 bindings=stores.bindings, cli_sessions=stores.cli_sessions,
+                 redis=stores.link, locks=stores.locks, drains=Drains(stores.drained),
                  cooldown_seconds=settings.routing.cooldown_seconds,
                  log_requests=server.log_level in ("debug", "info"),
                  stream_grace=server.stream_grace, ping_interval=server.ping_interval,
                  keyring=keys, config_keys=frozenset(secrets),
-                 teams=Teams((), MemoryLimits()))
+                 teams=Teams((), stores.limits))
     for name, key in server.keys.items():
         apply_policy(gw, policy_from_settings(name, key))
     _build_policies(gw, settings.routing)
     gw.metrics.registry.register(PoolCollector(gw.metrics_snapshot))
+    gw.accounts = Accounts.from_settings(settings)
+    gw.logins = Logins(gw.accounts, gw.metrics.registry, settings.environment)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
+            if gw.redis is not None:
+                await _start_redis(gw, stack)
             await open_state(gw, server.state_dir, stack)
+            await gw.accounts.import_configured()  # bundles land before the CLIs start
             # in a thread: finding the default model may download it (blocking urlopen)
             specs = await asyncio.to_thread(worker_specs, settings)
             if not specs and settings.server.demo:
@@ -184,8 +184,12 @@ def create_app(settings: Any) -> Starlette:
             gw.pool = Pool([make_worker(spec, settings.environment, gw.cli_sessions)
                             for spec in specs],
                            default_model=settings.routing.default_model)
+            gw.logins.pool = gw.pool
             await gw.pool.start()
             stack.push_async_callback(gw.pool.aclose)
+            stack.push_async_callback(gw.logins.aclose)
+            watcher = asyncio.ensure_future(gw.logins.watch())
+            stack.callback(watcher.cancel)
             probes = asyncio.ensure_future(gw.pool.probe_forever(server.health_interval))
             stack.callback(probes.cancel)
             log.info("gateway.started", workers=[s.name for s in specs],
@@ -213,6 +217,17 @@ def create_app(settings: Any) -> Starlette:
         Route("/metrics", ops.metrics, methods=["GET"]),
         Route("/internal/workers", ops.internal_workers, methods=["GET"]),
         Route("/internal/workers/{name}/engine", ops.worker_engine, methods=["GET"]),
+        Route("/internal/workers/{name}/bundle", account_routes.get_bundle, methods=["GET"]),
+        Route("/internal/workers/{name}/bundle", account_routes.put_bundle, methods=["PUT"]),
+        Route("/internal/workers/{name}/login", account_routes.login_status, methods=["GET"]),
+        Route("/internal/workers/{name}/login", account_routes.start_login, methods=["POST"]),
+        Route("/internal/workers/{name}/login/code", account_routes.login_code,
+              methods=["POST"]),
+        Route("/internal/workers/{name}/login/screenshot", account_routes.login_screenshot,
+              methods=["GET"]),
+        Route("/internal/auto-login/start", account_routes.auto_login_start, methods=["POST"]),
+        Route("/internal/auto-login/status", account_routes.auto_login_status, methods=["GET"]),
+        Route("/internal/session/export", account_routes.session_export, methods=["POST"]),
         Route("/internal/workers/{name}/{action}", ops.worker_action, methods=["POST"]),
         Route("/internal/stats", ops.internal_stats, methods=["GET"]),
         Route("/internal/usage", key_routes.usage, methods=["GET"]),
@@ -234,6 +249,28 @@ def create_app(settings: Any) -> Starlette:
     )
     app.state.gateway = gw
     return app
+
+
+async def _start_redis(gw: Gateway, stack: contextlib.AsyncExitStack) -> None:
+    """First ping, then the probe loop (which also syncs drains); a Redis down
+    at start-up is not fatal: the replica serves from memory until it answers."""
+    link = gw.redis
+    stack.push_async_callback(link.aclose)
+    if not await link.ping():
+        log.warning("gateway.redis_unreachable")
+
+    outages = link.outages
+
+    async def tick() -> None:
+        nonlocal outages
+        if link.outages != outages:  # back after an outage
+            outages = link.outages
+            gw.drains.republish()
+        if gw.pool.workers:
+            await gw.drains.sync(gw)
+
+    watch = asyncio.ensure_future(link.watch(tick))
+    stack.callback(watch.cancel)
 
 
 async def _start_demo(stack: contextlib.AsyncExitStack) -> list[RemoteSpec]:
@@ -282,7 +319,11 @@ def _build_policies(gw: Gateway, routing: Any) -> None:
     def policy(name: str) -> Any:
         return make_policy(name, in_flight=gw.admission.in_flight, store=gw.bindings,
                            ttl=routing.binding_ttl, busy=busy, imbalance_abs=routing.imbalance_abs,
-                           imbalance_rel=routing.imbalance_rel, owned=True)
+                           imbalance_rel=routing.imbalance_rel, owned=True,
+                           prefix={"block_chars": routing.prefix_block_chars,
+                                   "min_match": routing.prefix_min_match,
+                                   "max_blocks": routing.prefix_max_blocks,
+                                   "max_age": routing.prefix_max_age})
 
     gw.policy = policy(routing.policy)
     gw.policies = {model: policy(name) for model, name in routing.models.items()}

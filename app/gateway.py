@@ -21,9 +21,11 @@ from sessions.keystore import KeyStore
 from sessions.ledger import UsageLedger
 from sessions.keys import owned_session_key
 from sessions.responses import MemoryResponseStore, ResponseStore
+from sessions.shared import MemoryDrainedSet, MemoryLocks
 from sessions.upstream import MemoryUpstreamSessions, SessionIndex
 
 from .record import RequestRecord
+from .replicas import Drains
 from .teams import Teams
 
 __all__ = ["Gateway"]
@@ -47,7 +49,7 @@ class Gateway:
     responses: ResponseStore = field(default_factory=MemoryResponseStore)
     admission: AdmissionGuard = field(default_factory=lambda: AdmissionGuard(
         global_limit=None, per_key_limit=None, max_wait=5.0))
-    bindings: MemoryBindingStore = field(default_factory=MemoryBindingStore)
+    bindings: Any = field(default_factory=MemoryBindingStore)  # a BindingStore with stats()
     cli_sessions: SessionIndex = field(default_factory=MemoryUpstreamSessions)
     policy: Any = None  # the default routing policy, built by create_app
     policies: dict[str, Any] = field(default_factory=dict)  # model -> its own policy
@@ -58,6 +60,11 @@ class Gateway:
     config_keys: frozenset[str] = frozenset()  # names from the configuration (read-only)
     ledger: UsageLedger | None = None  # set while the app runs
     keystore: KeyStore | None = None  # the run-time keys, set while the app runs
+    redis: Any = None  # the RedisLink when server.redis_url is set
+    locks: Any = field(default_factory=MemoryLocks)  # named locks (logins), shared with Redis
+    drains: Drains = field(default_factory=lambda: Drains(MemoryDrainedSet()))
+    accounts: Any = None  # cli accounts: bundles (app/accounts.py)
+    logins: Any = None  # cli accounts: logins (app/logins.py)
     _tasks: set[Any] = field(default_factory=set)
 
     async def admit(self, chat: ChatRequest, headers: Mapping[str, str], key: str,
@@ -72,6 +79,7 @@ class Gateway:
             prefix = request_prefix_hash(routed)  # the cli worker holding this conversation
             if prefix is not None:
                 prefer = await self.cli_sessions.get(prefix)
+        policy = self.policies.get(routed.model, self.policy)
 
         async def choose(free: Sequence[Worker]) -> Worker:
             if len(free) == 1:  # nothing to decide: skip the session key and the policy
@@ -81,10 +89,10 @@ class Gateway:
                     if worker.name == prefer:
                         return worker
             session, _source = owned_session_key(key, routed, headers)
-            policy = self.policies.get(routed.model, self.policy)
             return await policy.choose(routed, session, free)
 
         lease = await self.admission.acquire(key=key, workers=workers, choose=choose)
+        policy.placed(routed, lease.worker)
         self.pool.acquire(lease.worker)
         self.metrics.in_flight_started(lease.worker.name)
         return lease, routed
@@ -109,9 +117,12 @@ class Gateway:
         """What ``/internal/stats`` shows: admission, routing, bindings, stores."""
         routing = {"default": self.policy.stats(),
                    **{model: p.stats() for model, p in self.policies.items()}}
+        prefix = {model: p.prefix_stats() for model, p in
+                  (("default", self.policy), *self.policies.items()) if hasattr(p, "prefix_stats")}
         return {"in_flight": dict(self.pool.in_flight), "admission": self.admission.stats(),
-                "routing": routing, "bindings": self.bindings.stats(),
-                "responses": self.responses.stats(), "cli_sessions": self.cli_session_stats()}
+                "routing": routing, "prefix": prefix, "bindings": self.bindings.stats(),
+                "responses": self.responses.stats(), "cli_sessions": self.cli_session_stats(),
+                "redis": self.redis.stats() if self.redis is not None else None}
 
     def cli_session_stats(self) -> dict[str, Any]:
         """The gateway's index of upstream sessions, and each cli worker's hits,
@@ -130,8 +141,15 @@ class Gateway:
                    for w in self.pool.workers]
         stats = self.stats()
         return {"workers": workers, "admission": stats["admission"],
-                "routing": stats["routing"], "bindings": stats["bindings"],
-                "cli_sessions": stats["cli_sessions"]}
+                "routing": stats["routing"], "prefix": stats["prefix"],
+                "bindings": stats["bindings"], "cli_sessions": stats["cli_sessions"],
+                "redis": self.redis_state()}
+
+    def redis_state(self) -> str:
+        """``off`` (no ``server.redis_url``), ``up`` or ``down``."""
+        if self.redis is None:
+            return "off"
+        return "up" if self.redis.up else "down"
 
     def metrics_upstream_error(self, worker: str, kind: str) -> None:
         self.metrics.observe_upstream_error(worker=worker, kind=kind)

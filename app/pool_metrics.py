@@ -40,6 +40,11 @@ class PoolCollector:
                 probes.add_metric([w["name"]], w["probe_seconds"])
         yield from (states, restarts, probes, looping)
 
+        redis = snap.get("redis", "off")
+        if redis != "off":
+            yield GaugeMetricFamily("poolgate_redis_up",
+                                    "1 while the shared store (Redis) answers, 0 while it is lost.",
+                                    value=1.0 if redis == "up" else 0.0)
         admission = snap["admission"]
         yield GaugeMetricFamily("poolgate_queue_depth", "Requests waiting for a slot.",
                                 value=admission["waiting"])
@@ -62,6 +67,23 @@ class PoolCollector:
             for outcome, count in counts.items():
                 routing.add_metric([policy, outcome], float(count))
         yield routing
+        matched = CounterMetricFamily("poolgate_prefix_matched_chars",
+                                      "Prompt characters routed to a worker holding them "
+                                      "(prefix_cache policy).", labels=["policy"])
+        blocks = GaugeMetricFamily("poolgate_prefix_blocks",
+                                   "Prompt blocks remembered per worker (prefix_cache policy).",
+                                   labels=["policy", "worker"])
+        for policy, prefix in snap.get("prefix", {}).items():
+            matched.add_metric([policy], float(prefix["matched_chars"]))
+            for worker, count in prefix["blocks"].items():
+                blocks.add_metric([policy, worker], float(count))
+        yield from (matched, blocks)
+        holds = GaugeMetricFamily("poolgate_slot_hold_seconds",
+                                  "Average seconds a request holds its slot (EWMA; sets "
+                                  "Retry-After).", labels=["worker"])
+        for worker, seconds in admission.get("hold_seconds", {}).items():
+            holds.add_metric([worker], seconds)
+        yield holds
         yield GaugeMetricFamily("poolgate_session_bindings", "Session bindings held.",
                                 value=snap["bindings"].get("items", 0))
         yield from _cli_sessions(snap.get("cli_sessions"))

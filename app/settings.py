@@ -25,6 +25,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSetti
 from pydantic_settings.exceptions import SettingsError
 from pydantic_settings.sources.utils import parse_env_vars
 
+from .account_settings import LoginSettings, missing_account_secrets, resolve_account
 from .key_settings import KeySettings, missing_key_secrets, resolve_key_secrets
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
 CONFIG_ENV = "POOLGATE_CONFIG"
 API_KEYS_ENV = "POOLGATE_API_KEYS"
 STATE_DIR_ENV = "POOLGATE_STATE_DIR"
+REDIS_URL_ENV = "POOLGATE_REDIS_URL"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SECTIONS = ("server", "responses", "routing", "cli_sessions")  # tables whose keys merge field by field across layers
@@ -71,6 +73,9 @@ class ServerSettings(BaseModel):
     api_keys: dict[str, SecretStr] = Field(default_factory=dict)
     keys: dict[str, KeySettings] = Field(default_factory=dict)  # [server.keys.<name>]: key + policy
     state_dir: str | None = None  # the usage ledger and run-time keys; None: memory only
+    # shared state of replicas (bindings, stored responses, limits, drains, locks); None: memory
+    redis_url: str | None = None
+    redis_timeout: float = Field(0.1, gt=0, le=5.0)  # bound of every Redis call, seconds
     admin_token_env: str | None = "POOLGATE_ADMIN_TOKEN"
     admin_token: SecretStr | None = None  # resolved from admin_token_env
     metrics_token_env: str | None = "POOLGATE_METRICS_TOKEN"
@@ -89,6 +94,15 @@ class ServerSettings(BaseModel):
     ping_interval: float = Field(10.0, gt=0)      # keep-alive ping after this much stream silence
     demo: bool = False  # no workers configured: serve the built-in demo upstream, not the default model
     cache_dir: str = "~/.cache/poolgate"  # downloads (the default model when it is not installed)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, url: str | None) -> str | None:
+        if not url:
+            return None
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("redis_url must start with redis://, rediss:// or unix://")
+        return url
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod
@@ -188,6 +202,11 @@ class WorkerSettings(BaseModel):
     tool_timeout: float = Field(300.0, gt=0)  # a held client tool call is released after this
     conversation_idle: float = Field(900.0, gt=0)  # an idle conversation is closed after this
     cli_options: dict[str, Any] = Field(default_factory=dict)  # driver-specific (jsonrpc methods)
+    # cli: the account's logged-in files at start-up (a session bundle, docs/accounts.md)
+    bundle: str | None = None  # a bundle file (tar.gz)
+    bundle_env: str | None = None  # an environment variable holding a bundle, base64
+    bundle_b64: SecretStr | None = None  # resolved from bundle_env
+    login: LoginSettings | None = None  # [workers.login]: automatic login
     ready_timeout: float | None = Field(None, gt=0)  # default 30 s (process), 600 s (local)
     health_interval: float = Field(5.0, gt=0)
     health_timeout: float = Field(2.0, gt=0)
@@ -315,8 +334,9 @@ class RoutingSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    policy: Literal["session_affinity", "least_in_flight"] = "session_affinity"
-    models: dict[str, Literal["session_affinity", "least_in_flight"]] = Field(default_factory=dict)
+    policy: Literal["session_affinity", "least_in_flight", "prefix_cache"] = "session_affinity"
+    models: dict[str, Literal["session_affinity", "least_in_flight", "prefix_cache"]] = Field(
+        default_factory=dict)
     # a model name nothing serves (nor matches an alias or a glob alias such as
     # "claude-*") goes to this served model instead of a 404; None: a 404
     default_model: str | None = None
@@ -327,6 +347,13 @@ class RoutingSettings(BaseModel):
     imbalance_abs: int = Field(2, ge=0)
     imbalance_rel: float = Field(1.5, ge=1)
     cooldown_seconds: float = Field(5.0, ge=0)
+    # the prefix_cache policy: prompts cut in blocks of prefix_block_chars characters;
+    # a worker's match counts from prefix_min_match characters; per worker at most
+    # prefix_max_blocks blocks, each forgotten prefix_max_age seconds after its last use
+    prefix_block_chars: int = Field(128, ge=16, le=65_536)
+    prefix_min_match: int = Field(256, ge=1)
+    prefix_max_blocks: int = Field(20_000, ge=1)
+    prefix_max_age: float = Field(600.0, gt=0)
 
 
 class ResponsesSettings(BaseModel):
@@ -478,9 +505,10 @@ def _env_layer(environ: Mapping[str, str], problems: list[str]) -> dict:
         keys = _parse_api_keys(raw_keys, problems)
         if keys is not None:
             data["server"] = {**data.get("server", {}), "api_keys": keys}
-    state_dir = environ.get(STATE_DIR_ENV)
-    if state_dir:
-        data["server"] = {**data.get("server", {}), "state_dir": state_dir}
+    for env, field in ((STATE_DIR_ENV, "state_dir"), (REDIS_URL_ENV, "redis_url")):
+        value = environ.get(env)
+        if value:
+            data["server"] = {**data.get("server", {}), field: value}
     return data
 
 
@@ -527,6 +555,7 @@ def _missing_worker_secrets(data: dict, environ: Mapping[str, str]) -> list[str]
         env = worker.get("api_key_env") if isinstance(worker, dict) else None
         if isinstance(env, str) and not environ.get(env):
             problems.append(f"workers[{i}].api_key_env: environment variable {env} is not set")
+        problems += missing_account_secrets(i, worker, environ)
         extra = worker.get("env") if isinstance(worker, dict) else None
         for name, var in _secret_refs(extra):
             if not environ.get(var):
@@ -550,6 +579,7 @@ def _resolve_worker(worker: WorkerSettings, environ: Mapping[str, str]) -> Worke
     if refs:
         update["env"] = {k: v for k, v in worker.env.items() if not k.endswith("_env")}
         update["env_secrets"] = {name: SecretStr(environ[var]) for name, var in refs}
+    update.update(resolve_account(worker, environ))
     return worker.model_copy(update=update) if update else worker
 
 

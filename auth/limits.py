@@ -29,7 +29,7 @@ from fnmatch import fnmatchcase
 from typing import Callable, Protocol
 
 __all__ = ["KeyPolicy", "Refusal", "WindowState", "LimitStore", "MemoryLimits", "model_allowed",
-           "WINDOW_SECONDS"]
+           "Counters", "month_number", "WINDOW_SECONDS"]
 
 WINDOW_SECONDS = 60.0
 _DAY = 86400
@@ -107,6 +107,17 @@ class LimitStore(Protocol):
         ...
 
 
+class Counters(Protocol):
+    """A key's counters, as :meth:`MemoryLimits.refusal` reads them."""
+
+    window_start: float
+    requests: int
+    tokens: int
+    day: int
+    day_tokens: int
+    month_tokens: int
+
+
 class _Counters:
     __slots__ = ("window_start", "requests", "tokens", "day", "day_tokens", "month",
                  "month_tokens")
@@ -117,7 +128,7 @@ class _Counters:
         self.tokens = 0
         self.day = int(now // _DAY)
         self.day_tokens = 0
-        self.month = _month(now)
+        self.month = month_number(now)
         self.month_tokens = 0
 
     def roll(self, now: float) -> None:
@@ -129,13 +140,14 @@ class _Counters:
         if day != self.day:
             self.day = day
             self.day_tokens = 0
-            month = _month(now)
+            month = month_number(now)
             if month != self.month:
                 self.month = month
                 self.month_tokens = 0
 
 
-def _month(now: float) -> int:
+def month_number(now: float) -> int:
+    """The UTC calendar month of ``now`` as ``year * 12 + month - 1``."""
     t = time.gmtime(now)
     return t.tm_year * 12 + t.tm_mon - 1
 
@@ -165,6 +177,15 @@ class MemoryLimits:
     async def admit(self, policy: KeyPolicy) -> Refusal | None:
         now = self._clock()
         c = self._counters(policy.name, now)
+        refusal = self.refusal(policy, c, now)
+        if refusal is None:
+            c.requests += 1
+        return refusal
+
+    def refusal(self, policy: KeyPolicy, c: Counters, now: float) -> Refusal | None:
+        """Why ``policy`` refuses one more request given the counters ``c``
+        (rolled to ``now``), or None. Pure: a shared store that counts
+        elsewhere builds its refusals here."""
         reset_after = c.window_start + WINDOW_SECONDS - now
         rpm, tpm = policy.rpm, policy.tpm
         refused = None
@@ -184,7 +205,6 @@ class MemoryLimits:
             resets = _next_month_start(now)
             return Refusal("budget_month", resets - now, resets,
                            self._state(policy, c, reset_after), budget)
-        c.requests += 1
         return None
 
     def charge(self, key: str, tokens: int) -> None:
@@ -204,7 +224,7 @@ class MemoryLimits:
         self._keys.pop(key, None)
 
     @staticmethod
-    def _state(policy: KeyPolicy, c: _Counters, reset_after: float) -> WindowState:
+    def _state(policy: KeyPolicy, c: Counters, reset_after: float) -> WindowState:
         rpm, tpm = policy.rpm, policy.tpm
         return WindowState(rpm, max(0, rpm - c.requests) if rpm is not None else 0,
                            tpm, max(0, tpm - c.tokens) if tpm is not None else 0,

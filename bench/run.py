@@ -106,21 +106,25 @@ def teams_config(keys: int, state_dir: Path) -> tuple[str, dict[str, str]]:
     return "\n".join(toml) + "\n", env
 
 
-def config_toml(port: int, upstream_port: int, log_level: str, teams: str | None = None) -> str:
+def config_toml(port: int, upstream_port: int, log_level: str, teams: str | None = None,
+                redis_url: str | None = None, openai_workers: int = 1) -> str:
     up = f"http://127.0.0.1:{upstream_port}"
     keys = teams if teams is not None else f'api_keys = {{ bench = "{API_KEY}" }}\n'
-    return f"""[server]
-host = "127.0.0.1"
-port = {port}
-log_level = "{log_level}"
-{keys}
+    redis = f'redis_url = "{redis_url}"\n' if redis_url else ""
+    # more than one worker per model: the routing policy (and its bindings) runs per request
+    openai = "".join(f"""
 [[workers]]
-name = "mock-openai"
+name = "mock-openai{'' if i == 0 else f'-{i + 1}'}"
 kind = "remote"
 dialect = "openai"
 url = "{up}/v1"
 models = ["mock-gpt", "mock-gpt-d5"]
-
+""" for i in range(openai_workers))
+    return f"""[server]
+host = "127.0.0.1"
+port = {port}
+log_level = "{log_level}"
+{redis}{keys}{openai}
 [[workers]]
 name = "mock-anthropic"
 kind = "remote"
@@ -295,6 +299,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--teams", type=int, default=0, metavar="N",
                     help="a key policy and the usage ledger on, with N keys configured "
                          "(bench/teams.py compares; 0: one plain api key, no state dir)")
+    ap.add_argument("--redis", metavar="URL",
+                    help="server.redis_url: the shared stores in this Redis (bench/redis_stores.py)")
+    ap.add_argument("--openai-workers", type=int, default=1, metavar="N",
+                    help="N remote workers for the OpenAI models (>1: routing runs per request)")
     a = ap.parse_args(argv)
     if a.quick:
         a.duration, a.warmup = 2.0, 0.5
@@ -345,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         wait_ready(upstream, lambda: http("GET", upstream_url + "/health")[0] == 200, 30)
         config = out / "poolgate.toml"
         teams, env = teams_config(a.teams, out / "state") if a.teams > 0 else (None, None)
-        config.write_text(config_toml(gw_port, up_port, a.log_level, teams))
+        config.write_text(config_toml(gw_port, up_port, a.log_level, teams, a.redis,
+                                      a.openai_workers))
         gateway = Proc("poolgate", [*poolgate_argv(a), "serve", "--config", str(config), "--host", "127.0.0.1",
                                     "--port", str(gw_port)], out / "poolgate.log", cpus["gateway"],
                        env=env)

@@ -4,7 +4,7 @@ Three limits apply at once: a global one, one per API key (so one team cannot
 starve the others) and one per worker (``worker.capacity``). A request that
 finds them all open is admitted at once; otherwise it queues for at most
 ``max_wait`` seconds and is then refused with :class:`~pool.errors.Overloaded`
-carrying a ``retry_after``.
+carrying a ``retry_after`` estimated from the queue (see :mod:`pool.holdtimes`).
 
 A slot is *granted* synchronously, under the event loop's single thread: the
 global and key counts are taken and one free worker is *held*, so nothing can
@@ -18,10 +18,11 @@ behind it, while a full global limit stops the scan.
 from __future__ import annotations
 
 import asyncio
-import math
+import time
 from typing import Awaitable, Callable, Sequence
 
 from .errors import Overloaded
+from .holdtimes import HoldTimes
 from .waitqueue import GLOBAL, KEY, UNREADY, WORKERS, WaitQueue, Waiter
 from .worker import Worker, WorkerState
 
@@ -54,7 +55,7 @@ def _ready(worker: Worker) -> bool:
 class Lease:
     """One admitted request on ``worker``; ``release()`` frees its slot, once."""
 
-    __slots__ = ("worker", "key", "waited", "_guard")
+    __slots__ = ("worker", "key", "waited", "granted", "_guard")
 
     def __init__(self, guard: AdmissionGuard | None, worker: Worker, key: str,
                  waited: float) -> None:
@@ -62,6 +63,7 @@ class Lease:
         self.worker = worker
         self.key = key
         self.waited = waited  # seconds spent queued before admission (0.0 when admitted at once)
+        self.granted = time.monotonic()
 
     @property
     def released(self) -> bool:
@@ -72,6 +74,7 @@ class Lease:
         if guard is not None:
             self._guard = None
             guard._give_back(self.key, self.worker)
+            guard.hold_times.observe(self.worker.name, time.monotonic() - self.granted)
             guard._wake()
 
     def __enter__(self) -> Lease:
@@ -91,7 +94,8 @@ class AdmissionGuard:
         self._key_limit = per_key_limit
         self._key_limits: dict[str, int | None] = {}  # per-key overrides of per_key_limit
         self._max_wait = max_wait
-        self._retry_after = max(1, math.ceil(retry_after))
+        # what refusals say before any slot was released (nothing measured yet)
+        self.hold_times = HoldTimes(fallback=retry_after)
         self._total = 0
         self._by_key: dict[str, int] = {}
         self._by_worker: dict[str, int] = {}
@@ -171,6 +175,7 @@ class AdmissionGuard:
             "rejected": dict(self._rejected),
             "wait_count": self._wait_count,
             "wait_seconds": self._wait_seconds,
+            "hold_seconds": self.hold_times.snapshot(),
         }
 
     # --- slots ---------------------------------------------------------------------------
@@ -243,7 +248,8 @@ class AdmissionGuard:
         started = loop.time()
         waiter.timer = loop.call_at(started + self._max_wait, self._expire, waiter)
         try:
-            await waiter.future
+            # the expiry timer's result: how many were still queued when this one gave up
+            queued_then = await waiter.future
         except BaseException:
             waiter.timer.cancel()
             self._queue.forget(waiter)
@@ -255,13 +261,14 @@ class AdmissionGuard:
             self._wait_count += 1
             self._wait_seconds += loop.time() - started
         if waiter.hold is None:
-            raise self._reject(key, workers)
+            raise self._reject(key, workers, ahead=queued_then)
         return waiter.hold, loop.time() - started
 
     def _expire(self, waiter: Waiter) -> None:
         if waiter.hold is None and not waiter.future.done():
             self._queue.forget(waiter)
-            waiter.future.set_result(None)
+            # those still queued now are ahead of this client when it comes back
+            waiter.future.set_result(self._queue.waiting)  # type: ignore[arg-type]
 
     def _wake(self) -> None:
         """Grant slots to waiters in arrival order, skipping those that still
@@ -281,19 +288,29 @@ class AdmissionGuard:
         self._queue.unpark_unready()
         self._wake()
 
-    def _reject(self, key: str, workers: Sequence[Worker]) -> Overloaded:
+    def _reject(self, key: str, workers: Sequence[Worker],
+                ahead: int | None = None) -> Overloaded:
+        """The refusal, with a ``retry_after`` from the hold times of the limit
+        that refused (see :mod:`pool.holdtimes`): its slots free up at
+        ``capacity / mean hold`` a second, and a client that comes back queues
+        behind ``ahead`` requests (default: all those queued now)."""
         key_limit = self._limit_of(key)
+        estimate = self.hold_times.retry_after
         if key_limit is not None and self._by_key.get(key, 0) >= key_limit:
             self._rejected["key"] += 1
+            # the key's own slots turn over like everyone's; its queue is its own
             return KeyLimitExceeded(
                 f"This API key already has {key_limit} requests in flight; "
                 "retry when one finishes.",
-                code="rate_limit_exceeded", retry_after=self._retry_after)
+                code="rate_limit_exceeded", retry_after=estimate([(None, key_limit)], 0))
+        if ahead is None:
+            ahead = self._queue.waiting
         if self._global_limit is not None and self._total >= self._global_limit:
             self._rejected["global"] += 1
             return Overloaded("The gateway is at capacity; retry shortly.",
-                              retry_after=self._retry_after)
+                              retry_after=estimate([(None, self._global_limit)], ahead))
         self._rejected["worker"] += 1
         message = ("Every worker serving this model is busy; retry shortly." if workers
                    else "No worker serving this model is ready; retry shortly.")
-        return Overloaded(message, retry_after=self._retry_after)
+        slots = [(w.name, _capacity(w)) for w in workers]
+        return Overloaded(message, retry_after=estimate(slots, ahead))

@@ -11,6 +11,9 @@ list (the caller never passes one).
   (binding kept in a :class:`BindingStore` with a time to live); a new session
   is placed by rendezvous hashing, so a worker joining or leaving moves only
   about 1/N of the sessions; no session → the fallback policy.
+* ``prefix_cache`` (:class:`pool.prefix_policy.PrefixCacheAware`) — the worker
+  that served the longest prefix of the prompt lately, unless load says
+  otherwise; explicit sessions as under affinity.
 
 ``pool`` imports nothing from ``sessions``: :class:`BindingStore` is defined
 here and ``sessions.bindings`` implements it (structurally).
@@ -19,17 +22,17 @@ here and ``sessions.bindings`` implements it (structurally).
 from __future__ import annotations
 
 from hashlib import blake2b
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 from .model import ChatRequest
 from .worker import Worker
 
 __all__ = [
     "RoutingPolicy", "BindingStore", "LeastInFlight", "SessionAffinity", "make_policy",
-    "POLICIES", "rendezvous", "binding_key",
+    "POLICIES", "rendezvous", "binding_key", "lighter",
 ]
 
-POLICIES = ("session_affinity", "least_in_flight")
+POLICIES = ("session_affinity", "least_in_flight", "prefix_cache")
 
 
 class RoutingPolicy(Protocol):
@@ -40,6 +43,11 @@ class RoutingPolicy(Protocol):
         ...
 
     def stats(self) -> dict[str, int]: ...
+
+    def placed(self, request: ChatRequest, worker: Worker) -> None:
+        """``request`` was admitted on ``worker`` (chosen by this policy or,
+        when only one worker was free, without asking it)."""
+        ...
 
 
 class BindingStore(Protocol):
@@ -55,6 +63,13 @@ class BindingStore(Protocol):
     async def set(self, key: str, worker: str, ttl: float | None = None) -> None: ...
 
     async def delete(self, key: str) -> None: ...
+
+    async def claim(self, key: str, expected: str | None, worker: str,
+                    ttl: float | None = None) -> str:
+        """Compare and set: bind ``key`` to ``worker`` if it is bound to
+        ``expected`` (``None``: unbound); return the binding now held (``worker``
+        when the claim won, the other replica's choice when it lost)."""
+        ...
 
 
 def rendezvous(key: str, workers: Sequence[Worker]) -> Worker:
@@ -76,6 +91,26 @@ def rendezvous(key: str, workers: Sequence[Worker]) -> Worker:
         if score > best_score or (score == best_score and worker.name > best.name):
             best, best_score = worker, score
     return best
+
+
+def lighter(home: Worker, workers: Sequence[Worker], in_flight: Callable[[str], int],
+            imbalance_abs: int, imbalance_rel: float) -> Worker | None:
+    """The least loaded of ``workers`` when ``home`` holds more than
+    ``imbalance_abs`` requests more than it *and* more than ``imbalance_rel``
+    times as many (SGLang's cache-aware router's test); else ``None``."""
+    if len(workers) == 1:
+        return None
+    load = in_flight(home.name)
+    if load <= imbalance_abs:
+        return None
+    least, least_load = home, load
+    for worker in workers:
+        n = in_flight(worker.name)
+        if n < least_load:
+            least, least_load = worker, n
+    if load - least_load > imbalance_abs and load > imbalance_rel * least_load:
+        return least
+    return None
 
 
 def binding_key(model: str, session: str) -> str:
@@ -117,6 +152,9 @@ class LeastInFlight:
 
     def stats(self) -> dict[str, int]:
         return {"picks": self._picks}
+
+    def placed(self, request: ChatRequest, worker: Worker) -> None:
+        pass  # load is all it weighs, and the admission guard counts that
 
 
 class SessionAffinity:
@@ -195,7 +233,14 @@ class SessionAffinity:
         if lighter is not None:
             self._load_moves += 1
             return lighter  # not bound: the next turn tries its hashed home again
-        await self._store.set(key, worker.name, self._ttl)
+        # compare and set: a replica with another view of the workers may have
+        # bound (or rebound) this session meanwhile; its choice wins if we can use it
+        held = await self._store.claim(key, bound, worker.name, self._ttl)
+        if held != worker.name:
+            for other in workers:
+                if other.name == held:
+                    self._hits += 1
+                    return other
         if bound is None:
             self._binds += 1
         else:
@@ -204,21 +249,12 @@ class SessionAffinity:
 
     def _lighter(self, session: str, home: Worker, workers: Sequence[Worker]) -> Worker | None:
         """The least loaded worker when ``home`` is too busy for an implicit session to wait."""
-        if self._in_flight is None or len(workers) == 1 or not self._implicit(session):
+        if self._in_flight is None or not self.implicit(session):
             return None
-        load = self._in_flight(home.name)
-        if load <= self._imbalance_abs:
-            return None
-        least, least_load = home, load
-        for worker in workers:
-            n = self._in_flight(worker.name)
-            if n < least_load:
-                least, least_load = worker, n
-        if load - least_load > self._imbalance_abs and load > self._imbalance_rel * least_load:
-            return least
-        return None
+        return lighter(home, workers, self._in_flight, self._imbalance_abs, self._imbalance_rel)
 
-    def _implicit(self, session: str) -> bool:
+    def implicit(self, session: str) -> bool:
+        """Whether ``session`` is the gateway's guess (a content hash, a ``user``)."""
         if self._owned:
             session = session.partition(":")[2]  # after the owner's name, which holds no ':'
         return session.startswith(_IMPLICIT)
@@ -240,6 +276,9 @@ class SessionAffinity:
                 "spills": self._spills, "no_session": self._no_session,
                 "load_moves": self._load_moves, "load_rebinds": self._load_rebinds}
 
+    def placed(self, request: ChatRequest, worker: Worker) -> None:
+        pass  # bindings are written while choosing
+
 
 # Session keys that are the gateway's guesses (see ``sessions.keys``), not a client's word.
 _IMPLICIT = ("content:", "user:")
@@ -249,22 +288,36 @@ _MAX_MOVED = 10_000
 def make_policy(name: str, *, in_flight: Callable[[str], int],
                 store: BindingStore | None = None, ttl: float | None = None,
                 busy: Callable[[str], bool] | None = None, imbalance_abs: int = 2,
-                imbalance_rel: float = 1.5, owned: bool = False) -> RoutingPolicy:
+                imbalance_rel: float = 1.5, owned: bool = False,
+                prefix: Mapping[str, float] | None = None) -> RoutingPolicy:
     """The policy a model's configuration names (``POLICIES``).
 
     ``in_flight(name)`` counts a worker's requests in flight (the admission
     guard's); ``store`` holds session bindings (required for
-    ``session_affinity``; share one store across models — keys carry the
-    model); ``busy(name)`` tells an eligible worker without a free slot;
-    ``imbalance_abs`` / ``imbalance_rel`` when implicit sessions yield to load;
-    ``owned``: session keys start with their API key's name.
+    ``session_affinity`` and ``prefix_cache``; share one store across models —
+    keys carry the model); ``busy(name)`` tells an eligible worker without a
+    free slot; ``imbalance_abs`` / ``imbalance_rel`` when implicit sessions
+    (and prefix matches) yield to load; ``owned``: session keys start with
+    their API key's name; ``prefix``: the ``prefix_cache`` policy's
+    ``block_chars``, ``min_match``, ``max_blocks`` and ``max_age``.
     """
     if name == "least_in_flight":
         return LeastInFlight(in_flight)
-    if name == "session_affinity":
-        if store is None:
-            raise ValueError("the session_affinity policy needs a binding store")
-        return SessionAffinity(store, fallback=LeastInFlight(in_flight), ttl=ttl, busy=busy,
+    if name not in ("session_affinity", "prefix_cache"):
+        raise ValueError(f"unknown routing policy {name!r}; expected one of {', '.join(POLICIES)}")
+    if store is None:
+        raise ValueError(f"the {name} policy needs a binding store")
+    affinity = SessionAffinity(store, fallback=LeastInFlight(in_flight), ttl=ttl, busy=busy,
                                in_flight=in_flight, imbalance_abs=imbalance_abs,
                                imbalance_rel=imbalance_rel, owned=owned)
-    raise ValueError(f"unknown routing policy {name!r}; expected one of {', '.join(POLICIES)}")
+    if name == "session_affinity":
+        return affinity
+    from .prefix_policy import PrefixCacheAware  # it builds on this module
+
+    knobs = dict(prefix or {})
+    return PrefixCacheAware(affinity, LeastInFlight(in_flight), in_flight=in_flight,
+                            block_chars=int(knobs.get("block_chars", 128)),
+                            min_match=int(knobs.get("min_match", 256)),
+                            max_blocks=int(knobs.get("max_blocks", 20_000)),
+                            max_age=float(knobs.get("max_age", 600.0)),
+                            imbalance_abs=imbalance_abs, imbalance_rel=imbalance_rel)

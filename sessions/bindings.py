@@ -4,7 +4,8 @@
 the router needs nothing from here); :class:`MemoryBindingStore` keeps the
 bindings in this process. A Redis store joins behind the same interface:
 ``get`` as ``GETEX key EX ttl`` (the sliding read), ``set`` as
-``SET key worker EX ttl``, ``delete`` as ``DEL``.
+``SET key worker EX ttl``, ``delete`` as ``DEL``, ``claim`` (compare and
+set) as a script (``sessions.redis_stores``).
 
 Expiry is sliding: every hit restarts a binding's time to live, so a session
 in use is never moved by expiry, and an idle one is forgotten ``ttl`` seconds
@@ -88,6 +89,17 @@ class MemoryBindingStore:
 
     async def delete(self, key: str) -> None:
         self._items.pop(key, None)
+
+    async def claim(self, key: str, expected: str | None, worker: str,
+                    ttl: float | None = None) -> str:
+        """Bind ``key`` to ``worker`` if it is bound to ``expected`` (``None``:
+        unbound or expired); the binding held afterwards."""
+        binding = self._items.get(key)
+        current = binding.worker if binding is not None and binding.expires > self._clock() else None
+        if current is not None and current != expected:
+            return current
+        await self.set(key, worker, ttl)
+        return worker
 
     def _purge(self, now: float) -> None:
         items = self._items

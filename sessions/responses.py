@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import orjson
 
 __all__ = ["StoredResponse", "ResponseStore", "MemoryResponseStore", "BrokenChain", "load_chain",
-           "conversation", "chain_input_items", "dumps", "loads", "MAX_CHAIN"]
+           "conversation", "chain_input_items", "dumps", "loads", "follow_links", "MAX_CHAIN"]
 
 #: links followed at most (a guard against a corrupt store, far beyond real conversations)
 MAX_CHAIN = 100_000
@@ -62,6 +62,13 @@ class ResponseStore(Protocol):
         """``True`` if there was an entry to delete."""
         ...
 
+    async def get_chain(self, response_id: str) -> tuple[list[StoredResponse], str | None]:
+        """The entries from ``response_id`` back along ``previous_id``, newest
+        first, and the first link that is missing (or repeats, or lies beyond
+        :data:`MAX_CHAIN`), ``None`` when the chain is whole. One round trip
+        for a shared store."""
+        ...
+
     def stats(self) -> dict[str, int]: ...
 
 
@@ -78,20 +85,34 @@ async def load_chain(store: ResponseStore, response_id: str,
     """The chain ending at ``response_id``, oldest first; ``None`` when that
     response is unknown or not ``owner``'s; :class:`BrokenChain` when an
     earlier link is gone (or, which cannot happen through the API, not ``owner``'s)."""
-    item = await store.get(response_id)
-    if item is None or item.owner != owner:
+    chain, missing = await store.get_chain(response_id)
+    if not chain or chain[0].owner != owner:
         return None
-    chain = [item]
-    seen = {item.id}
-    while item.previous_id is not None:
-        link = item.previous_id
-        item = await store.get(link)  # type: ignore[assignment]
-        if item is None or item.owner != owner or link in seen or len(chain) >= MAX_CHAIN:
-            raise BrokenChain(link)
-        seen.add(link)
-        chain.append(item)
+    for item in chain:
+        if item.owner != owner:
+            raise BrokenChain(item.id)
+    if missing is not None:
+        raise BrokenChain(missing)
     chain.reverse()
     return chain
+
+
+async def follow_links(get: Callable[[str], Any],
+                       response_id: str) -> tuple[list[StoredResponse], str | None]:
+    """:meth:`ResponseStore.get_chain` by one ``get`` per link."""
+    chain: list[StoredResponse] = []
+    seen: set[str] = set()
+    link: str | None = response_id
+    while link is not None:
+        if link in seen or len(chain) >= MAX_CHAIN:
+            return chain, link
+        item = await get(link)
+        if item is None:
+            return chain, link
+        seen.add(link)
+        chain.append(item)
+        link = item.previous_id
+    return chain, None
 
 
 def conversation(chain: Sequence[StoredResponse]) -> list[dict[str, Any]]:
@@ -208,6 +229,9 @@ class MemoryResponseStore:
         self._drop(response_id)
         # an expired entry was already gone as far as the client can tell
         return self._clock() - found[2] < self._max_age
+
+    async def get_chain(self, response_id: str) -> tuple[list[StoredResponse], str | None]:
+        return await follow_links(self.get, response_id)
 
     def stats(self) -> dict[str, int]:
         return {"items": len(self._entries), "bytes": self._bytes, "evicted": self._evicted,

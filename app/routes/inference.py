@@ -73,9 +73,15 @@ async def complete(gw: Gateway, request: Request, chat: ChatRequest,
     retried like :func:`serve`); raises GatewayError."""
     async def attempt(lease: Any, routed: ChatRequest) -> Completion:
         try:
-            return await until_disconnect(request.receive, _fold(lease.worker.stream(routed)))
-        finally:
-            gw.release(lease)
+            answer = await until_disconnect(request.receive, _fold(lease.worker.stream(routed)))
+        except BaseException:
+            # In a fan-out (a list prompt) this failure ends the whole request: give the slot
+            # back one loop tick later, once the task group has cancelled the siblings queued
+            # for it, so none of them is granted it and starts work nobody will read.
+            asyncio.get_running_loop().call_soon(gw.release, lease)
+            raise
+        gw.release(lease)
+        return answer
 
     return await _with_retry(gw, request, chat, record, None, attempt)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import time
 from typing import Any
 
@@ -43,8 +42,12 @@ async def readyz(request: Request) -> Response:
     models = gw.pool.ready_models()
     missing = sorted(m for m, ok in models.items() if not ok)
     ready = bool(models) and not missing
+    # A lost Redis does not make a replica unready: it still serves (routing by
+    # hash, limits counted locally) and every replica loses Redis together, so
+    # failing readiness would take the whole gateway out for a partial loss.
     return json_response({"status": "ready" if ready else "not_ready", "models": models,
-                          "missing": missing}, status=200 if ready else 503)
+                          "missing": missing, "redis": gw.redis_state()},
+                         status=200 if ready else 503)
 
 
 async def metrics(request: Request) -> Response:
@@ -130,19 +133,19 @@ async def worker_action(request: Request) -> Response:
         worker = gw.pool.worker(request.path_params["name"])
     except NotFound as exc:
         return error_response(exc, "openai")
-    if action == "drain":
-        drained = worker.drain()
-        if inspect.isawaitable(drained):  # a process worker waits for its requests: not us
-            gw.background(drained)
-    elif action == "resume":
-        worker.resume()
-        gw.admission.refresh()  # requests queued meanwhile may go to it now
+    if action in ("drain", "resume"):
+        await gw.drains.set(gw, worker, action == "drain")  # here, then every replica
     elif action == "restart":
         await worker.restart()
         gw.admission.refresh()
+    elif action == "stop" and hasattr(worker, "supervisor"):
+        # stopped until /restart: what a bundle import needs (its CLI must not run meanwhile)
+        await worker.drain(worker.spec.stop_timeout)
+        await worker.supervisor.stop()
+        worker.resume()
     else:
-        return error_response(NotFound(f"No worker action '{action}' (drain, resume, restart)."),
-                              "openai")
+        return error_response(NotFound(f"No worker action '{action}' "
+                                       "(drain, resume, restart, stop)."), "openai")
     log.info("admin.worker_action", worker=worker.name, action=action)
     return json_response(_worker_info(gw, worker, time.time()))
 

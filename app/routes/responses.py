@@ -9,7 +9,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+import structlog
+
 from pool.errors import BadRequest, GatewayError, NotFound
+from sessions.redis_link import StoreUnavailable
 from sessions.responses import (BrokenChain, StoredResponse, chain_input_items, conversation,
                                 load_chain)
 
@@ -19,6 +22,8 @@ from ..http import error_response, json_response, read_json
 from .inference import serve
 
 __all__ = ["create_response", "get_response", "delete_response", "list_input_items"]
+
+log = structlog.get_logger("poolgate.responses")
 
 
 def _not_found(response_id: str, param: str | None = None) -> NotFound:
@@ -73,6 +78,11 @@ async def create_response(request: Request) -> Any:
             link = previous
         chat = openai_responses.decode(body, request.headers, history=history)
         store = body.get("store", True) is not False
+        if store and not getattr(gw.responses, "available", True):
+            # refuse before the answer is generated, not after: it could not be stored
+            raise StoreUnavailable(
+                "Stored responses are unavailable: the gateway's shared store (Redis) is not "
+                "reachable. Retry shortly, or send the request with store=false.")
         items = tuple(openai_responses.input_items(body)) if store else ()
     except GatewayError as exc:
         record.error = exc.kind
@@ -81,10 +91,14 @@ async def create_response(request: Request) -> Any:
     finalize = None
     if store:
         async def finalize(response: dict[str, Any], worker: str) -> None:
-            await gw.responses.put(StoredResponse(
-                id=response["id"], response=response, input_items=items,
-                previous_id=link, worker=worker, created_at=time.time(),
-                owner=record.key))
+            try:
+                await gw.responses.put(StoredResponse(
+                    id=response["id"], response=response, input_items=items,
+                    previous_id=link, worker=worker, created_at=time.time(),
+                    owner=record.key))
+            except StoreUnavailable:
+                # the store was lost while the answer was generated: the answer stands
+                log.warning("responses.not_stored", response_id=response["id"])
 
     return await serve(gw, request, chat, openai_responses, record, prefer=prefer,
                        finalize=finalize)
@@ -93,7 +107,10 @@ async def create_response(request: Request) -> Any:
 async def get_response(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
     response_id = request.path_params["response_id"]
-    stored = await _owned(gw, response_id, request.scope["state"]["record"].key)
+    try:
+        stored = await _owned(gw, response_id, request.scope["state"]["record"].key)
+    except StoreUnavailable as exc:
+        return error_response(exc, "openai")
     if stored is None:
         return error_response(_not_found(response_id), "openai")
     return json_response(stored.response)
@@ -103,7 +120,12 @@ async def delete_response(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
     response_id = request.path_params["response_id"]
     owner = request.scope["state"]["record"].key
-    if await _owned(gw, response_id, owner) is None or not await gw.responses.delete(response_id):
+    try:
+        found = (await _owned(gw, response_id, owner) is not None
+                 and await gw.responses.delete(response_id))
+    except StoreUnavailable as exc:
+        return error_response(exc, "openai")
+    if not found:
         return error_response(_not_found(response_id), "openai")
     return json_response({"id": response_id, "object": "response.deleted", "deleted": True})
 
@@ -120,7 +142,7 @@ async def list_input_items(request: Request) -> Response:
         return error_response(exc, "openai")
     try:
         chain = await _chain(gw, response_id, request.scope["state"]["record"].key)
-    except NotFound as exc:
+    except GatewayError as exc:  # not found, or the store is unavailable
         return error_response(exc, "openai")
     items = chain_input_items(chain)
     if order == "desc":

@@ -109,9 +109,12 @@ class CliWorker(ProcessWorker):
 
     # --- status -------------------------------------------------------------------------
 
+    #: set by the gateway while it logs the account in (hook for app/logins.py)
+    login_override: str | None = None
+
     @property
     def login(self) -> str | None:
-        return self._status.get("login")
+        return self.login_override or self._status.get("login")
 
     @property
     def state(self) -> WorkerState:
@@ -140,7 +143,7 @@ class CliWorker(ProcessWorker):
     def info(self) -> dict[str, Any]:
         status = self._status
         return {**super().info(), "cli": self.cli_spec.cli, "version": status.get("version"),
-                "account": status.get("account"), "login": status.get("login"),
+                "account": status.get("account"), "login": self.login,
                 "conversations": status.get("conversations", 0),
                 "held_tool_calls": status.get("held_tool_calls", 0),
                 "cooldown_until": self.cooldown_until, "mode": self.cli_spec.mode}

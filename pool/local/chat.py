@@ -274,7 +274,8 @@ class LocalChat:
                 # fails the request while the gateway may still retry it elsewhere
                 step = await self._next_step(steps)
                 yield Start(model=self.model_name)
-                yield Usage(input_tokens=len(ids))
+                yield Usage(input_tokens=len(ids),
+                            cached_tokens=step.cached_prompt if step is not None else None)
                 while step is not None:
                     n += 1
                     token = step.token_id

@@ -76,12 +76,15 @@ class Step:
     """One generated token. ``logprob`` is log p(token) under the model's raw
     (temperature-1, unfiltered) distribution, when asked for; ``top`` the best
     alternatives as ``(token_id, logprob)``, best first. ``piece`` is the
-    token's bytes when the engine knows them (else the tokenizer's)."""
+    token's bytes when the engine knows them (else the tokenizer's).
+    ``cached_prompt``: on the first step, how many prompt tokens the engine
+    took from its prefix cache, when it says (llama.cpp does)."""
 
     token_id: int
     logprob: float | None = None
     top: tuple[tuple[int, float], ...] = ()
     piece: bytes | None = None
+    cached_prompt: int | None = None
 
 
 class Tokenizer(Protocol):

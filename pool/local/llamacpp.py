@@ -70,6 +70,13 @@ After loading, :attr:`LlamaCppEngine.context_length` is what a slot really
 holds. A prompt that does not fit with ``max_tokens`` is refused before
 generating (llama.cpp would stop the sequence early, silently).
 
+**Cached prompt tokens.** Every request asks for ``timings_per_token``, so
+the first chunk already says how many prompt tokens the slot had cached
+(``timings.cache_n``); the first :class:`Step` carries it and the client sees
+it as ``cached_tokens`` (OpenAI) / ``cache_read_input_tokens`` (Anthropic).
+Measured on the tiny model, 4 streams of 256 tokens, one thread: 6,445 tok/s
+with it and 6,192 without (noise).
+
 **Tokenizer.** :meth:`LlamaCppTokenizer.encode` is llama.cpp's own tokenizer
 (``POST /tokenize``, special tokens parsed, nothing added), a blocking call
 over loopback (measured: ~1 ms for a sentence, ~17 ms for 3,500 tokens, a few
@@ -92,6 +99,7 @@ import http.client
 import logging
 import secrets
 import time
+from dataclasses import replace
 from typing import Any, AsyncIterator, Iterable, Sequence
 
 import aiohttp
@@ -514,6 +522,9 @@ class LlamaCppEngine:
             "top_k": max(0, int(params.top_k)),
             "ignore_eos": bool(eog) and not (eog & params.stop_ids),
             "post_sampling_probs": False,
+            # timings in every chunk: the first one then says how much of the prompt
+            # came from the slot's cache (``cache_n``), reported as cached tokens
+            "timings_per_token": True,
         }
         if params.logprobs or params.top_logprobs or self.exact_ids:
             # n_probs brings the exact bytes llama.cpp sent ("bytes"), beside the logprobs
@@ -670,6 +681,7 @@ class _StreamDecoder:
         self.count = 0          # tokens accounted for (steps made)
         self.tail = b""         # the last bytes llama.cpp sent (for the cut-character test)
         self.lost = 0           # tokens that could not be rebuilt
+        self.cache_told = False  # the prompt's cached tokens reported (on the first step)
 
     def feed(self, chunk: dict[str, Any]) -> list[Step]:
         ids = [int(t) for t in chunk.get("tokens") or ()]
@@ -692,6 +704,11 @@ class _StreamDecoder:
             steps.append(self._step(token, entry))
         self.count += len(ids)
         self.tail = (self.tail + text)[-3:]
+        if not self.cache_told and steps:
+            self.cache_told = True
+            cached = (chunk.get("timings") or {}).get("cache_n")
+            if isinstance(cached, int):
+                steps[0] = replace(steps[0], cached_prompt=cached)
         return steps
 
     def _step(self, token: int, entry: dict[str, Any] | None) -> Step:

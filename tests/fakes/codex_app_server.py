@@ -9,6 +9,7 @@ stdio, as recorded against it:
   then the client's ``initialized`` notification;
 * ``account/read`` → ``{"account": {"type": "apiKey"} | null,
   "requiresOpenaiAuth": true}`` from ``$CODEX_HOME/auth.json``;
+* ``account/login/start`` (``chatgpt``): see codex_fake_login.py;
 * ``thread/start`` / ``thread/resume`` (threads are kept in
   ``$CODEX_HOME/sessions/<id>.json``; an unknown id is the real
   ``-32600 no rollout found for thread id …``);
@@ -147,6 +148,11 @@ class Server:
         account = {"type": "apiKey"} if self.upstream.key() else None
         return {"account": account, "userId": None, "requiresOpenaiAuth": True,
                 "workspaceRouting": None}
+
+    def rpc_account_login_start(self, params: dict[str, Any]) -> dict[str, Any]:
+        from .codex_fake_login import start_login  # see there
+
+        return start_login(self.home, params, notify)
 
     def rpc_thread_start(self, params: dict[str, Any]) -> dict[str, Any]:
         thread = Thread(str(uuid.uuid4()), params, self.home)

@@ -18,6 +18,8 @@ line as JSON; ``FAKE_CLAUDE_FAULT=crash-mid-turn`` SIGKILLs itself after the
 first text delta, ``hang`` reads a user message and never answers,
 ``rate-limited`` answers every turn with a rejected ``rate_limit_event`` and
 a 429 result (a 429 from the upstream does the same).
+
+``auth login``: see fake_claude_login.py (the real prompts, the code read from a pty).
 """
 
 from __future__ import annotations
@@ -391,6 +393,10 @@ def main() -> int:
     if "--version" in argv:
         print(f"{VERSION} (Claude Code)")
         return 0
+    if argv[:2] == ["auth", "login"]:
+        from fake_claude_login import auth_login  # the same directory
+
+        return auth_login(ENV.get("CLAUDE_CONFIG_DIR") or os.path.join(ENV["HOME"], ".claude"))
     opts = parse_args(argv)
     log({"argv": argv, "cwd": os.getcwd(), "env": dict(ENV)})
     cli = Cli(opts)

@@ -198,17 +198,20 @@ _QWEN_SETTINGS = {
 }
 
 
-def qwen_env(base_url: str, api_key: str, *, model: str, home: Path) -> dict[str, str]:
-    """Environment for an offline, non-interactive Qwen Code in OpenAI mode."""
+def qwen_env(base_url: str, api_key: str, *, model: str, home: Path,
+             auth_type: str = "openai") -> dict[str, str]:
+    """Environment for an offline, non-interactive Qwen Code in OpenAI mode, or
+    (``auth_type="anthropic"``) in Anthropic mode, ``base_url`` then the server root."""
     settings = home / ".qwen" / "settings.json"
     if not settings.exists():
         settings.parent.mkdir(parents=True, exist_ok=True)
         settings.write_text(json.dumps(_QWEN_SETTINGS, indent=2))
     env = _base_env(home)
+    if auth_type == "anthropic":
+        env.update(ANTHROPIC_BASE_URL=base_url, ANTHROPIC_API_KEY=api_key, ANTHROPIC_MODEL=model)
+    else:
+        env.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY=api_key, OPENAI_MODEL=model)
     env.update(
-        OPENAI_BASE_URL=base_url,
-        OPENAI_API_KEY=api_key,
-        OPENAI_MODEL=model,
         QWEN_HOME=str(home / ".qwen"),
         # Otherwise it re-execs itself as a child node with a bigger heap.
         QWEN_CODE_NO_RELAUNCH="true",
@@ -305,11 +308,13 @@ def run_qwen(
     approval_mode: str = "default",
     extra_args: Sequence[str] = (),
     check: bool = True,
+    auth_type: str = "openai",
 ) -> list[dict]:
     """Run ``qwen PROMPT --output-format stream-json --auth-type openai`` once
     and return its events (same shapes as Claude Code's stream-json).
 
-    ``base_url`` is the OpenAI base URL (with ``/v1``). In ``default`` approval
+    ``base_url`` is the OpenAI base URL (with ``/v1``); with
+    ``auth_type="anthropic"`` the Anthropic one (the server root). In ``default`` approval
     mode only read-only tools are offered (read_file, list_directory, glob,
     grep_search, ...) and they run unasked; ``yolo`` adds run_shell_command,
     edit and write_file.
@@ -318,9 +323,9 @@ def run_qwen(
     if binary is None:
         raise CLIError("qwen", -1, "npm is not installed", [])
     # The positional prompt is the supported one-shot form (-p is deprecated).
-    argv = [binary, prompt, "--output-format", "stream-json", "--auth-type", "openai",
+    argv = [binary, prompt, "--output-format", "stream-json", "--auth-type", auth_type,
             "--model", model, "--approval-mode", approval_mode, *extra_args]
-    env = qwen_env(base_url, api_key, model=model, home=Path(home))
+    env = qwen_env(base_url, api_key, model=model, home=Path(home), auth_type=auth_type)
     return _run(argv, env, Path(cwd), timeout, check)
 
 

@@ -117,3 +117,18 @@ def test_loadgen_rotates_session_ids_and_counts_serving_workers(upstream: DemoUp
     assert r["ok_requests"] == 10 and r["errors"] == 0
     assert r["served_by"] == {"-": 10}      # the bare upstream names no worker
     assert "served_by" not in loadgen("--url", upstream.anthropic_url, "-c", "1", "-n", "2")
+
+
+@pytest.mark.parametrize("policy", ["session_affinity", "prefix_cache"])
+def test_prefix_bench_config_is_accepted_by_the_gateway_settings(tmp_path: Path,
+                                                                 policy: str) -> None:
+    spec = importlib.util.spec_from_file_location("bench_prefix", BENCH / "prefix.py")
+    assert spec is not None and spec.loader is not None
+    prefix = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prefix)
+    path = tmp_path / "poolgate.toml"
+    path.write_text(prefix.config(policy, "/models/tiny.gguf", 3, 8123))
+    settings = load_settings(str(path), {})
+    assert settings.routing.policy == policy
+    assert [(w.name, w.capacity, w.threads) for w in settings.workers] == [
+        (f"llama{i}", 1, 1) for i in range(3)]

@@ -468,3 +468,14 @@ async def test_aclose_ends_open_streams_and_frees_the_model() -> None:
     with pytest.raises(EngineError):
         await run(eng, [1, 2, 3], max_tokens=1)
     assert eng.active == 0
+
+
+async def test_the_first_step_says_how_much_of_the_prompt_was_cached(engine: LlamaCppEngine) -> None:
+    ids = chat_ids(engine, "A question whose prompt is then asked again, word for word.")
+    runs = [await run(engine, ids, max_tokens=2, temperature=0) for _ in range(CAPACITY + 1)]
+    cached = [steps[0].cached_prompt for steps in runs]
+    assert all(isinstance(n, int) and 0 <= n < len(ids) for n in cached), cached
+    assert all(s.cached_prompt is None for steps in runs for s in steps[1:])
+    # llama.cpp may give a repeat another of its slots, but some repeat finds the
+    # prompt in its slot: all of it but the last token(s) comes from the cache
+    assert max(cached[1:]) >= len(ids) - 4, (cached, len(ids))

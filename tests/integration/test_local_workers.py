@@ -336,3 +336,23 @@ def test_concurrent_streams_interleave(srv: ServerThread) -> None:
         results = list(pool.map(one, [1, 2, 3, 4, 5, 1]))
     assert all(status == 200 for status, _ in results)
     assert results[0][1] == results[5][1]  # same seed, same answer, even when batched with others
+
+
+def test_cached_prompt_tokens_reach_both_dialects(request: pytest.FixtureRequest,
+                                                  oai: openai.OpenAI,
+                                                  claude: anthropic.Anthropic) -> None:
+    messages = [{"role": "system", "content": "Answer in one word. " * 20},
+                {"role": "user", "content": "Which city is the capital of France?"}]
+    chats = [oai.chat.completions.create(model="tiny", messages=messages, max_tokens=2,
+                                         temperature=0) for _ in range(5)]
+    cached = [c.usage.prompt_tokens_details.cached_tokens for c in chats]
+    prompt = chats[0].usage.prompt_tokens
+    answer = claude.messages.create(model="tiny", max_tokens=2, system=messages[0]["content"],
+                                    messages=messages[1:])
+    if request.node.callspec.params["srv"] == "llamacpp":
+        # llama.cpp says how much of the prompt its slot had; a repeat finds it there
+        assert max(cached[1:]) >= prompt - 4, (cached, prompt)
+        assert answer.usage.cache_read_input_tokens >= prompt - 4
+        assert answer.usage.input_tokens + answer.usage.cache_read_input_tokens == prompt
+    else:  # Transformers keeps no prefix cache: nothing is said to be cached
+        assert cached == [0] * 5 and not answer.usage.cache_read_input_tokens

@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.dialects import openai_responses as responses
+from app.dialects.openai_responses_decode import NAMESPACE_SEPARATOR
 from pool.accumulate import fold
 from pool.errors import BadRequest, UpstreamUnavailable
 from pool.model import (
@@ -64,9 +65,15 @@ def test_every_recorded_responses_request_decodes(path: Path) -> None:
     assert request.raw is raw
     assert request.dialect == "openai_responses"
     assert request.model == raw["model"] and request.stream is bool(raw.get("stream"))
-    offered = [t for t in raw.get("tools", ()) if t["type"] in ("function", "custom")]
-    assert [t.name for t in request.tools] == [t["name"] for t in offered]
-    assert [t.kind for t in request.tools] == [t["type"] for t in offered]
+    offered = []  # (name, kind); a namespace's members flattened to "<namespace>__<member>"
+    for tool in raw.get("tools", ()):
+        if tool["type"] in ("function", "custom"):
+            offered.append((tool["name"], tool["type"]))
+        elif tool["type"] == "namespace":
+            offered += [(tool["name"] + NAMESPACE_SEPARATOR + m["name"], m.get("type", "function"))
+                        for m in tool.get("tools", ()) if m.get("type", "function")
+                        in ("function", "custom")]
+    assert [(t.name, t.kind) for t in request.tools] == offered
     assert request.messages and all(m.parts for m in request.messages)
     items = raw["input"] if isinstance(raw["input"], list) else [raw["input"]]
     calls = [i for i in items if isinstance(i, dict)

@@ -289,6 +289,40 @@ def test_make_policy_refuses_what_it_cannot_build(name: str, kwargs: dict[str, A
         make_policy(name, in_flight=lambda n: 0, **kwargs)
 
 
+class OtherReplica(MemoryBindingStore):
+    """A store where another replica claims every binding first (as ``claim`` would report)."""
+
+    def __init__(self, winner: str) -> None:
+        super().__init__(ttl=600)
+        self.winner = winner
+
+    async def claim(self, key: str, expected: str | None, worker: str,
+                    ttl: float | None = None) -> str:
+        await self.set(key, self.winner, ttl)
+        return self.winner
+
+
+async def test_a_lost_claim_follows_the_winner_when_it_can() -> None:
+    workers = pool_of(3)
+    session = next(s for s in SESSIONS if rendezvous(s, workers).name != "w2")
+    policy = SessionAffinity(OtherReplica("w2"), fallback=LeastInFlight(lambda n: 0))
+    assert (await policy.choose(REQUEST, session, workers)).name == "w2"
+    # the winner is not among ours: keep our choice (the binding is the other replica's)
+    policy = SessionAffinity(OtherReplica("w9"), fallback=LeastInFlight(lambda n: 0))
+    assert (await policy.choose(REQUEST, session, workers)).name == rendezvous(session, workers).name
+
+
+async def test_memory_claim_is_compare_and_set() -> None:
+    clock = FakeClock()
+    store = MemoryBindingStore(ttl=10, clock=clock)
+    assert await store.claim("k", None, "w1") == "w1"
+    assert await store.claim("k", None, "w2") == "w1"
+    assert await store.claim("k", "w1", "w2") == "w2"
+    assert await store.claim("k", "w1", "w3") == "w2"
+    clock.now = 11  # expired: unbound again
+    assert await store.claim("k", None, "w3") == "w3"
+
+
 # --- package direction -------------------------------------------------------------------------
 
 def _imports(path: Path) -> set[str]:
@@ -305,6 +339,8 @@ def _imports(path: Path) -> set[str]:
     ("pool/routing.py", {"app", "sessions", "auth"}),
     ("sessions/keys.py", {"app", "auth"}),
     ("sessions/bindings.py", {"app", "auth"}),
+    *((f"sessions/{name}.py", {"app", "auth"}) for name in (
+        "redis_link", "redis_bindings", "redis_responses", "redis_limits", "shared")),
 ])
 def test_imports_follow_the_package_direction(module: str, forbidden: set[str]) -> None:
     imports = _imports(REPO / module)

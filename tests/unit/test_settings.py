@@ -437,3 +437,15 @@ def test_key_policy_problems_are_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as zero:
         load_settings(str(bad), {"X": "sk-x"})
     assert "server.keys.x.rpm" in str(zero.value)
+
+
+def test_redis_url_from_the_file_or_poolgate_redis_url(tmp_path) -> None:
+    assert load_settings(None, {}).server.redis_url is None
+    path = tmp_path / "poolgate.toml"
+    path.write_text('[server]\nredis_url = "redis://127.0.0.1:6379/0"\n')
+    assert load_settings(str(path), {}).server.redis_url == "redis://127.0.0.1:6379/0"
+    env = {"POOLGATE_REDIS_URL": "redis://redis:6379/1"}
+    assert load_settings(str(path), env).server.redis_url == "redis://redis:6379/1"
+    assert load_settings(None, env).server.redis_timeout == 0.1
+    with pytest.raises(ConfigError, match="redis_url"):
+        load_settings(None, {"POOLGATE_REDIS_URL": "http://redis:6379"})

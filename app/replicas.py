@@ -1,0 +1,124 @@
+"""The stores the gateway shares with other replicas, chosen by
+``server.redis_url`` (memory when unset), and the loop that keeps this
+replica in step: the Redis health probe, and the workers drained through
+any replica.
+
+Drains: an operator's drain or resume is applied here at once and written to
+the shared set; every replica polls the set with the health probe (every
+``probe_interval``) and drains or resumes its own workers of those names.
+A change made while Redis is down is kept and written when it returns, and
+after an outage each replica writes its drains again (Redis may come back
+empty); a resume made elsewhere while this replica could not reach Redis is
+then undone here, the safe direction for a drain.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from auth.limits import MemoryLimits
+from sessions.bindings import MemoryBindingStore
+from sessions.redis_bindings import RedisBindingStore, RedisUpstreamSessions
+from sessions.redis_limits import RedisLimits
+from sessions.redis_link import RedisDown, RedisLink
+from sessions.redis_responses import RedisResponseStore
+from sessions.responses import MemoryResponseStore
+from sessions.shared import (DrainedSet, Locks, MemoryDrainedSet, MemoryLocks, RedisDrainedSet,
+                             RedisLocks)
+from sessions.upstream import MemoryUpstreamSessions
+
+__all__ = ["Stores", "build_stores", "Drains"]
+
+log = structlog.get_logger("poolgate.replicas")
+
+
+@dataclass(slots=True)
+class Stores:
+    responses: Any
+    bindings: Any
+    cli_sessions: Any
+    limits: Any
+    locks: Locks
+    drained: DrainedSet
+    link: RedisLink | None = None
+
+
+def build_stores(settings: Any) -> Stores:
+    """Memory stores, or Redis ones (each with its fallback) when ``server.redis_url`` is set."""
+    server, store, routing, cli = (settings.server, settings.responses, settings.routing,
+                                   settings.cli_sessions)
+    if not server.redis_url:
+        return Stores(
+            responses=MemoryResponseStore(max_items=store.max_items, max_bytes=store.max_bytes,
+                                          max_age=store.max_age_seconds),
+            bindings=MemoryBindingStore(ttl=routing.binding_ttl, max_items=routing.max_bindings),
+            cli_sessions=MemoryUpstreamSessions(max_entries=cli.max_entries,
+                                                max_age=cli.max_age_seconds),
+            limits=MemoryLimits(), locks=MemoryLocks(), drained=MemoryDrainedSet())
+    link = RedisLink(server.redis_url, timeout=server.redis_timeout)
+    return Stores(
+        responses=RedisResponseStore(link, max_items=store.max_items, max_bytes=store.max_bytes,
+                                     max_age=store.max_age_seconds),
+        bindings=RedisBindingStore(link, ttl=routing.binding_ttl, max_items=routing.max_bindings),
+        cli_sessions=RedisUpstreamSessions(link, max_entries=cli.max_entries,
+                                           max_age=cli.max_age_seconds),
+        limits=RedisLimits(link, MemoryLimits()), locks=RedisLocks(link),
+        drained=RedisDrainedSet(link), link=link)
+
+
+@dataclass(slots=True, eq=False)
+class Drains:
+    """This replica's drained workers, kept in step with the shared set."""
+
+    shared: DrainedSet
+    here: set[str] = field(default_factory=set)  # names drained on this replica
+    pending: dict[str, bool] = field(default_factory=dict)  # name -> drained, not yet shared
+
+    async def set(self, gw: Any, worker: Any, drained: bool) -> None:
+        """An operator's drain (``True``) or resume: here at once, then shared."""
+        apply(gw, worker, drained)
+        (self.here.add if drained else self.here.discard)(worker.name)
+        self.pending[worker.name] = drained
+        await self.flush()
+
+    async def flush(self) -> None:
+        for name, drained in list(self.pending.items()):
+            try:
+                await (self.shared.add(name) if drained else self.shared.discard(name))
+            except RedisDown:
+                log.warning("replicas.drain_not_shared", worker=name, drained=drained)
+                return
+            self.pending.pop(name, None)
+
+    def republish(self) -> None:
+        """After an outage: write this replica's drains again (a Redis without
+        persistence comes back empty, and would otherwise resume every drained worker)."""
+        for name in self.here:
+            self.pending.setdefault(name, True)
+
+    async def sync(self, gw: Any) -> None:
+        """Apply the shared set to this replica's workers (with the health probe)."""
+        await self.flush()
+        if self.pending:
+            return
+        names = await self.shared.members()
+        for worker in gw.pool.workers:
+            name = worker.name
+            if (name in names) != (name in self.here):
+                apply(gw, worker, name in names)
+                (self.here.add if name in names else self.here.discard)(name)
+                log.info("replicas.drain_synced", worker=name, drained=name in names)
+
+
+def apply(gw: Any, worker: Any, drained: bool) -> None:
+    if drained:
+        result = worker.drain()
+        if inspect.isawaitable(result):  # a process worker waits for its requests: not us
+            gw.background(result)
+    else:
+        worker.resume()
+        gw.admission.refresh()  # requests queued meanwhile may go to it now

@@ -1,0 +1,261 @@
+"""The Redis stores against a real redis-server: two links stand for two replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import AsyncIterator, Iterator
+
+import pytest
+
+from auth.limits import KeyPolicy, MemoryLimits
+from sessions.redis_bindings import RedisBindingStore, RedisUpstreamSessions
+from sessions.redis_limits import RedisLimits
+from sessions.redis_link import RedisLink, StoreUnavailable
+from sessions.redis_responses import RedisResponseStore
+from sessions.responses import BrokenChain, StoredResponse, dumps, load_chain
+from sessions.shared import LockTimeout, RedisDrainedSet, RedisLocks
+from tests.support.redis_server import RedisServer
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    srv = RedisServer().start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+async def links(server: RedisServer) -> AsyncIterator[tuple[RedisLink, RedisLink]]:
+    a, b = RedisLink(server.url, probe_interval=0.05), RedisLink(server.url, probe_interval=0.05)
+    assert await a.ping() and await b.ping()
+    try:
+        yield a, b
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+def entry(rid: str, owner: str = "team-a", previous: str | None = None,
+          text: str = "x") -> StoredResponse:
+    return StoredResponse(id=rid, response={"id": rid, "output": [{"text": text}]},
+                          input_items=({"id": f"in-{rid}", "content": text},),
+                          previous_id=previous, worker="w1", created_at=time.time(), owner=owner)
+
+
+async def test_bindings_shared_with_sliding_ttl_and_compare_and_set(links) -> None:
+    a, b = (RedisBindingStore(link, ttl=0.4, fresh=0) for link in links)  # every read to Redis
+    assert await a.claim("s", None, "w1") == "w1"
+    assert await b.claim("s", None, "w2") == "w1"   # the first claim won
+    assert await b.get("s") == "w1"
+    assert await b.claim("s", "w1", "w2") == "w2"   # moved from the expected owner
+    assert await a.claim("s", "w1", "w3") == "w2"   # a stale expectation loses
+    for _ in range(3):                              # reads slide the time to live
+        await asyncio.sleep(0.2)
+        assert await a.get("s") == "w2"
+    await asyncio.sleep(0.6)
+    assert await b.get("s") is None
+    await a.set("t", "w1")
+    await b.delete("t")
+    assert await a.get("t") is None
+
+
+async def test_concurrent_first_claims_agree(server: RedisServer) -> None:
+    # about atomicity, not timing: 40 new connections at once may take longer
+    # than the default 100 ms on a busy machine (and then fall back to local claims)
+    links = [RedisLink(server.url, timeout=2.0) for _ in range(2)]
+    try:
+        for link in links:
+            assert await link.ping()
+        a, b = (RedisBindingStore(link) for link in links)
+        held = await asyncio.gather(*(store.claim(f"k{i}", None, f"w-{n}")
+                                      for i in range(20) for n, store in enumerate((a, b))))
+        for i in range(20):
+            assert held[2 * i] == held[2 * i + 1]
+        assert all(link.up for link in links)
+    finally:
+        for link in links:
+            await link.aclose()
+
+
+async def test_responses_chain_read_and_delete_across_links(links) -> None:
+    a, b = (RedisResponseStore(link) for link in links)
+    await a.put(entry("r1"))
+    await a.put(entry("r2", previous="r1"))
+    await b.put(entry("r3", previous="r2"))
+    chain = await load_chain(b, "r3", "team-a")
+    assert [c.id for c in chain] == ["r1", "r2", "r3"]
+    assert chain[0].input_items[0]["content"] == "x"
+    assert await load_chain(b, "r3", "team-b") is None          # another key's: not found
+    assert await b.delete("r2") and not await a.delete("r2")
+    with pytest.raises(BrokenChain) as broken:
+        await load_chain(a, "r3", "team-a")
+    assert broken.value.missing == "r2"
+
+
+async def test_response_bounds_evict_the_biggest_owner_first(links) -> None:
+    a, b = (RedisResponseStore(link, max_items=4) for link in links)
+    for i in range(3):
+        await a.put(entry(f"big{i}", owner="big"))
+    await b.put(entry("small0", owner="small"))
+    await b.put(entry("small1", owner="small"))   # over the count: big's oldest goes
+    assert await a.get("big0") is None
+    assert await a.get("big1") is not None and await a.get("small0") is not None
+    assert b.stats()["evicted"] == 1
+
+
+async def test_response_byte_bound_and_age(links) -> None:
+    size = len(dumps(entry("r0")))
+    store = RedisResponseStore(links[0], max_bytes=size * 2 + size // 2, max_age=0.3)
+    for i in range(3):
+        await store.put(entry(f"r{i}"))
+    assert await store.get("r0") is None and await store.get("r2") is not None
+    await store.put(entry("huge", text="y" * size * 3))
+    assert await store.get("huge") is None and store.stats()["rejected"] == 1
+    await asyncio.sleep(0.4)
+    assert await store.get("r2") is None      # past max_age: Redis expired it
+    await store.put(entry("fresh"))           # reaps the owner's expired bookkeeping
+    assert store.stats()["expired"] >= 1
+
+
+async def test_cli_index_shared_and_dropped_per_worker(links) -> None:
+    a, b = (RedisUpstreamSessions(link) for link in links)
+    await a.put("h1", "cli-1")
+    await a.put("h2", "cli-1")
+    await a.put("h3", "cli-2")
+    assert await b.get("h1") == "cli-1"
+    await b.drop_worker("cli-1")
+    assert await a.get("h1") is None and await a.get("h2") is None
+    assert await a.get("h3") == "cli-2"
+
+
+async def test_rpm_and_tokens_counted_across_links(links) -> None:
+    a, b = (RedisLimits(link, MemoryLimits()) for link in links)
+    policy = KeyPolicy("team-r", rpm=3, tpm=100)
+    assert await a.admit(policy) is None
+    assert await b.admit(policy) is None
+    assert await a.admit(policy) is None
+    refusal = await b.admit(policy)
+    assert refusal is not None and refusal.limit == "requests"
+    assert 0 < refusal.retry_after <= 60 and refusal.window.requests_remaining == 0
+    tokens = KeyPolicy("team-t", tpm=10)
+    assert await a.admit(tokens) is None
+    b.charge("team-t", 12)
+    await b.flush()
+    refusal = await a.admit(tokens)
+    assert refusal is not None and refusal.limit == "tokens"
+    budget = KeyPolicy("team-d", budget_day=50)
+    await a.seed("team-d", 60, 60)
+    refusal = await b.admit(budget)
+    assert refusal is not None and refusal.limit == "budget_day" and refusal.budget == 50
+    await b.forget("team-r")
+    assert await a.admit(policy) is None
+
+
+async def test_one_login_at_a_time_across_links(links) -> None:
+    locks = [RedisLocks(link, poll=0.01) for link in links]
+    inside: list[int] = []
+    most = 0
+
+    async def login(lock: RedisLocks, n: int) -> None:
+        nonlocal most
+        async with lock.hold("login:acct-1", ttl=5, wait=5):
+            inside.append(n)
+            most = max(most, len(inside))
+            await asyncio.sleep(0.05)
+            inside.remove(n)
+
+    await asyncio.gather(*(login(locks[i % 2], i) for i in range(6)))
+    assert most == 1
+    async with locks[0].hold("login:acct-2", ttl=5):
+        with pytest.raises(LockTimeout):
+            async with locks[1].hold("login:acct-2", ttl=5, wait=0.1):
+                pass
+
+
+async def test_drained_set_shared(links) -> None:
+    a, b = (RedisDrainedSet(link) for link in links)
+    await a.add("w1")
+    assert await b.members() == {"w1"}
+    await b.discard("w1")
+    assert await a.members() == set()
+
+
+async def test_lost_redis_fails_fast_falls_back_and_recovers(server: RedisServer, links) -> None:
+    link = links[0]
+    bindings = RedisBindingStore(link, fresh=0)
+    responses = RedisResponseStore(link)
+    limits = RedisLimits(link, MemoryLimits())
+    await bindings.set("s", "w1")
+    await responses.put(entry("r1"))
+    server.kill()
+    start = time.monotonic()
+    assert await bindings.get("s") == "w1"        # the first call finds it gone...
+    assert not link.up
+    assert await bindings.get("s") == "w1"        # ...then the local cache answers at once
+    with pytest.raises(StoreUnavailable) as unavailable:
+        await responses.get("r1")
+    assert unavailable.value.status == 503 and unavailable.value.code == "store_unavailable"
+    policy = KeyPolicy("team-r", rpm=1)
+    assert await limits.admit(policy) is None      # counted locally
+    assert (await limits.admit(policy)).limit == "requests"
+    # redis-py's default retries would take ~4.5 s per call here
+    assert time.monotonic() - start < link.timeout + 0.5
+    watch = asyncio.ensure_future(link.watch())
+    try:
+        server.start()
+        deadline = time.monotonic() + 5
+        while not link.up:
+            assert time.monotonic() < deadline, "the link did not come back within 5 s"
+            await asyncio.sleep(0.02)
+        await responses.put(entry("r2"))
+        assert (await responses.get("r2")).id == "r2"
+    finally:
+        watch.cancel()
+
+
+async def test_a_hung_redis_costs_one_timeout_then_nothing(server: RedisServer, links) -> None:
+    import signal
+    link = links[0]
+    bindings = RedisBindingStore(link, fresh=0)
+    await bindings.set("s", "w1")
+    server.proc.send_signal(signal.SIGSTOP)  # alive but silent: the worst case
+    try:
+        start = time.monotonic()
+        assert await bindings.get("s") == "w1"
+        first = time.monotonic() - start
+        start = time.monotonic()
+        for _ in range(100):
+            assert await bindings.get("s") == "w1"
+        rest = time.monotonic() - start
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+    assert first < link.timeout + 0.1 and rest < 0.1
+    assert await link.ping()
+    assert await bindings.get("s") == "w1"
+
+
+async def test_charges_batched_into_one_pipeline(links) -> None:
+    a, b = (RedisLimits(link, MemoryLimits()) for link in links)
+    for key in ("k1", "k2"):
+        for _ in range(5):
+            a.charge(key, 3)   # 10 charges, one flush
+    await a.flush()
+    for key in ("k1", "k2"):
+        refusal = await b.admit(KeyPolicy(key, tpm=15))
+        assert refusal is not None and refusal.window.tokens_remaining == 0
+        assert await b.admit(KeyPolicy(key, tpm=16)) is None
+
+
+async def test_fresh_bindings_skip_the_round_trip_but_see_moves_later(links) -> None:
+    clock = [0.0]
+    a = RedisBindingStore(links[0], fresh=1.0, clock=lambda: clock[0])
+    b = RedisBindingStore(links[1])
+    await a.set("s", "w1")
+    await b.claim("s", "w1", "w2")             # B moves the session
+    assert await a.get("s") == "w1"            # within `fresh`: A's mirror answers
+    assert a.stats()["fresh_local_hits"] == 1
+    clock[0] = 1.5
+    assert await a.get("s") == "w2"            # after it: Redis, and the move
