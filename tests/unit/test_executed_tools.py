@@ -221,3 +221,19 @@ def test_token_estimates_count_an_executed_tool_as_its_text():
     part = ExecutedToolPart("t", "Read", '{"file_path":"a.txt"}', "x" * 4000)
     with_tool = estimate_tokens(request(TextPart("ok"), part))
     assert with_tool > estimate_tokens(request(TextPart("ok"))) + 400
+
+
+def test_workers_without_an_executed_form_show_the_model_its_text():
+    from pool.local.chat import template_messages
+    from pool.remote import anthropic_messages, openai_chat
+
+    part = ExecutedToolPart("t", "Read", '{"file_path":"a.txt"}', "contents", False, "claude")
+    request = ChatRequest(model="m", dialect="openai_chat", messages=(
+        Message("user", (TextPart("go"),)),
+        Message("assistant", (TextPart("ok "), part, TextPart("done"))),
+        Message("user", (TextPart("next"),))))
+    shown = "ok " + executed_text(part) + "done"
+    assert openai_chat.build_body(request)["messages"][1]["content"] == shown
+    blocks = anthropic_messages.build_body(request)["messages"][1]["content"]
+    assert "".join(b["text"] for b in blocks) == shown
+    assert template_messages(request.messages)[1]["content"] == shown
