@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import AsyncIterable, Iterable
 
 from .model import (
-    Completion, Event, Finish, Logprobs, ReasoningDelta, ReasoningEnd, ReasoningPart, Start,
+    Completion, Event, ExecutedTool, ExecutedToolPart, Finish, Logprobs, ReasoningDelta, ReasoningEnd, ReasoningPart, Start,
     TextDelta, TextPart, ToolCallDelta, ToolCallEnd, ToolCallPart, ToolCallStart, Usage,
 )
 
@@ -81,6 +81,11 @@ class Accumulator:
                 chunks.append(event.arguments)
         elif t is ToolCallEnd:
             self._close_call(event.index)
+        elif t is ExecutedTool:
+            self._close_text()
+            self._close_reasoning()
+            c.parts.append(ExecutedToolPart(event.id, event.name, event.arguments, event.output,
+                                            event.is_error, event.server))
         elif t is Usage:
             c.usage = merge_usage(c.usage, event)
         elif t is Finish:

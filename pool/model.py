@@ -14,6 +14,12 @@ Conventions every producer and consumer relies on:
 * ``system`` and ``developer`` messages stay where the client put them.
 * Tool call arguments are JSON *text*, as it arrived (never re-serialised), so
   a same-dialect round trip is byte for byte.
+* A tool the worker already ran (a CLI in agent mode) is one
+  :class:`ExecutedTool` event and one :class:`ExecutedToolPart` in the
+  assistant message: call and output together, nothing for the client to
+  answer. Dialects with an executed-tool form (Anthropic ``mcp_tool_use`` /
+  ``mcp_tool_result``, Responses ``mcp_call``) show it as such; the others as
+  :func:`executed_text`.
 * ``ChatRequest.raw`` is the client's body exactly as received and
   ``ChatRequest.dialect`` names its dialect; a worker that speaks that dialect
   may send ``raw`` on (with ``model`` and ``stream`` rewritten) so fields the
@@ -26,7 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Union
 
 __all__ = [
-    "TextPart", "ImagePart", "ReasoningPart", "ToolCallPart", "ToolResultPart", "Part",
+    "TextPart", "ImagePart", "ReasoningPart", "ToolCallPart", "ToolResultPart", "ExecutedToolPart",
+    "Part", "ExecutedTool", "executed_text",
     "Message", "Tool", "ToolChoice", "ResponseFormat", "Sampling", "ChatRequest",
     "Start", "TextDelta", "ReasoningDelta", "ReasoningEnd", "ToolCallStart", "ToolCallDelta",
     "ToolCallEnd", "TokenLogprob", "Logprobs", "Usage", "Finish", "Event", "FinishReason",
@@ -87,7 +94,21 @@ class ToolResultPart:
     is_error: bool = False
 
 
-Part = Union[TextPart, ImagePart, ReasoningPart, ToolCallPart, ToolResultPart]
+@dataclass(frozen=True, slots=True)
+class ExecutedToolPart:
+    """A tool the worker ran itself (an agent-mode CLI's Read, Bash, ...) with its
+    output: shown to the client, never answered by it. ``server`` labels who
+    ran it (the CLI's name); ``arguments`` is JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+    output: str = ""
+    is_error: bool = False
+    server: str | None = None
+
+
+Part = Union[TextPart, ImagePart, ReasoningPart, ToolCallPart, ToolResultPart, ExecutedToolPart]
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,8 +280,35 @@ class Finish:
     stop_sequence: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ExecutedTool:
+    """The event of an :class:`ExecutedToolPart`: the worker ran a tool (call and
+    output, sent once the output is known)."""
+
+    id: str
+    name: str
+    arguments: str
+    output: str = ""
+    is_error: bool = False
+    server: str | None = None
+
+
 Event = Union[Start, TextDelta, ReasoningDelta, ReasoningEnd, ToolCallStart, ToolCallDelta,
-              ToolCallEnd, Logprobs, Usage, Finish]
+              ToolCallEnd, ExecutedTool, Logprobs, Usage, Finish]
+
+#: how much of an executed tool's output :func:`executed_text` shows
+EXECUTED_TEXT_LIMIT = 2000
+
+
+def executed_text(part: ExecutedToolPart | ExecutedTool) -> str:
+    """An executed tool as plain text, for dialects without an executed-tool form
+    (OpenAI chat completions) and for workers that only take text. A client of
+    such a dialect sends this very text back, so the CLI session-reuse hash
+    (:mod:`pool.cli.history`) counts an executed tool as this text in every
+    dialect."""
+    label = "error" if part.is_error else "result"
+    return (f"\n[{part.name} {part.arguments}]\n"
+            f"[{label}: {part.output[:EXECUTED_TEXT_LIMIT]}]\n")
 
 
 # --- the folded answer ---------------------------------------------------------
@@ -269,7 +317,8 @@ Event = Union[Start, TextDelta, ReasoningDelta, ReasoningEnd, ToolCallStart, Too
 class Completion:
     """A whole answer, folded from events by :class:`pool.accumulate.Accumulator`.
 
-    ``parts`` holds ``TextPart``, ``ReasoningPart`` and ``ToolCallPart`` in the
+    ``parts`` holds ``TextPart``, ``ReasoningPart``, ``ToolCallPart`` and
+    ``ExecutedToolPart`` in the
     order the model produced them.
     """
 

@@ -14,7 +14,8 @@ from typing import Any, Mapping
 import orjson
 
 from .model import (
-    ChatRequest, ImagePart, Message, ReasoningPart, TextPart, Tool, ToolCallPart, ToolResultPart,
+    ChatRequest, ExecutedToolPart, ImagePart, Message, ReasoningPart, TextPart, Tool, ToolCallPart,
+    ToolResultPart, executed_text,
 )
 
 __all__ = ["estimate_tokens", "BYTES_PER_TOKEN", "IMAGE_TOKENS", "LOW_DETAIL_IMAGE_TOKENS"]
@@ -63,6 +64,8 @@ def _message_tokens(message: Message) -> int:
                       + _text_tokens(part.arguments))
         elif t is ToolResultPart:
             total += _PART_TOKENS + _text_tokens(part.call_id) + _content_tokens(part.content)
+        elif t is ExecutedToolPart:  # what a text-only model is shown of it
+            total += _PART_TOKENS + _text_tokens(executed_text(part))
         elif t is ReasoningPart:
             # opaque signatures and encrypted reasoning are not model-visible text
             total += _text_tokens(part.text)

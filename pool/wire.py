@@ -48,6 +48,7 @@ _HEADER = struct.Struct(">I")
 _TAGS: dict[type, str] = {
     model.TextPart: "text_part", model.ImagePart: "image", model.ReasoningPart: "reasoning",
     model.ToolCallPart: "tool_call", model.ToolResultPart: "tool_result",
+    model.ExecutedToolPart: "executed_part", model.ExecutedTool: "executed",
     model.Message: "message", model.Tool: "tool", model.ToolChoice: "tool_choice",
     model.ResponseFormat: "response_format", model.Sampling: "sampling",
     model.ChatRequest: "chat_request",

@@ -15,6 +15,10 @@ Mapping choices:
 * ``tool_use.input`` becomes compact JSON text via orjson, key order kept;
 * ``thinking``/``redacted_thinking`` blocks become ``ReasoningPart`` with the
   signature or data untouched;
+* ``mcp_tool_use`` and its ``mcp_tool_result`` (the executed-tool pair this
+  gateway's agent-mode workers answer with, sent back as history) become one
+  ``ExecutedToolPart``; a result with no ``mcp_tool_use`` before it in the
+  same message is left out;
 * block types the canonical form does not model (``document``,
   ``search_result``, ``server_tool_use``, ``web_search_tool_result``, ...) and
   server tools (a ``tools`` entry whose ``type`` is e.g. ``web_search_20250305``)
@@ -40,8 +44,8 @@ import orjson
 
 from pool.errors import BadRequest
 from pool.model import (
-    ChatRequest, ImagePart, Message, Part, ReasoningPart, ResponseFormat, Sampling, TextPart,
-    Tool, ToolCallPart, ToolChoice, ToolResultPart,
+    ChatRequest, ExecutedToolPart, ImagePart, Message, Part, ReasoningPart, ResponseFormat,
+    Sampling, TextPart, Tool, ToolCallPart, ToolChoice, ToolResultPart,
 )
 
 from .validate import Validators
@@ -151,6 +155,27 @@ def _result_blocks(blocks: list[Any], loc: str) -> tuple[TextPart | ImagePart, .
     return tuple(out)
 
 
+def _mcp_tool_use(block: dict[str, Any], loc: str) -> ExecutedToolPart:
+    call_id = _req_str(block, "id", loc)
+    name = _req_str(block, "name", loc)
+    args = _req_dict(block, "input", loc)
+    return ExecutedToolPart(call_id, name, orjson.dumps(args).decode(),
+                            server=_opt_str(block, "server_name", loc))
+
+
+def _with_mcp_result(out: list[Part], block: dict[str, Any], loc: str) -> None:
+    """Complete the ``mcp_tool_use`` part that ``block`` (an ``mcp_tool_result``) answers."""
+    result = _tool_result(block, loc)
+    for i in range(len(out) - 1, -1, -1):
+        part = out[i]
+        if type(part) is ExecutedToolPart and part.id == result.call_id:
+            out[i] = ExecutedToolPart(part.id, part.name, part.arguments,
+                                      "".join(p.text for p in result.content
+                                              if type(p) is TextPart),
+                                      result.is_error, part.server)
+            return
+
+
 def _thinking(block: dict[str, Any], loc: str) -> ReasoningPart:
     return ReasoningPart(_req_str(block, "thinking", loc),
                          signature=_opt_str(block, "signature", loc))
@@ -167,6 +192,7 @@ _BLOCKS = {
     "tool_result": _tool_result,
     "thinking": _thinking,
     "redacted_thinking": _redacted,
+    "mcp_tool_use": _mcp_tool_use,
 }
 
 
@@ -186,7 +212,11 @@ def _blocks(blocks: list[Any], loc: str) -> tuple[Part, ...]:
                 out.append(TextPart(text))
                 continue
         bloc = f"{loc}[{j}]"
-        decoder = _BLOCKS.get(_block_type(block, bloc))
+        kind = _block_type(block, bloc)
+        if kind == "mcp_tool_result":
+            _with_mcp_result(out, block, bloc)
+            continue
+        decoder = _BLOCKS.get(kind)
         if decoder is not None:
             part = decoder(block, bloc)
             if part is not None:

@@ -24,6 +24,16 @@ content event so that a ``Usage`` right after ``Start`` reaches it; ``ping``,
 ``message_start`` (if pending) plus one ``event: error`` frame and nothing
 after it, as Anthropic does; Claude Code then retries the request.
 
+A tool the worker ran itself (:class:`~pool.model.ExecutedTool`, an agent-mode
+CLI) is two blocks, the MCP connector's executed-tool pair: ``mcp_tool_use``
+``{id, name, server_name, input}`` and ``mcp_tool_result`` ``{tool_use_id,
+is_error, content: [text]}``. They do not make the stop reason ``tool_use``:
+the client has nothing to answer. Streamed, each is one
+``content_block_start`` carrying the whole block and its
+``content_block_stop``; the input is in the start rather than in an
+``input_json_delta``, because the anthropic SDK's non-beta stream accumulator
+only applies input deltas to ``tool_use``/``server_tool_use`` blocks.
+
 Blocks are sequential: a new block closes the open one. A tool call's
 argument delta that arrives after its block was closed (a worker interleaving
 two calls) is still sent on that block's index rather than dropped.
@@ -39,11 +49,12 @@ from app.errors import anthropic_error_frame
 from pool.accumulate import merge_usage
 from pool.errors import GatewayError
 from pool.model import (
-    ChatRequest, Completion, Event, Finish, ReasoningDelta, ReasoningEnd, ReasoningPart,
-    TextDelta, TextPart, ToolCallDelta, ToolCallEnd, ToolCallPart, ToolCallStart, Usage,
+    ChatRequest, Completion, Event, ExecutedTool, ExecutedToolPart, Finish, ReasoningDelta,
+    ReasoningEnd, ReasoningPart, TextDelta, TextPart, ToolCallDelta, ToolCallEnd, ToolCallPart,
+    ToolCallStart, Usage,
 )
 
-__all__ = ["encode_completion", "StreamEncoder", "stop_reason", "usage_fields"]
+__all__ = ["encode_completion", "StreamEncoder", "stop_reason", "usage_fields", "executed_blocks"]
 
 _STOP_REASONS = {
     "stop": "end_turn",
@@ -87,6 +98,15 @@ def _tool_input(arguments: str) -> dict[str, Any]:
     return value if type(value) is dict else {}
 
 
+def executed_blocks(part: ExecutedTool | ExecutedToolPart) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``mcp_tool_use`` / ``mcp_tool_result`` pair of a tool the worker ran."""
+    use = {"type": "mcp_tool_use", "id": part.id, "name": part.name,
+           "server_name": part.server or "worker", "input": _tool_input(part.arguments)}
+    result = {"type": "mcp_tool_result", "tool_use_id": part.id, "is_error": part.is_error,
+              "content": [{"type": "text", "text": part.output}] if part.output else []}
+    return use, result
+
+
 def _content_block(part: object) -> dict[str, Any] | None:
     t = type(part)
     if t is TextPart:
@@ -110,6 +130,9 @@ def encode_completion(completion: Completion, request: ChatRequest, *, response_
     content = []
     has_tool_calls = False
     for part in completion.parts:
+        if type(part) is ExecutedToolPart:
+            content.extend(executed_blocks(part))
+            continue
         block = _content_block(part)
         if block is not None:
             content.append(block)
@@ -198,6 +221,9 @@ class StreamEncoder:
             return b""
         if t is ReasoningEnd:
             return self._end_reasoning(event)  # type: ignore[arg-type]
+        if t is ExecutedTool:
+            return b"".join(self._whole_block(block)
+                            for block in executed_blocks(event))  # type: ignore[arg-type]
         if t is Finish:
             self._finish = event  # type: ignore[assignment]
             return self._close_block()
@@ -270,13 +296,16 @@ class StreamEncoder:
                                    "input": {}}}
         return head + b"event: content_block_start\ndata: " + orjson.dumps(block) + b"\n\n"
 
+    def _whole_block(self, content_block: dict[str, Any]) -> bytes:
+        """A block sent whole: its start (holding all of it) and its stop."""
+        head, index = self._begin()
+        block = {"type": "content_block_start", "index": index, "content_block": content_block}
+        return (head + b"event: content_block_start\ndata: " + orjson.dumps(block)
+                + b"\n\n" + _BLOCK_STOP % index)
+
     def _end_reasoning(self, event: ReasoningEnd) -> bytes:
         if event.redacted_data is not None:
-            head, index = self._begin()
-            block = {"type": "content_block_start", "index": index,
-                     "content_block": {"type": "redacted_thinking", "data": event.redacted_data}}
-            return (head + b"event: content_block_start\ndata: " + orjson.dumps(block)
-                    + b"\n\n" + _BLOCK_STOP % index)
+            return self._whole_block({"type": "redacted_thinking", "data": event.redacted_data})
         signature = event.signature
         if self._open == _THINKING:
             head = b""

@@ -4,6 +4,12 @@ body, or ``chat.completion.chunk`` SSE frames ending in ``data: [DONE]``.
 Pure and sans-IO. The stream encoder pre-renders the constant JSON around each
 chunk's delta once per response, so a text delta costs one ``orjson.dumps`` of
 the text and a few byte concatenations.
+
+Chat completions has no form for a tool the worker ran itself (an agent-mode
+CLI's ``ExecutedTool``): it is rendered into ``content`` as
+:func:`pool.model.executed_text` (``\n[Read {"file_path": ...}]\n[result: ...]\n``),
+which the client sends back as assistant text; the CLI session-reuse hash
+counts it as that same text, so the next turn still continues the session.
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ from app.errors import openai_error_frame
 from pool.accumulate import merge_usage
 from pool.errors import GatewayError
 from pool.model import (
-    ChatRequest, Completion, Event, Finish, Logprobs, ReasoningDelta, ReasoningPart, TextDelta,
-    TextPart, TokenLogprob, ToolCallDelta, ToolCallPart, ToolCallStart, Usage,
+    ChatRequest, Completion, Event, ExecutedTool, ExecutedToolPart, Finish, Logprobs,
+    ReasoningDelta, ReasoningPart, TextDelta, TextPart, TokenLogprob, ToolCallDelta, ToolCallPart,
+    ToolCallStart, Usage, executed_text,
 )
 
 __all__ = ["encode_completion", "StreamEncoder", "ChunkStream", "usage_json", "logprobs_json",
@@ -91,6 +98,8 @@ def encode_completion(completion: Completion, request: ChatRequest, *, response_
         t = type(part)
         if t is TextPart:
             texts.append(part.text)
+        elif t is ExecutedToolPart:
+            texts.append(executed_text(part))
         elif t is ToolCallPart:
             calls.append(_call_json(part))
         elif t is ReasoningPart and part.text:
@@ -195,6 +204,8 @@ class StreamEncoder(ChunkStream):
         t = type(event)
         if t is TextDelta:
             return self._chunk(b'{"content":' + orjson.dumps(event.text) + b"}")
+        if t is ExecutedTool:
+            return self._chunk(b'{"content":' + orjson.dumps(executed_text(event)) + b"}")
         if t is ReasoningDelta:
             return self._chunk(b'{"reasoning_content":' + orjson.dumps(event.text) + b"}")
         if t is ToolCallDelta:

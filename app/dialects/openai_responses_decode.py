@@ -22,7 +22,9 @@ Mapping choices:
 * Hosted tools (``web_search``, ``file_search``, ``mcp``, ...) and unknown
   tool types are left out of the canonical tools; forcing one with
   ``tool_choice`` is refused. Records of hosted tool calls in the input
-  (``web_search_call``, ...) are skipped.
+  (``web_search_call``, ...) are skipped, except ``mcp_call``: this
+  gateway's agent-mode workers answer with it (a tool the CLI ran), so it
+  comes back as an ``ExecutedToolPart`` of the assistant turn.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from pool.model import (
     Tool, ToolCallPart, ToolChoice, ToolResultPart,
 )
 
+from .openai_responses_mcp import mcp_call_part
 from .validate import (
     bad_type, bad_value, first_header, image_url, missing, opt_bool, opt_dict, opt_int, opt_list,
     opt_number, opt_str, req_str,
@@ -50,10 +53,11 @@ _SESSION_HEADERS = ("session_id", "session-id", "x-session-id")
 # records of hosted tools at work: history the gateway has no worker-side meaning for
 _HOSTED_RECORDS = frozenset((
     "web_search_call", "file_search_call", "tool_search_call", "tool_search_output",
-    "image_generation_call", "code_interpreter_call", "mcp_list_tools", "mcp_call",
+    "image_generation_call", "code_interpreter_call", "mcp_list_tools",
     "mcp_approval_request", "mcp_approval_response"))
 _ID_PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_",
-              "custom_tool_call": "ctc_", "custom_tool_call_output": "ctco_", "reasoning": "rs_"}
+              "custom_tool_call": "ctc_", "custom_tool_call_output": "ctco_", "reasoning": "rs_",
+              "mcp_call": "mcp_"}
 
 
 # --- content ------------------------------------------------------------------------
@@ -182,6 +186,8 @@ class _Turns:
             self._result(_output(item, param))
         elif kind == "reasoning":
             self._turn().append(_reasoning(item, param))
+        elif kind == "mcp_call":
+            self._turn().append(mcp_call_part(item, param))
         elif kind is None:
             raise missing(param + ".type")
         elif type(kind) is not str:

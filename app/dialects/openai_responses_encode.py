@@ -18,6 +18,8 @@ Output mapping:
 * a tool call is a ``custom_tool_call`` when the call says ``kind="custom"``
   or names a custom tool of the request, else a ``function_call``; a call to
   a flattened namespace member ``ns__t`` goes out as ``name: t, namespace: ns``;
+* a tool the worker ran itself (an agent-mode CLI) is an ``mcp_call`` item
+  (:mod:`app.dialects.openai_responses_mcp`), nothing for the client to answer;
 * finish ``length`` -> status ``incomplete`` (reason ``max_output_tokens``),
   ``content_filter`` -> ``incomplete`` (reason ``content_filter``); a failure
   -> ``failed`` with ``error: {code, message}``.
@@ -32,11 +34,13 @@ import orjson
 from pool.accumulate import Accumulator
 from pool.errors import GatewayError
 from pool.model import (
-    ChatRequest, Completion, Event, Finish, ReasoningDelta, ReasoningEnd, ReasoningPart,
-    TextDelta, TextPart, ToolCallDelta, ToolCallEnd, ToolCallPart, ToolCallStart, Usage,
+    ChatRequest, Completion, Event, ExecutedTool, ExecutedToolPart, Finish, ReasoningDelta,
+    ReasoningEnd, ReasoningPart, TextDelta, TextPart, ToolCallDelta, ToolCallEnd, ToolCallPart,
+    ToolCallStart, Usage,
 )
 
 from .openai_responses_decode import namespace_map
+from .openai_responses_mcp import mcp_call_item, mcp_call_stream
 
 __all__ = ["encode_completion", "StreamEncoder", "usage_json", "error_json"]
 
@@ -169,6 +173,8 @@ def encode_completion(completion: Completion, request: ChatRequest, *, response_
             prefix = "ctc" if names.is_custom(part.name, part.kind) else "fc"
             output.append(names.item(f"{prefix}_{base}_{len(output)}", part.id, part.name,
                                      part.kind, part.arguments))
+        elif t is ExecutedToolPart:
+            output.append(mcp_call_item(f"mcp_{base}_{len(output)}", part))
         elif t is ReasoningPart:
             if part.redacted_data is None and (part.text or part.encrypted_content is not None):
                 output.append(_reasoning_item(f"rs_{base}_{len(output)}", part.text,
@@ -328,6 +334,11 @@ class StreamEncoder:
             done = {"type": "response.function_call_arguments.done", **where, "arguments": text}
         return self._event(done) + self._item_done(item, call.index)
 
+    def _executed(self, event: ExecutedTool) -> bytes:
+        index = self._next_index()
+        return b"".join(self._event(payload) for payload in
+                        mcp_call_stream(f"mcp_{self._base}_{index}", index, event))
+
     # --- the interface -----------------------------------------------------------------
 
     def feed(self, event: Event) -> bytes:
@@ -379,6 +390,12 @@ class StreamEncoder:
         if t is ToolCallEnd:
             call = self._calls.pop(event.index, None)
             return out + self._close_call(call) if call is not None else out
+        if t is ExecutedTool:
+            if self._msg is not None:
+                out += self._close_message()
+            if self._rs_open:
+                out += self._close_reasoning()
+            return out + self._executed(event)
         return out  # Start, Usage, Finish, Logprobs: folded, nothing on the wire
 
     def ping(self) -> bytes:

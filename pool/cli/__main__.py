@@ -44,7 +44,8 @@ async def _main(data: dict[str, Any]) -> None:
         # this child, and the supervisor restarts the account with backoff
         driver.on_process_exit = lambda: os.kill(os.getpid(), signal.SIGTERM)
     host = CliHost(driver, config,
-                   conversation_idle=float(data.get("conversation_idle", 900)))
+                   conversation_idle=float(data.get("conversation_idle", 900)),
+                   login_recheck=float(data.get("login_recheck", 5)))
     try:
         await worker_main.serve(host.answer, setup=host.start, calls={"status": host.status})
     finally:

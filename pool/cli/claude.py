@@ -22,7 +22,7 @@ import structlog
 
 from .claude_events import ClaudeStream
 from .claude_transcript import MCP_PREFIX, content_blocks, write_transcript
-from .driver import DriverConfig, DriverError
+from .driver import DriverConfig, DriverError, credentials_stamp
 from .events import (TERMINAL, CliEvent, CliHealth, ConversationSetup, ToolAnswer, Turn,
                      TurnFailed)
 from .proc import JsonLineProcess, find_binary
@@ -77,11 +77,11 @@ class ClaudeDriver:
         """Credentials present (in the home, or an API key/token in the
         environment); a 401 on a turn says the rest."""
         home = self.config.home
-        logged_in = (os.path.exists(os.path.join(home, ".credentials.json"))
-                     or any(self.config.env.get(k) for k in _AUTH_ENV)
+        stamp = credentials_stamp(os.path.join(home, ".credentials.json"))
+        logged_in = (stamp is not None or any(self.config.env.get(k) for k in _AUTH_ENV)
                      or _has_api_key_helper(home))
         return CliHealth(login="ready" if logged_in else "logged_out", version=self.version,
-                         account=_account(home))
+                         account=_account(home), detail={"credentials": stamp})
 
     async def open(self, setup: ConversationSetup) -> ClaudeConversation:
         session_id = str(uuid.uuid4())

@@ -18,7 +18,8 @@ from typing import Any, Iterable, Sequence
 
 import orjson
 
-from ..model import ImagePart, Message, TextPart, ToolCallPart, ToolResultPart
+from ..model import (ExecutedToolPart, ImagePart, Message, TextPart, ToolCallPart, ToolResultPart,
+                     executed_text)
 from .history import tool_result_text
 
 __all__ = ["project_dir", "write_transcript", "content_blocks", "MCP_PREFIX"]
@@ -37,6 +38,8 @@ def content_blocks(message: Message, client_tools: frozenset[str]) -> list[dict[
         if isinstance(part, TextPart):
             if part.text:
                 blocks.append({"type": "text", "text": part.text})
+        elif isinstance(part, ExecutedToolPart):  # already ran: the model sees what it did
+            blocks.append({"type": "text", "text": executed_text(part)})
         elif isinstance(part, ToolCallPart):
             try:
                 arguments = orjson.loads(part.arguments or "{}")

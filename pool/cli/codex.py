@@ -24,6 +24,7 @@ credentials), and the first 401 of a turn (see :mod:`pool.cli.codex_thread`).
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import signal
 from pathlib import Path
@@ -37,7 +38,7 @@ from .codex_config import (
 )
 from .codex_rpc import CodexRpc, RpcClosed, RpcError
 from .codex_thread import CodexThread
-from .driver import DriverConfig, DriverError
+from .driver import DriverConfig, DriverError, credentials_stamp
 from .events import CliHealth, ConversationSetup
 from .proc import JsonLineProcess, find_binary
 
@@ -146,7 +147,9 @@ class CodexDriver:
             raise DriverError(f"codex app-server did not answer account/read: {exc!r}") from exc
         account = answer.get("account")
         detail: dict[str, Any] = {"conversations": len(self._threads),
-                                  "requires_openai_auth": answer.get("requiresOpenaiAuth")}
+                                  "requires_openai_auth": answer.get("requiresOpenaiAuth"),
+                                  "credentials": credentials_stamp(
+                                      os.path.join(self.config.home, "auth.json"))}
         if account is None:
             return CliHealth(login="logged_out", version=self.version, detail=detail)
         detail["auth"] = account.get("type")

@@ -19,7 +19,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..model import ImagePart, Message, TextPart, Tool, ToolCallPart, ToolResultPart
+from ..model import (ExecutedToolPart, ImagePart, Message, TextPart, Tool, ToolCallPart,
+                     ToolResultPart, executed_text)
 from .driver import DriverError
 
 __all__ = ["native_binary", "app_server_argv", "toml_value", "user_input", "history_items",
@@ -207,6 +208,8 @@ def history_items(messages: Sequence[Message]) -> list[dict[str, Any]]:
         for part in message.parts:
             if isinstance(part, TextPart):
                 content.append({"type": text_type, "text": part.text})
+            elif isinstance(part, ExecutedToolPart):  # already ran: the model sees what it did
+                content.append({"type": text_type, "text": executed_text(part)})
             elif isinstance(part, ImagePart) and role != "assistant" and (url := _image_url(part)):
                 content.append({"type": "input_image", "image_url": url})
             elif isinstance(part, ToolCallPart):

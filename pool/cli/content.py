@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..model import Message, TextPart, ToolCallPart, ToolResultPart
+from ..model import ExecutedToolPart, Message, TextPart, ToolCallPart, ToolResultPart, executed_text
 from .claude_transcript import content_blocks
 from .events import Turn
 from .history import tool_result_text
@@ -23,6 +23,8 @@ def message_text(message: Message) -> str:
     for part in message.parts:
         if isinstance(part, TextPart) and part.text:
             lines.append(part.text)
+        elif isinstance(part, ExecutedToolPart):  # already ran: the model sees what it did
+            lines.append(executed_text(part))
         elif isinstance(part, ToolCallPart):
             lines.append(f"(called tool {part.name} with {part.arguments}, id {part.id})")
         elif isinstance(part, ToolResultPart):

@@ -68,12 +68,13 @@ real binary against a fake upstream under the ``cli`` marker.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping, Protocol, Sequence
 
 from .events import CliEvent, CliHealth, ConversationSetup, Mode, ToolAnswer, Turn
 
-__all__ = ["DriverConfig", "CliDriver", "Conversation", "DriverError"]
+__all__ = ["DriverConfig", "CliDriver", "Conversation", "DriverError", "credentials_stamp"]
 
 
 class DriverError(Exception):
@@ -136,3 +137,14 @@ class CliDriver(Protocol):
     async def health(self) -> CliHealth: ...
 
     async def stop(self) -> None: ...
+
+
+def credentials_stamp(path: str) -> str | None:
+    """What changes when a credentials file is rewritten (``None``: no file). A driver
+    puts it in ``CliHealth.detail["credentials"]``, so that an account a turn found
+    logged out is trusted again only once its credentials changed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return f"{st.st_mtime_ns}:{st.st_size}:{st.st_ino}"

@@ -9,7 +9,11 @@ conversation a CLI holds is named by :func:`conversation_hash`: the API key's
 *name* (two teams never share an upstream session), the model, the system
 prompt, the tool set and the messages, normalised so that what a client sends
 back equals what the CLI produced (text joined per message, tool arguments as
-canonical JSON, reasoning left out: not every dialect returns it).
+canonical JSON, reasoning left out: not every dialect returns it). A tool
+the CLI ran itself (agent mode) counts as its :func:`~pool.model.executed_text`
+within the message's text: a chat-completions client gets it back as that
+text, an Anthropic or Responses client as an executed-tool block, and all of
+them must name the same conversation.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ from typing import Iterable, Sequence
 
 import orjson
 
-from ..model import (ChatRequest, ImagePart, Message, Part, TextPart, Tool, ToolCallPart,
-                     ToolResultPart)
+from ..model import (ChatRequest, ExecutedToolPart, ImagePart, Message, Part, TextPart, Tool,
+                     ToolCallPart, ToolResultPart, executed_text)
 
 __all__ = ["split", "system_text", "conversation_hash", "request_prefix_hash", "answer_message",
            "flatten", "tool_result_text", "canonical_arguments"]
@@ -84,8 +88,8 @@ def flatten(history: Sequence[Message], new: Sequence[Message]) -> Message:
     for message in history:
         lines.append(f"\n[{message.role}]")
         for part in message.parts:
-            if isinstance(part, TextPart):
-                lines.append(part.text)
+            if isinstance(part, (TextPart, ExecutedToolPart)):
+                lines.append(_text((part,)))
             elif isinstance(part, ToolCallPart):
                 lines.append(f"(called tool {part.name} with {part.arguments}, id {part.id})")
             elif isinstance(part, ToolResultPart):
@@ -101,7 +105,8 @@ def flatten(history: Sequence[Message], new: Sequence[Message]) -> Message:
 
 
 def _text(parts: Iterable[object]) -> str:
-    return "".join(p.text for p in parts if isinstance(p, TextPart))
+    return "".join(p.text if isinstance(p, TextPart) else executed_text(p)
+                   for p in parts if isinstance(p, (TextPart, ExecutedToolPart)))
 
 
 def _canonical(value: object) -> str:

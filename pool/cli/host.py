@@ -22,15 +22,15 @@ from typing import Any, AsyncIterator
 import structlog
 
 from ..errors import BadRequest, GatewayError, Overloaded, UpstreamTimeout, UpstreamUnavailable
-from ..model import (ChatRequest, Event, Finish, Message, ReasoningDelta, ReasoningEnd, Start,
+from ..model import (ChatRequest, Event, ExecutedTool, ExecutedToolPart, Finish, Message, ReasoningDelta, ReasoningEnd, Start,
                      TextDelta, TextPart, ToolCallDelta, ToolCallEnd, ToolCallPart, ToolCallStart,
                      ToolResultPart, Usage)
 from .driver import CliDriver, Conversation, DriverConfig
 from .events import (CliHealth, ConversationSetup, LoginRequired, PendingToolCall, RateLimited,
                      Retrying, SessionStarted, TextChunk, ThinkingChunk, ToolAnswer, ToolExecuted,
                      ToolOutput, ToolsPending, Turn, TurnFailed, TurnFinished, TurnUsage)
-from .history import (answer_message, conversation_hash, flatten, split, system_text,
-                      tool_result_text)
+from .history import (answer_message, canonical_arguments, conversation_hash, flatten, split,
+                      system_text, tool_result_text)
 
 __all__ = ["CliHost", "DEFAULT_SYSTEM_PROMPT"]
 
@@ -57,15 +57,19 @@ class CliHost:
     """Serves canonical requests with one driver's conversations."""
 
     def __init__(self, driver: CliDriver, config: DriverConfig, *,
-                 conversation_idle: float = 900.0) -> None:
+                 conversation_idle: float = 900.0, login_recheck: float = 5.0) -> None:
         self.driver = driver
         self.config = config
         self.conversation_idle = conversation_idle
+        self.login_recheck = login_recheck
         self.health = CliHealth(login="logging_in")
         self.cooldown_until: float | None = None
         self.counts = {"hits": 0, "misses": 0, "rebuilds": 0}
         self._slots: list[_Slot] = []
         self._reaper: asyncio.Task[None] | None = None
+        self._rechecker: asyncio.Task[None] | None = None
+        # the credentials stamp a turn was refused with (a tuple: the stamp may be None)
+        self._refused: tuple[object] | None = None
         self._closing: set[asyncio.Future[None]] = set()
 
     # --- lifecycle --------------------------------------------------------------------
@@ -75,10 +79,12 @@ class CliHost:
         log.info("cli.started", worker=self.config.name, cli=self.config.cli,
                  version=self.health.version, login=self.health.login)
         self._reaper = asyncio.ensure_future(self._reap_forever())
+        self._rechecker = asyncio.ensure_future(self._recheck_login_forever())
 
     async def aclose(self) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
+        for task in (self._reaper, self._rechecker):
+            if task is not None:
+                task.cancel()
         slots, self._slots = self._slots, []
         await asyncio.gather(*(s.conv.close() for s in slots), return_exceptions=True)
         await self.driver.stop()
@@ -94,6 +100,31 @@ class CliHost:
 
     def _cooling(self) -> bool:
         return self.cooldown_until is not None and time.time() < self.cooldown_until
+
+    async def recheck_login(self) -> None:
+        """Probe a logged-out account again: it is ready once the driver's health
+        says so, and, when a turn was refused, once its credentials changed (the
+        old ones would only be refused again)."""
+        try:
+            health = await self.driver.health()
+        except Exception as exc:  # noqa: BLE001 - a failed probe leaves the state as it is
+            log.info("cli.login_recheck_failed", worker=self.config.name,
+                     error=type(exc).__name__)
+            return
+        if health.login != "ready":
+            return
+        stamp = health.detail.get("credentials")
+        if self._refused is not None and (stamp is None or (stamp,) == self._refused):
+            return
+        self._refused = None
+        self.health = health
+        log.info("cli.logged_in", worker=self.config.name, account=health.account)
+
+    async def _recheck_login_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.login_recheck)
+            if self.health.login != "ready":
+                await self.recheck_login()
 
     # --- one request ----------------------------------------------------------------------
 
@@ -191,8 +222,9 @@ class CliHost:
 
     async def _translate(self, steps: AsyncIterator[Any], answer: list[Any]) -> AsyncIterator[Event]:
         """The driver's events as canonical ones; ``answer`` collects the parts a
-        client will send back (text, tool calls)."""
+        client will send back (text, executed tools, tool calls), in order."""
         text: list[str] = []
+        ran: dict[str, ToolExecuted] = {}  # agent mode: calls the CLI runs, until their output
         usage = [0, 0, 0, 0]
         index = 0
         thinking = False
@@ -218,14 +250,13 @@ class CliHost:
                 yield ToolCallEnd(index)
                 index += 1
             elif kind is ToolExecuted:
-                # agent mode: the CLI ran it; shown, nothing for the client to answer
-                note = f"\n[{ev.name} {ev.arguments}]\n"
-                text.append(note)
-                yield TextDelta(note)
+                # agent mode: the CLI runs it; shown with its output, nothing to answer
+                ran[ev.call_id] = ev
             elif kind is ToolOutput:
-                note = f"[{'error' if ev.is_error else 'result'}: {ev.content[:2000]}]\n"
-                text.append(note)
-                yield TextDelta(note)
+                call = ran.pop(ev.call_id, None)
+                if call is not None:
+                    _flush_text(text, answer)
+                    yield self._executed(call, ev.content, ev.is_error, answer)
             elif kind is TurnUsage:
                 for i, value in enumerate((ev.input_tokens, ev.output_tokens, ev.cached_tokens,
                                            ev.cache_creation_tokens)):
@@ -242,14 +273,16 @@ class CliHost:
             elif kind is SessionStarted:
                 pass
             elif kind in (TurnFinished, ToolsPending):
-                if text:
-                    answer.insert(0, TextPart("".join(text)))
+                _flush_text(text, answer)
+                for call in ran.values():  # the CLI never reported an output
+                    yield self._executed(call, "", False, answer)
                 yield Usage(input_tokens=usage[0], output_tokens=usage[1],
                             cached_tokens=usage[2] or None,
                             cache_creation_tokens=usage[3] or None)
                 yield Finish("tool_calls" if kind is ToolsPending else _STOP.get(ev.stop_reason, "stop"))
                 return
             elif kind is LoginRequired:
+                self._refused = (self.health.detail.get("credentials"),)
                 self.health = CliHealth(login="logged_out", version=self.health.version,
                                         account=self.health.account)
                 log.warning("cli.logged_out", worker=self.config.name)
@@ -259,6 +292,14 @@ class CliHost:
                 raise _failure(self.config.name, ev, self.cooldown_until if self._cooling() else None)
         raise UpstreamUnavailable(f"worker {self.config.name}: the {self.config.cli} CLI ended "
                                   "the turn without a result")
+
+    def _executed(self, call: ToolExecuted, output: str, is_error: bool,
+                  answer: list[Any]) -> ExecutedTool:
+        # canonical JSON: every dialect then shows (and a client sends back) the same text
+        arguments = canonical_arguments(call.arguments)
+        answer.append(ExecutedToolPart(call.call_id, call.name, arguments, output, is_error,
+                                       self.config.cli))
+        return ExecutedTool(call.call_id, call.name, arguments, output, is_error, self.config.cli)
 
     # --- keeping conversations ------------------------------------------------------------
 
@@ -292,6 +333,12 @@ class CliHost:
             for slot in [s for s in self._slots if not s.busy and
                          (not s.conv.alive or now - s.last_used > self.conversation_idle)]:
                 await self._discard(slot)
+
+
+def _flush_text(text: list[str], answer: list[Any]) -> None:
+    if text:
+        answer.append(TextPart("".join(text)))
+        text.clear()
 
 
 def _knobs(setup: ConversationSetup) -> tuple[object, ...]:

@@ -24,8 +24,8 @@ import structlog
 
 from ..childenv import child_environment
 from ..errors import GatewayError
-from ..model import (ChatRequest, Event, Finish, TextDelta, TextPart, ToolCallDelta, ToolCallPart,
-                     ToolCallStart)
+from ..accumulate import Accumulator
+from ..model import ChatRequest, Event, Finish
 from ..process import ProcessSpec, ProcessWorker
 from ..supervisor import SupervisorPolicy
 from ..worker import Capabilities, WorkerState
@@ -77,7 +77,9 @@ class CliSpec:
                 "env": {**child_environment(base_env, self.env_passthrough), **self.env},
                 "mode": self.mode, "max_conversations": self.max_conversations,
                 "options": dict(self.options), "tool_timeout": self.tool_timeout,
-                "conversation_idle": self.conversation_idle, "idle_timeout": self.idle_timeout}
+                "conversation_idle": self.conversation_idle, "idle_timeout": self.idle_timeout,
+                # a logged-out account is probed again on the health interval
+                "login_recheck": self.supervision.health_interval}
 
     def process_spec(self, base_env: Mapping[str, str]) -> ProcessSpec:
         config = orjson.dumps(self.child_config(base_env)).decode()
@@ -189,19 +191,12 @@ class CliWorker(ProcessWorker):
         check_request(request)
         history, new = split(request)
         system = system_text(request.messages) or DEFAULT_SYSTEM_PROMPT
-        text: list[str] = []
-        calls: list[list[str]] = []
+        answer = Accumulator()  # what the client will send back, for the session hash
         finished = False
         try:
             async for event in super().stream(request):
-                kind = type(event)
-                if kind is TextDelta:
-                    text.append(event.text)
-                elif kind is ToolCallStart:
-                    calls.append([event.id, event.name, ""])
-                elif kind is ToolCallDelta:
-                    calls[-1][2] += event.arguments
-                elif kind is Finish:
+                answer.feed(event)
+                if type(event) is Finish:
                     finished = True
                 yield event
         except GatewayError as exc:
@@ -214,11 +209,9 @@ class CliWorker(ProcessWorker):
                     await self.sessions.drop(conversation_hash(
                         request.key_name, request.model, system, request.tools, history))
                 if finished:
-                    parts: list[Any] = [TextPart("".join(text))] if text else []
-                    parts += [ToolCallPart(i, n, a) for i, n, a in calls]
                     key = conversation_hash(request.key_name, request.model, system,
-                                            request.tools,
-                                            (*history, *new, answer_message(parts)))
+                                            request.tools, (*history, *new,
+                                                            answer_message(answer.finish().parts)))
                     await self.sessions.put(key, self.name)
 
     def _note_failure(self, exc: GatewayError) -> None:

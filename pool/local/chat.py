@@ -27,9 +27,9 @@ from typing import Any, AsyncIterator, Sequence
 
 from ..errors import BadRequest
 from ..model import (
-    ChatRequest, Event, Finish, FinishReason, ImagePart, Logprobs, Message, ReasoningPart, Start,
+    ChatRequest, Event, ExecutedToolPart, Finish, FinishReason, ImagePart, Logprobs, Message, ReasoningPart, Start,
     TextDelta, TextPart, TokenLogprob, ToolCallDelta, ToolCallEnd, ToolCallPart, ToolCallStart,
-    ToolResultPart, Usage,
+    ToolResultPart, Usage, executed_text,
 )
 from .engine import Engine, EngineError, GenParams, Step
 from .health import EngineWatch
@@ -48,6 +48,8 @@ def _text(parts: Sequence[object], where: str) -> str:
     for part in parts:
         if isinstance(part, TextPart):
             out.append(part.text)
+        elif isinstance(part, ExecutedToolPart):  # a tool a cli worker ran
+            out.append(executed_text(part))
         elif isinstance(part, ImagePart):
             raise BadRequest(f"This model takes text only; {where} holds an image.", param="messages")
     return "".join(out)

@@ -34,9 +34,9 @@ import orjson
 
 from pool.errors import UpstreamUnavailable
 from pool.model import (
-    ChatRequest, Event, Finish, ImagePart, Message, ReasoningDelta, ReasoningEnd, ReasoningPart,
+    ChatRequest, Event, ExecutedToolPart, Finish, ImagePart, Message, ReasoningDelta, ReasoningEnd, ReasoningPart,
     Start, TextDelta, TextPart, Tool, ToolCallDelta, ToolCallEnd, ToolCallPart, ToolCallStart,
-    ToolResultPart, Usage,
+    ToolResultPart, Usage, executed_text,
 )
 
 from .errors import error_from_object
@@ -183,6 +183,8 @@ def _assistant_blocks(m: Message) -> list[dict[str, Any]]:
         if t is TextPart:
             if p.text:
                 blocks.append({"type": "text", "text": p.text})
+        elif t is ExecutedToolPart:  # a tool a cli worker ran: the model sees what it did
+            blocks.append({"type": "text", "text": executed_text(p)})
         elif t is ToolCallPart:
             blocks.append({"type": "tool_use", "id": p.id, "name": p.name,
                            "input": _tool_input(p.arguments)})

@@ -35,9 +35,9 @@ import orjson
 
 from pool.errors import UpstreamUnavailable
 from pool.model import (
-    ChatRequest, Event, Finish, ImagePart, Logprobs, Message, ReasoningDelta, Start, TextDelta,
+    ChatRequest, Event, ExecutedToolPart, Finish, ImagePart, Logprobs, Message, ReasoningDelta, Start, TextDelta,
     TextPart, TokenLogprob, Tool, ToolCallDelta, ToolCallEnd, ToolCallPart, ToolCallStart,
-    ToolResultPart, Usage,
+    ToolResultPart, Usage, executed_text,
 )
 
 from .anthropic_messages import CUSTOM_TOOL_SCHEMA, unwrap_custom_input
@@ -188,6 +188,8 @@ def _assistant(m: Message) -> dict[str, Any]:
         t = type(p)
         if t is TextPart:
             texts.append(p.text)
+        elif t is ExecutedToolPart:  # a tool a cli worker ran: the model sees what it did
+            texts.append(executed_text(p))
         elif t is ToolCallPart:
             if p.kind == "custom":
                 wrapped = orjson.dumps({"input": p.arguments}).decode()

@@ -23,6 +23,11 @@ stdio, as recorded against it:
 * with ``experimentalRawEvents``: ``rawResponseItem/completed`` per output
   item and ``rawResponse/completed`` per model response, before the tool
   calls are asked for (the real order);
+* agent mode (a thread started without ``environments: []``): a
+  ``shell_command`` call is Codex's own tool, run by the server itself as
+  ``item/started`` / ``item/completed`` of a ``commandExecution`` item (only
+  ``echo …`` and ``cat FILE`` relative to the thread's ``cwd`` are simulated;
+  anything else exits 127);
 * ``turn/interrupt`` → ``{}`` and ``turn/completed`` ``interrupted`` (a held
   tool call is cancelled the real way);
 * upstream errors: each retryable failure is an ``error`` notification with
@@ -240,7 +245,11 @@ class Server:
                 return "completed", None
             # every call of the step is asked for before any answer is awaited, as
             # the real server does with parallel calls
-            asked = [(item, self.ask_tool(turn, item)) for item in outcome]
+            own = [item for item in outcome if self.runs_itself(turn, item)]
+            for item in own:
+                thread.input.append({"type": "function_call_output", "call_id": item["call_id"],
+                                     "output": self.run_command(turn, item)})
+            asked = [(item, self.ask_tool(turn, item)) for item in outcome if item not in own]
             for item, slot in asked:
                 result = self.await_tool(turn, item, slot)
                 thread.input.append({"type": "function_call_output", "call_id": item["call_id"],
@@ -344,6 +353,33 @@ class Server:
         notify("thread/tokenUsage/updated", {"threadId": turn.thread.id, "turnId": turn.id,
                                              "tokenUsage": {"last": last, "total": dict(total),
                                                             "modelContextWindow": None}})
+
+    @staticmethod
+    def runs_itself(turn: Turn, item: dict[str, Any]) -> bool:
+        return item["name"] == "shell_command" and turn.thread.params.get("environments") != []
+
+    def run_command(self, turn: Turn, item: dict[str, Any]) -> str:
+        """Codex's own shell tool, simulated, reported as a ``commandExecution`` item."""
+        ids = {"threadId": turn.thread.id, "turnId": turn.id}
+        command = str(json.loads(item.get("arguments") or "{}").get("command", ""))
+        cwd = turn.thread.params.get("cwd") or os.getcwd()
+        base = {"type": "commandExecution", "id": item["call_id"], "command": command,
+                "cwd": cwd, "processId": None, "commandActions": []}
+        notify("item/started", {**ids, "item": {**base, "status": "inProgress",
+                                                "aggregatedOutput": None, "exitCode": None}})
+        words = command.split()
+        code, output = 127, f"{words[0] if words else ''}: command not found\n"
+        if words[:1] == ["echo"]:
+            code, output = 0, " ".join(words[1:]) + "\n"
+        elif words[:1] == ["cat"] and len(words) == 2:
+            try:
+                code, output = 0, Path(cwd, words[1]).read_text()
+            except OSError:
+                code, output = 1, f"cat: {words[1]}: No such file or directory\n"
+        notify("item/completed", {**ids, "item": {
+            **base, "status": "completed" if code == 0 else "failed",
+            "aggregatedOutput": output, "exitCode": code, "durationMs": 1}})
+        return output
 
     def ask_tool(self, turn: Turn, item: dict[str, Any]) -> dict[str, Any] | None:
         """Send ``item/tool/call`` for a dynamic tool; the slot its answer fills."""

@@ -241,6 +241,14 @@ class Cli:
             text = "".join(c.get("text", "") for c in result.get("content", []))
             return {"type": "tool_result", "tool_use_id": use["id"], "content": text,
                     "is_error": bool(result.get("isError"))}
+        if name == "Read":  # a built-in tool: the file, relative to the working directory
+            path = use["input"].get("file_path") or use["input"].get("path") or ""
+            try:
+                with open(os.path.join(os.getcwd(), path), encoding="utf-8") as fh:
+                    return {"type": "tool_result", "tool_use_id": use["id"], "content": fh.read()}
+            except OSError:
+                return {"type": "tool_result", "tool_use_id": use["id"], "is_error": True,
+                        "content": f"File does not exist: {path}"}
         return {"type": "tool_result", "tool_use_id": use["id"], "is_error": True,
                 "content": f"No such tool available: {name}"}
 

@@ -437,9 +437,10 @@ def test_agent_mode_lets_the_cli_run_its_tools_and_shows_them(tmp_path, upstream
             {"role": "user", "content": '[[tool:Read {"path": "notes.txt"}]]'}])
     message = out.choices[0].message
     assert out.choices[0].finish_reason == "stop" and not message.tool_calls  # nothing to answer
-    assert '[Read {"path":"notes.txt"}]' in message.content  # the call the CLI ran...
-    assert "[error: No such tool available: Read]" in message.content  # ...its result
-    assert message.content.endswith("tool said: No such tool available: Read")
+    # chat completions has no executed-tool form: the call the CLI ran and its result as text
+    assert message.content == ('\n[Read {"path":"notes.txt"}]\n'
+                               "[error: File does not exist: notes.txt]\n"
+                               "tool said: File does not exist: notes.txt")
     argv = spawns(log)[0]["argv"]
     assert "--tools" not in argv and argv[argv.index("--permission-mode") + 1] == "default"
     assert [t["name"] for t in upstream.requests[0].body["tools"]] == ["Read"]

@@ -12,12 +12,13 @@ import pytest
 
 from pool.cli.driver import DriverConfig
 from pool.cli.events import (CliHealth, ConversationSetup, LoginRequired, PendingToolCall,
-                             TextChunk, ToolAnswer, ToolsPending, Turn, TurnFailed, TurnFinished,
-                             TurnUsage)
+                             TextChunk, ToolAnswer, ToolExecuted, ToolOutput, ToolsPending, Turn,
+                             TurnFailed, TurnFinished, TurnUsage)
 from pool.cli.host import CliHost
 from pool.errors import BadRequest, Overloaded, UpstreamUnavailable
-from pool.model import (ChatRequest, Finish, Message, Start, TextDelta, TextPart, ToolCallEnd,
-                        ToolCallPart, ToolCallStart, ToolResultPart, Usage)
+from pool.model import (ChatRequest, ExecutedTool, ExecutedToolPart, Finish, Message, Start,
+                        TextDelta, TextPart, ToolCallEnd, ToolCallPart, ToolCallStart,
+                        ToolResultPart, Usage, executed_text)
 
 
 class ScriptedConversation:
@@ -62,6 +63,7 @@ class ScriptedDriver:
 
     def __init__(self, script: list[list], *, can_load_history: bool = True) -> None:
         self.script = script
+        self.login = CliHealth(login="ready")  # what health() answers
         self.can_load_history = can_load_history
         self.opened: list[ScriptedConversation] = []
         self.interrupts = 0
@@ -75,7 +77,7 @@ class ScriptedDriver:
         return conv
 
     async def health(self) -> CliHealth:
-        return CliHealth(login="ready")
+        return self.login
 
     async def stop(self) -> None:
         return None
@@ -201,6 +203,63 @@ def test_a_request_that_does_not_end_with_a_user_turn_is_refused():
         with pytest.raises(BadRequest) as info:
             await _collect(host, _request(_user("q"), Message("assistant", (TextPart("pre"),))))
         assert info.value.param == "messages"
+        await host.aclose()
+
+    run(go())
+
+
+_RAN = ExecutedTool("t1", "Read", '{"file_path":"a","limit":2}', "contents", False, "scripted")
+
+
+@pytest.mark.parametrize("dialect_history", ["blocks", "text"])
+def test_executed_tools_are_events_and_their_history_continues_the_conversation(
+        dialect_history):
+    async def go() -> None:
+        driver = ScriptedDriver([
+            [TextChunk("look "), ToolExecuted("t1", "Read", '{"limit": 2, "file_path": "a"}'),
+             ToolExecuted("t2", "Bash", '{"cmd": "x"}'), ToolOutput("t1", "contents"),
+             TextChunk("done"), TurnFinished()],
+            _said("next")])
+        host = _host(driver)
+        await host.start()
+        events = await _collect(host, _request(_user("q1")))
+        # arguments as canonical JSON, so that every dialect shows the same text
+        unanswered = ExecutedTool("t2", "Bash", '{"cmd":"x"}', "", False, "scripted")
+        assert events == [Start(model="m"), TextDelta("look "), _RAN, TextDelta("done"),
+                          unanswered, Usage(0, 0), Finish("stop")]
+        parts = [TextPart("look "),
+                 ExecutedToolPart("t1", "Read", '{"file_path":"a","limit":2}', "contents", False,
+                                  "claude"),
+                 TextPart("done"), ExecutedToolPart("t2", "Bash", '{"cmd":"x"}', "", False)]
+        if dialect_history == "text":  # a chat-completions client sends the rendering back
+            parts = [TextPart("look " + executed_text(_RAN) + "done" + executed_text(unanswered))]
+        await _collect(host, _request(_user("q1"), Message("assistant", tuple(parts)),
+                                      _user("q2")))
+        assert len(driver.opened) == 1 and driver.opened[0].turns[-1].messages == (_user("q2"),)
+        assert host.counts == {"hits": 1, "misses": 1, "rebuilds": 0}
+        await host.aclose()
+
+    run(go())
+
+
+def test_a_logged_out_account_is_ready_again_only_with_changed_credentials():
+    async def go() -> None:
+        driver = ScriptedDriver([[LoginRequired("401")]])
+        driver.login = CliHealth(login="ready", detail={"credentials": "old"})
+        host = _host(driver)
+        await host.start()
+        host.health = driver.login
+        with pytest.raises(UpstreamUnavailable):
+            await _collect(host, _request(_user("hi")))
+        await host.recheck_login()  # the same credentials the CLI just refused
+        assert (await host.status())["login"] == "logged_out"
+        driver.login = CliHealth(login="logged_out", detail={"credentials": None})
+        await host.recheck_login()
+        assert (await host.status())["login"] == "logged_out"
+        driver.login = CliHealth(login="ready", detail={"credentials": "new"}, account="me")
+        await host.recheck_login()
+        status = await host.status()
+        assert (status["login"], status["account"]) == ("ready", "me")
         await host.aclose()
 
     run(go())
