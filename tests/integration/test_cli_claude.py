@@ -20,6 +20,7 @@ from app.settings import ServerSettings, Settings
 from tests.fakes.upstreams import FakeUpstream
 from tests.support.cli_accounts import (claude_home, fake_claude_worker, read_log, spawns,
                                         user_lines, wait_for)
+from tests.support.procs import alive
 from tests.support.server import ServerThread
 
 pytestmark = pytest.mark.slow
@@ -256,7 +257,7 @@ def test_a_client_that_never_comes_back_releases_the_held_call(tmp_path, upstrea
         messages = [{"role": "user", "content": f"weather {CALL}"}]
         first = oai.chat.completions.create(model=MODEL, messages=messages, tools=WEATHER_OPENAI)
         pid = spawns(log)[0]["pid"]
-        wait_for(lambda: not _alive(pid), timeout=10)  # released: the CLI process is gone
+        wait_for(lambda: not alive(pid), timeout=10)  # released: the CLI process is gone
         wait_for(lambda: _workers(http)["claude-a"]["conversations"] == 0)
         # coming back late still works: the conversation is rebuilt with the tool result
         [call] = first.choices[0].message.tool_calls
@@ -267,14 +268,6 @@ def test_a_client_that_never_comes_back_releases_the_held_call(tmp_path, upstrea
         assert "--resume" in spawns(log)[1]["argv"]
         expected = {"hits": 0, "misses": 1, "rebuilds": 1}
         assert _counts(http, "claude-a", expected) == expected
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _stdin_controls(log: Path, subtype: str) -> list[dict]:
@@ -342,7 +335,7 @@ def test_a_hung_cli_is_killed_and_the_request_times_out(tmp_path, upstream):
             oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
         assert err.value.status_code == 504 and time.monotonic() - started < 10
         pid = spawns(log)[0]["pid"]
-        wait_for(lambda: not _alive(pid), timeout=10)
+        wait_for(lambda: not alive(pid), timeout=10)
         info = wait_for(lambda: (w := _workers(http)["claude-a"])["conversations"] == 0 and w)
         assert info["state"] == "ready" and info["in_flight"] == 0
 
@@ -372,7 +365,7 @@ def test_upstream_401_logs_the_account_out_fast_and_another_serves(tmp_path, ups
         # the fake retries a 401 ten times a second apart, as Claude Code does with an API
         # key: each request above took under 5 s, so the gateway stopped at the first retry
         bad_pid = spawns(bad_log)[0]["pid"]
-        wait_for(lambda: not _alive(bad_pid), timeout=10)
+        wait_for(lambda: not alive(bad_pid), timeout=10)
 
 
 def test_all_accounts_logged_out_is_a_503_naming_why(tmp_path, upstream):
@@ -479,7 +472,7 @@ def test_kill_9_of_the_worker_child_restarts_it_and_leaves_no_cli_behind(one, up
     data = [line[6:] for line in lines if line.startswith("data: ")]
     assert data[-1] == "[DONE]" and any('"error"' in d for d in data[:-1])
     cli_pid = spawns(log)[0]["pid"]
-    wait_for(lambda: not _alive(cli_pid), timeout=10)  # no orphaned CLI
+    wait_for(lambda: not alive(cli_pid), timeout=10)  # no orphaned CLI
     info = wait_for(lambda: (w := _workers(http)["claude-a"])["state"] == "ready"
                     and w["pid"] != child and w)
     assert info["restarts"] == 1 and info["conversations"] == 0
@@ -532,7 +525,7 @@ def test_a_stopped_worker_child_fails_its_pings_and_is_replaced_without_orphans(
     info = wait_for(lambda: (w := _workers(http)["claude-a"])["state"] == "ready"
                     and w["pid"] != child and w, timeout=20)
     assert info["restarts"] == 1 and info["last_exit"]["reason"] == "hung"
-    wait_for(lambda: not _alive(cli_pid), timeout=10)
+    wait_for(lambda: not alive(cli_pid), timeout=10)
     with _oai(srv) as oai:
         out = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "new"}])
     assert out.choices[0].message.content == "echo: new"

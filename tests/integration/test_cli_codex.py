@@ -30,6 +30,7 @@ from tests.support.cli_accounts import wait_for
 from tests.support.codex_accounts import (
     CODEX_MODEL as MODEL, FAKE_CODEX, app_server_pid, codex_home, codex_worker, turn_inputs,
 )
+from tests.support.procs import alive
 from tests.support.server import ServerThread
 
 pytestmark = pytest.mark.slow
@@ -320,15 +321,6 @@ def test_a_spent_quota_cools_the_account_down_until_it_resets(tmp_path, upstream
         assert 3500 < info["cooldown_until"] - time.time() <= 3600
         assert info["login"] == "ready"  # a quota is not a logout
         assert len(turn_inputs(spent)) == 1 and len(turn_inputs(spare)) == 3
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").exists() and \
-        Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
 
 
 def test_kill_9_of_the_worker_child_leaves_no_app_server_behind(one, upstream):

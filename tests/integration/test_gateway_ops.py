@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 
 import httpx
 import openai
@@ -108,6 +109,14 @@ def test_access_log_line_has_the_fields_and_no_secrets(gateway):
                 c.chat.completions.create(model=OPENAI_MODEL,
                                           messages=[{"role": "user", "content": "[[error:400]]"}],
                                           extra_headers={"x-request-id": "log-test-2"})
+        # the server thread writes the access line as the response ends, which may be just
+        # after the client has it: wait for the line before logging is reset
+        deadline = time.monotonic() + 5
+        for rid in ('"log-test-1"', '"log-test-2"'):
+            while not any(rid in line and '"http.request"' in line
+                          for line in out.getvalue().splitlines()):
+                assert time.monotonic() < deadline, f"no access line for {rid}"
+                time.sleep(0.01)
     finally:
         structlog.reset_defaults()
     lines = [json.loads(line) for line in out.getvalue().splitlines() if line.strip()]

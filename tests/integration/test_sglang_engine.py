@@ -21,6 +21,7 @@ from pool.local.sglang import SGLangEngine
 from pool.local.engine_server import ServerStartError
 from pool.local.vllm import VLLMEngine
 from tests.support.paths import REPO
+from tests.support.procs import alive
 
 FAKE = ("-m", "tests.fakes.sglang_server")
 VOCAB = 4096
@@ -344,15 +345,6 @@ async def main():
 
 asyncio.run(main())
 """
-
-
-def alive(pid: int) -> bool:
-    """Running (not gone, not a zombie waiting for init to reap it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 async def wait_dead(pids: list[int], timeout: float = 10) -> list[int]:

@@ -19,6 +19,7 @@ from pool.model import ChatRequest, Finish, Message, Start, TextDelta, TextPart
 from pool.process import ProcessSpec, ProcessWorker
 from pool.supervisor import Supervisor, SupervisorPolicy
 from pool.worker import Worker, WorkerState
+from tests.support.procs import alive
 
 ROOT = str(Path(__file__).resolve().parents[2])
 FAST = dict(ready_timeout=15.0, health_interval=0.2, health_timeout=0.5, backoff_initial=0.05,
@@ -41,14 +42,6 @@ async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
     async with asyncio.timeout(timeout):
         while not predicate():
             await asyncio.sleep(0.02)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.fixture

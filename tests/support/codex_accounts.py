@@ -70,7 +70,10 @@ def app_server_pid(home: Path) -> int | None:
     writes it down; the real one is found in ``/proc``)."""
     pid_file = home / "app-server.pid"
     if pid_file.exists():
-        return int(pid_file.read_text())
+        try:
+            return int(pid_file.read_text())
+        except (OSError, ValueError):  # being written (or replaced) right now: look again
+            return None
     wanted = f"CODEX_HOME={home}".encode()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
