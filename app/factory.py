@@ -40,7 +40,7 @@ from .runtime_workers import RuntimeWorkers
 from .routes import (accounts as account_routes, chat, keys as key_routes, models, ops, responses,
                      worker_admin)
 from .routes.ui import UI_PATH, UI_STATIC_PATH, OperatorPage
-from .settings import EMBEDDED_SAMPLING
+from .worker_settings import EMBEDDED_SAMPLING
 from .state import apply_policy, open_state
 from .teams import Teams, policy_from_settings
 

@@ -1,0 +1,200 @@
+"""Worker settings: one ``[[workers]]`` entry of the configuration (remote,
+process, local and cli workers), validated at the edge; ``app.settings``
+builds the whole configuration from them."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from .account_settings import LoginSettings
+
+__all__ = ["SamplingDefaultsSettings", "WorkerSettings", "default_model_name", "DEFAULT_LOCAL_MODEL",
+           "EMBEDDED_SAMPLING", "DEFAULT_WORKER"]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class SamplingDefaultsSettings(BaseModel):
+    """A local worker's ``sampling_defaults``: what a request gets for what it
+    leaves out (the client's values always win; these win over the model's own
+    ``generation_config.json`` / GGUF ``general.sampling.*``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    max_tokens: int | None = Field(None, gt=0)
+
+
+class WorkerSettings(BaseModel):
+    """One ``[[workers]]`` entry."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    kind: Literal["remote", "process", "local", "cli"] = "remote"
+    # remote: an HTTP endpoint
+    dialect: Literal["openai", "anthropic"] | None = None
+    url: str | None = None
+    # process: a worker program of ours, supervised, speaking poolgate's worker protocol
+    # (cli: the vendor binary, default found on PATH)
+    command: tuple[str, ...] = ()
+    # extra environment of the child; a key NAME_env = "VAR" sets NAME from the
+    # gateway's environment variable VAR (secrets never go in the file)
+    env: dict[str, str] = Field(default_factory=dict)
+    env_secrets: dict[str, SecretStr] = Field(default_factory=dict)  # resolved from env's *_env
+    # the gateway's own variables a process/local child also gets, beyond the
+    # default allow-list (pool/childenv.py); nothing else of its environment passes
+    env_passthrough: tuple[str, ...] = ()
+    cwd: str | None = None
+    # local: a model engine in a supervised child process (see docs/workers.md)
+    engine: Literal["llamacpp", "transformers", "vllm", "sglang"] | None = None
+    model: str | None = None  # a GGUF file (llamacpp), an HF folder or hub id; None: the embedded default
+    context_length: int | None = Field(None, gt=0)  # tokens per sequence; None: the model's own
+    capacity: int = Field(4, gt=0)  # sequences the engine runs in parallel
+    threads: int | None = Field(None, gt=0)  # CPU threads of the engine
+    gpu_ids: tuple[int, ...] | None = None  # CUDA devices (CUDA_VISIBLE_DEVICES)
+    engine_args: dict[str, Any] = Field(default_factory=dict)  # engine-specific settings
+    chat_template: str | None = None  # a Jinja chat template file replacing the model's own
+    # what requests get for sampling they leave out; None: the model's own (embedded default:
+    # its model card's temperature 0.2, top_p 0.9, and short answers)
+    sampling_defaults: SamplingDefaultsSettings | None = None
+    python: str | None = None  # the interpreter whose environment has the engine
+    # cli: a vendor coding CLI, one account per worker (see docs/cli-workers.md)
+    cli: Literal["claude", "codex", "qwen", "jsonrpc"] | None = None
+    home: str | None = None  # the account's config home (CLAUDE_CONFIG_DIR / CODEX_HOME / HOME)
+    mode: Literal["chat", "agent"] = "chat"
+    max_conversations: int = Field(4, gt=0)  # processes (claude, qwen) or threads (codex) kept warm
+    tool_timeout: float = Field(300.0, gt=0)  # a held client tool call is released after this
+    conversation_idle: float = Field(900.0, gt=0)  # an idle conversation is closed after this
+    cli_options: dict[str, Any] = Field(default_factory=dict)  # driver-specific (jsonrpc methods)
+    # cli: the account's logged-in files at start-up (a session bundle, docs/accounts.md)
+    bundle: str | None = None  # a bundle file (tar.gz)
+    bundle_env: str | None = None  # an environment variable holding a bundle, base64
+    bundle_b64: SecretStr | None = None  # resolved from bundle_env
+    login: LoginSettings | None = None  # [workers.login]: automatic login
+    ready_timeout: float | None = Field(None, gt=0)  # default 30 s (process), 600 s (local)
+    health_interval: float = Field(5.0, gt=0)
+    health_timeout: float = Field(2.0, gt=0)
+    backoff_initial: float = Field(0.5, gt=0)
+    backoff_max: float = Field(30.0, gt=0)
+    crash_loop_threshold: int = Field(5, gt=0)
+    crash_loop_window: float = Field(60.0, gt=0)
+    stop_timeout: float = Field(10.0, gt=0)
+    call_timeout: float = Field(30.0, gt=0)   # local: count_tokens / engine stats deadline
+    read_timeout: float = Field(120.0, gt=0)  # local: longest the engine may go without a token
+    api_key_env: str | None = None
+    api_key: SecretStr | None = None  # resolved from api_key_env
+    models: tuple[str, ...] = ()  # a local worker defaults to the model file's name
+    aliases: dict[str, str] = Field(default_factory=dict)
+    connect_timeout: float = Field(10.0, gt=0)
+    first_byte_timeout: float = Field(300.0, gt=0)
+    idle_timeout: float = Field(300.0, gt=0)
+    max_connections: int = Field(0, ge=0)  # 0: unlimited
+    max_in_flight: int = Field(256, gt=0)  # requests in flight on this worker before others wait
+    # remote: what a same-dialect pass-through may carry beyond the defaults
+    # (pool/remote/policy.py), and what happens to image URLs (pool/remote/images.py)
+    pass_fields: tuple[str, ...] = ()
+    pass_betas: tuple[str, ...] = ()
+    server_tools: tuple[str, ...] = ()
+    image_urls: Literal["data_only", "fetch", "forward"] = "data_only"
+    image_max_bytes: int = Field(20 * 1024 * 1024, gt=0)
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str) -> str:
+        if not _NAME.match(name):
+            raise ValueError(f"worker name {name!r} must be letters, digits, '.', '_' or '-'")
+        return name
+
+    @field_validator("env")
+    @classmethod
+    def _check_env(cls, env: dict[str, str]) -> dict[str, str]:
+        for key in env:
+            if not key or key == "_env":
+                raise ValueError("env names must not be empty")
+        return env
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"url {url!r} must be an http:// or https:// URL with a host")
+        return url.rstrip("/")
+
+    @field_validator("models")
+    @classmethod
+    def _check_models(cls, models: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not m for m in models):
+            raise ValueError("model names must not be empty")
+        if len(set(models)) != len(models):
+            raise ValueError("model names must be unique within a worker")
+        return models
+
+    @model_validator(mode="after")
+    def _check_kind_fields(self) -> WorkerSettings:
+        if self.kind == "local":
+            if self.engine is None:
+                raise ValueError("a local worker needs an engine ('llamacpp', 'transformers', "
+                                 "'vllm' or 'sglang')")
+            if self.model is None and self.engine != "llamacpp":
+                raise ValueError(f"a local {self.engine} worker needs a model (an HF folder or hub id)")
+            if not self.models:
+                object.__setattr__(self, "models", (default_model_name(self.model),))
+            return self
+        if not self.models:
+            raise ValueError("a worker needs at least one model")
+        if self.kind == "cli":
+            missing = [f for f in ("cli", "home") if getattr(self, f) is None]
+            if missing:
+                raise ValueError(f"a cli worker needs {' and '.join(missing)}")
+            return self
+        if self.kind == "remote":
+            missing = [f for f in ("dialect", "url") if getattr(self, f) is None]
+            if missing:
+                raise ValueError(f"a remote worker needs {' and '.join(missing)}")
+        elif not self.command:
+            raise ValueError("a process worker needs a command (a list: program and arguments)")
+        return self
+
+    @model_validator(mode="after")
+    def _check_aliases(self) -> WorkerSettings:
+        for alias, target in self.aliases.items():
+            if not alias:
+                raise ValueError("alias names must not be empty")
+            if target not in self.models:
+                raise ValueError(f"alias {alias!r} points at {target!r}, which this worker does not serve")
+            if alias in self.models and alias != target:
+                raise ValueError(f"alias {alias!r} shadows a model of the same name")
+        return self
+
+    def resolve(self, name: str) -> str | None:
+        """The model this worker runs for ``name`` (a model or one of its aliases), else None."""
+        if name in self.models:
+            return name
+        return self.aliases.get(name)
+
+
+def default_model_name(model: str | None) -> str:
+    """The name a local worker serves its model under when ``models`` is not given."""
+    if model is None:
+        return DEFAULT_LOCAL_MODEL
+    base = model.rstrip("/").rsplit("/", 1)[-1]
+    return base[:-5] if base.lower().endswith(".gguf") else base
+
+
+DEFAULT_LOCAL_MODEL = "smollm2-135m-instruct"
+# SmolLM2's model card recommends temperature 0.2 and top_p 0.9; a demo answer stays short.
+EMBEDDED_SAMPLING = SamplingDefaultsSettings(temperature=0.2, top_p=0.9, max_tokens=256)
+
+
+DEFAULT_WORKER = WorkerSettings(name="local", kind="local", engine="llamacpp", capacity=4,
+                                 context_length=4096)
