@@ -312,11 +312,15 @@ class Logins:
 
     async def _confirm(self, worker: Any) -> None:
         """Restart the worker on the new credentials and have it answer one token."""
+        old_pid = getattr(worker, "pid", None)
         await worker.restart()  # a stopped slot is started again, a running one replaced
         deadline = time.monotonic() + _READY_TIMEOUT
         while True:
             await worker.refresh()
-            if worker.state is WorkerState.READY and worker.login == "ready":
+            # restart returns before the old process is gone: wait for the new one
+            pid = getattr(worker, "pid", None)
+            if (worker.state is WorkerState.READY and worker.login == "ready"
+                    and pid is not None and pid != old_pid):
                 break
             if time.monotonic() > deadline:
                 raise LoginFailed(f"worker {worker.name} did not come back logged in "

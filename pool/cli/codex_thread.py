@@ -191,6 +191,10 @@ class CodexThread:
         asked = 0                    # client tool calls yielded in this step
         made = 0                     # client tool calls in the model response being read
         expected: int | None = None  # ... in the response once it is complete
+        # Codex asks for parallel calls concurrently, in no fixed order: they are held here
+        # and given to the client in the order the model wrote them (the raw items' order)
+        pending: list[PendingToolCall] = []
+        order: list[str] = []
         while True:
             gathering = asked > 0 and expected is None and not self._raw_events
             idle = self._driver.config.idle_timeout
@@ -203,6 +207,8 @@ class CodexThread:
                     await self.interrupt()
                     yield TurnFailed("timeout", f"codex said nothing for {idle:g} s")
                     return
+                for call in _in_order(pending, order):
+                    yield call
                 if usage is not None:
                     yield usage
                 yield ToolsPending()  # no further call came: all of them are held
@@ -215,13 +221,15 @@ class CodexThread:
                 event = await self._on_request(item)
                 if event is not None:
                     asked += 1
-                    yield event
+                    pending.append(event)
             elif _turn_of(item.params, self._turn_id) != self._turn_id:
                 continue  # the tail of an earlier, interrupted turn
             elif item.method == "rawResponseItem/completed":
                 self._raw_events = True
                 raw = item.params.get("item") or {}
-                made += raw.get("type") == "function_call" and raw.get("name") in self._tool_names
+                if raw.get("type") == "function_call" and raw.get("name") in self._tool_names:
+                    made += 1
+                    order.append(str(raw.get("call_id")))
             elif item.method == "rawResponse/completed":
                 self._raw_events = True
                 expected, made = (made or None), 0
@@ -229,6 +237,10 @@ class CodexThread:
                 usage = _add(usage, _usage(item.params["tokenUsage"]["last"]))
             else:
                 events, done = await self._on_notification(item)
+                if done:
+                    for call in _in_order(pending, order):
+                        yield call
+                    pending.clear()
                 for event in events:
                     if done and usage is not None and isinstance(event, TurnFinished):
                         yield usage
@@ -237,6 +249,8 @@ class CodexThread:
                     return
             if expected is not None and asked >= expected > 0:
                 # every client call of the model's response is held: the client's turn
+                for call in _in_order(pending, order):
+                    yield call
                 if usage is not None:
                     yield usage
                 yield ToolsPending()
@@ -350,3 +364,10 @@ def _agent_item(item: Mapping[str, Any], started: bool) -> list[CliEvent]:
         result = orjson.dumps(item.get("result") or item.get("error")).decode()
         return [ToolOutput(item_id, result, item.get("status") == "failed")]
     return []
+
+
+def _in_order(calls: list[PendingToolCall], order: list[str]) -> list[PendingToolCall]:
+    """``calls`` in the order the model wrote them; calls the raw items did not name
+    keep their arrival order, after the named ones."""
+    rank = {call_id: i for i, call_id in enumerate(order)}
+    return sorted(calls, key=lambda c: rank.get(c.call_id, len(rank)))
