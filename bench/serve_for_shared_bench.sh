@@ -27,4 +27,6 @@ dialect = "anthropic"
 url = "${BENCH_UPSTREAM_URL}"
 models = ["mock-claude"]
 TOML
-exec "$here/.venv/bin/poolgate" serve --config "$cfg"
+# from the checkout itself (not the installed console script), so a worktree benches its own code
+cd "$here"
+exec "$here/.venv/bin/python" -m app.cli serve --config "$cfg"
