@@ -9,14 +9,13 @@ from typing import Any, AsyncIterator, Mapping
 
 import structlog
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from auth.keys import KeyRing, TokenGate
-from pool.errors import GatewayError, InternalError, NotFound
+from pool.errors import GatewayError, NotFound
 from pool.admission import AdmissionGuard
 from pool.pool import Pool
 from pool.local.defaults import find_default_model
@@ -30,6 +29,7 @@ from pool.remote.policy import PassPolicy
 
 from .accounts import Accounts
 from .gateway import Gateway
+from .hot import GatewayApp, HotRoute, hot_table, unhandled
 from .logins import Logins
 from .http import error_response
 from .middleware import GatewayMiddleware
@@ -205,14 +205,18 @@ def create_app(settings: Any) -> Starlette:
             yield
 
     operator_page = OperatorPage()
+    # dispatched by the middleware past the router (see app.hot); on the router
+    # too, so another method on their paths gets its 405
+    hot = [HotRoute(gw, "POST", path, handler) for path, handler in (
+        ("/v1/chat/completions", chat.chat_completions),
+        ("/v1/messages", chat.messages),
+        ("/v1/messages/count_tokens", chat.count_tokens),
+        ("/v1/completions", chat.completions),
+        ("/generate", chat.generate),
+        ("/v1/responses", responses.create_response),
+    )]
     routes = [
-        # hot routes first: Starlette matches in order
-        Route("/v1/chat/completions", chat.chat_completions, methods=["POST"]),
-        Route("/v1/messages", chat.messages, methods=["POST"]),
-        Route("/v1/messages/count_tokens", chat.count_tokens, methods=["POST"]),
-        Route("/v1/completions", chat.completions, methods=["POST"]),
-        Route("/generate", chat.generate, methods=["POST"]),
-        Route("/v1/responses", responses.create_response, methods=["POST"]),
+        *(Route(r.path, r, methods=[r.method], name=r.handler.__name__) for r in hot),
         Route("/v1/responses/{response_id}", responses.get_response, methods=["GET"]),
         Route("/v1/responses/{response_id}", responses.delete_response, methods=["DELETE"]),
         Route("/v1/responses/{response_id}/input_items", responses.list_input_items,
@@ -249,12 +253,17 @@ def create_app(settings: Any) -> Starlette:
         Route(UI_PATH, operator_page.page, methods=["GET", "HEAD"]),
         Route(UI_STATIC_PATH, operator_page.asset, methods=["GET", "HEAD"]),
     ]
-    app = Starlette(
+    table = hot_table(hot)
+
+    def front(app: Any) -> GatewayMiddleware:
+        return GatewayMiddleware(app, keys=keys, max_body_bytes=server.max_body_bytes,
+                                 on_finish=gw.finish, admin=gw.admin, metrics=gw.metrics_gate,
+                                 metrics_public=gw.metrics_public, hot=table)
+
+    app = GatewayApp(
+        front=front,
         routes=routes,
         exception_handlers={HTTPException: _http_exception, Exception: _unhandled},
-        middleware=[Middleware(GatewayMiddleware, keys=keys, max_body_bytes=server.max_body_bytes,
-                               on_finish=gw.finish, admin=gw.admin, metrics=gw.metrics_gate,
-                               metrics_public=gw.metrics_public)],
         lifespan=lifespan,
     )
     app.state.gateway = gw
@@ -328,10 +337,7 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
 
 
 async def _unhandled(request: Request, exc: Exception) -> Response:
-    # The traceback goes to the log (by the server), never to the client.
-    log.error("gateway.unhandled_error", error_type=type(exc).__name__)
-    return error_response(InternalError("The gateway failed to handle this request."),
-                          _dialect(request))
+    return unhandled(exc, _dialect(request))
 
 
 def _build_policies(gw: Gateway, routing: Any) -> None:

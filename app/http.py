@@ -17,11 +17,31 @@ from .errors import error_body, error_headers, error_status
 __all__ = ["read_json", "json_response", "error_response", "new_id", "now", "dialect_of_path"]
 
 
+_JSON_TYPE = (b"content-type", b"application/json")
+
+
 class JSONBytesResponse(Response):
+    """Starlette's response with the headers it would make (the given ones,
+    then content-length and content-type), built without its general path."""
+
     media_type = "application/json"
 
-    def render(self, content: Any) -> bytes:
-        return orjson.dumps(content)
+    def __init__(self, content: Any, status_code: int = 200,
+                 headers: dict[str, str] | None = None) -> None:
+        self.status_code = status_code
+        self.background = None
+        self.body = body = orjson.dumps(content)
+        length = (b"content-length", str(len(body)).encode())
+        if not headers:
+            self.raw_headers = [length, _JSON_TYPE]
+            return
+        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        names = {name for name, _ in raw}
+        if b"content-length" not in names:
+            raw.append(length)
+        if b"content-type" not in names:
+            raw.append(_JSON_TYPE)
+        self.raw_headers = raw
 
 
 def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:

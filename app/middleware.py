@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import orjson
 import structlog
@@ -33,8 +33,10 @@ _CLOSED = TokenGate(None)
 class GatewayMiddleware:
     def __init__(self, app: Any, *, keys: KeyRing, max_body_bytes: int,
                  on_finish: Callable[[RequestRecord], None], admin: TokenGate = _CLOSED,
-                 metrics: TokenGate = _CLOSED, metrics_public: bool = False) -> None:
+                 metrics: TokenGate = _CLOSED, metrics_public: bool = False,
+                 hot: Mapping[tuple[str, str], Any] | None = None) -> None:
         self.app = app
+        self.hot = hot or {}  # (method, path) -> plain ASGI app (app.hot), past the router
         self.keys = keys
         self.admin = admin
         self.metrics = metrics
@@ -81,7 +83,8 @@ class GatewayMiddleware:
             if error is not None:
                 await self._reject(error, record, send_with_id)
             else:
-                await self.app(scope, receive, send_with_id)
+                app = self.hot.get((scope["method"], path), self.app)
+                await app(scope, receive, send_with_id)
         finally:
             record.duration = time.perf_counter() - started
             self.on_finish(record)

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from types import ModuleType
-from typing import Any, Callable
-
-from starlette.requests import Request
+from typing import Any
 
 from pool.errors import GatewayError
 
@@ -15,16 +13,16 @@ from pool.tokens import estimate_tokens
 
 from ..dialects import anthropic_messages, native_generate, openai_chat, openai_completions
 from ..gateway import Gateway
+from ..hot import Handler, Incoming
 from ..http import error_response, json_response, new_id, now, read_json
+from ..record import RequestRecord
 from .inference import complete, serve
 
 __all__ = ["chat_completions", "completions", "messages", "count_tokens", "generate"]
 
 
-def _route(dialect: ModuleType, name: str, error_dialect: str) -> Callable[[Request], Any]:
-    async def endpoint(request: Request) -> Any:
-        gw: Gateway = request.app.state.gateway
-        record = request.scope["state"]["record"]
+def _route(dialect: ModuleType, name: str, error_dialect: str) -> Handler:
+    async def endpoint(gw: Gateway, request: Incoming, record: RequestRecord) -> Any:
         record.dialect = name
         try:
             body = await read_json(request, gw.max_body_bytes)
@@ -40,12 +38,10 @@ def _route(dialect: ModuleType, name: str, error_dialect: str) -> Callable[[Requ
 
 chat_completions = _route(openai_chat, "openai_chat", "openai")
 messages = _route(anthropic_messages, "anthropic", "anthropic")
-async def completions(request: Request) -> Any:
+async def completions(gw: Gateway, request: Incoming, record: RequestRecord) -> Any:
     """Legacy completions: one prompt is served like any request; a list of
     prompts (not streamed) is answered by one request per prompt, concurrently,
     their choices in prompt order."""
-    gw: Gateway = request.app.state.gateway
-    record = request.scope["state"]["record"]
     record.dialect = "openai_completions"
     try:
         body = await read_json(request, gw.max_body_bytes)
@@ -63,7 +59,7 @@ async def completions(request: Request) -> Any:
         list(done), chats[0], response_id=new_id("cmpl-"), created=now(), model=chats[0].model))
 
 
-async def _complete_all(gw: Gateway, request: Request, chats: list[Any],
+async def _complete_all(gw: Gateway, request: Incoming, chats: list[Any],
                         record: Any) -> list[Any]:
     """Every prompt's completion, concurrently; the first failure cancels the
     others (their slots are released as they unwind) and is the answer."""
@@ -84,13 +80,11 @@ def _first_failure(group: BaseExceptionGroup) -> BaseException:
     return group.exceptions[0]
 
 
-async def count_tokens(request: Request) -> Any:
+async def count_tokens(gw: Gateway, request: Incoming, record: RequestRecord) -> Any:
     """Input tokens of ``system`` + ``messages`` + ``tools``: the worker's own
     count when it has one (an Anthropic upstream), else the documented
     estimate of :func:`pool.tokens.estimate_tokens`. Never a 404 for a known
     model: Claude Code would fall back to billable calls."""
-    gw: Gateway = request.app.state.gateway
-    record = request.scope["state"]["record"]
     record.dialect = "anthropic"
     try:
         body = await read_json(request, gw.max_body_bytes)
@@ -112,10 +106,8 @@ async def count_tokens(request: Request) -> Any:
         "x-poolgate-token-count": "exact" if exact is not None else "estimate"})
 
 
-async def generate(request: Request) -> Any:
+async def generate(gw: Gateway, request: Incoming, record: RequestRecord) -> Any:
     """The native ``/generate`` (SGLang's shape): token ids and logprobs, for RL."""
-    gw: Gateway = request.app.state.gateway
-    record = request.scope["state"]["record"]
     record.dialect = "native"
     try:
         body = await read_json(request, gw.max_body_bytes)

@@ -18,7 +18,9 @@ from sessions.responses import (BrokenChain, StoredResponse, chain_input_items, 
 
 from ..dialects import openai_responses
 from ..gateway import Gateway
+from ..hot import Incoming
 from ..http import error_response, json_response, read_json
+from ..record import RequestRecord
 from .inference import serve
 
 __all__ = ["create_response", "get_response", "delete_response", "list_input_items"]
@@ -58,9 +60,7 @@ async def _chain(gw: Gateway, response_id: str, owner: str,
     return chain
 
 
-async def create_response(request: Request) -> Any:
-    gw: Gateway = request.app.state.gateway
-    record = request.scope["state"]["record"]
+async def create_response(gw: Gateway, request: Incoming, record: RequestRecord) -> Any:
     record.dialect = "openai_responses"
     try:
         body = await read_json(request, gw.max_body_bytes)
