@@ -7,6 +7,7 @@ This is the one place that touches ``os.environ``: it hands it to
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 from collections.abc import Mapping
@@ -154,6 +155,21 @@ def build_server(app: Any, settings: Settings) -> Any:
     return _announcing_server_class()(config)
 
 
+# Young-generation collections every this many allocations (Python's default: 700).
+GC_GEN0_THRESHOLD = 7000
+
+
+def _settle_gc() -> None:
+    """Once started: move what start-up built (modules, settings, the app) out of
+    the collector's sight, and collect the young generation ten times less often.
+    A request allocates a few hundred objects and frees nearly all of them by
+    reference counting; at the default threshold the collector ran every couple
+    of requests and rescanned the whole heap every few hundred, about a tenth of
+    the gateway's CPU per request (see bench/). Cycles are still collected."""
+    gc.freeze()
+    gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
+
+
 def _announcing_server_class() -> type:
     import uvicorn
 
@@ -164,6 +180,7 @@ def _announcing_server_class() -> type:
             await super().startup(sockets=sockets)
             if not self.started:
                 return
+            _settle_gc()
             for srv in self.servers:
                 for sock in srv.sockets:
                     host, port = sock.getsockname()[:2]

@@ -75,11 +75,14 @@ class Gateway:
         deadline), and the worker the model's policy picks among the free ones
         (``prefer`` first when it is free)."""
         workers, routed = self.pool.eligible(chat, exclude)
-        routed = replace(routed, key_name=key)
-        if prefer is None and any(w.kind == "cli" for w in workers):
-            prefix = request_prefix_hash(routed)  # the cli worker holding this conversation
-            if prefix is not None:
-                prefer = await self.cli_sessions.get(prefix)
+        if any(w.kind == "cli" for w in workers):
+            # cli workers keep per-team state by the key's name (the only readers of
+            # key_name): a copy of the request for them, none on the hot path
+            routed = replace(routed, key_name=key)
+            if prefer is None:
+                prefix = request_prefix_hash(routed)  # the cli worker holding this conversation
+                if prefix is not None:
+                    prefer = await self.cli_sessions.get(prefix)
         policy = self.policies.get(routed.model, self.policy)
 
         async def choose(free: Sequence[Worker]) -> Worker:

@@ -183,7 +183,8 @@ class ChatRequest:
     prompt_cache_key: str | None = None
     metadata: Mapping[str, Any] | None = None
     # the name (never the secret) of the API key the request came with: per-team
-    # state (upstream sessions of cli workers) is keyed by it
+    # state (upstream sessions of cli workers) is keyed by it; the gateway sets it
+    # on requests that may go to a cli worker
     key_name: str | None = None
     # the client's body as received (never mutated), for same-dialect pass-through
     raw: Mapping[str, Any] = field(default_factory=dict)

@@ -20,7 +20,9 @@ from typing import Any, AsyncIterator, Callable, ClassVar, Literal, Mapping, Pro
 import aiohttp
 import orjson
 import structlog
+from yarl import URL
 
+from pool.deadline import Deadline
 from pool.errors import (
     GatewayError, UpstreamCredentialsRefused, UpstreamTimeout, UpstreamUnavailable,
 )
@@ -93,7 +95,7 @@ class RemoteWorker:
         self.state = WorkerState.STARTING
         self._refused = False  # unhealthy because the upstream refused our key
         self.started_at: float | None = None
-        self._chat_url = chat_url
+        self._chat_url = URL(chat_url)  # parsed once, not on every request
         self._health_url = health_url
         # configured headers override our defaults; the credentials override both.
         # identity: the body is parsed as it comes, never decompressed
@@ -138,9 +140,10 @@ class RemoteWorker:
     def _new_session(self) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(limit=self.spec.max_connections, limit_per_host=0)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.spec.connect_timeout)
+        # no cookie jar: upstream cookies are never wanted (and it costs on every request)
         return aiohttp.ClientSession(connector=connector, timeout=timeout,
                                      headers=self._default_headers, auto_decompress=False,
-                                     raise_for_status=False)
+                                     raise_for_status=False, cookie_jar=aiohttp.DummyCookieJar())
 
     async def aclose(self) -> None:
         self.state = WorkerState.STOPPED
@@ -247,13 +250,13 @@ class RemoteWorker:
                 resp.close()
 
     async def _post(self, body: bytes, headers: Mapping[str, str],
-                    url: str | None = None) -> aiohttp.ClientResponse:
+                    url: str | URL | None = None) -> aiohttp.ClientResponse:
         """POST ``body`` to ``url`` (default: the chat endpoint); a non-2xx
         answer is raised as the mapped :class:`GatewayError`."""
         session = self._session or await self._ensure_session()
         spec = self.spec
         try:
-            async with asyncio.timeout(spec.first_byte_timeout):
+            with Deadline(spec.first_byte_timeout):
                 resp = await session.post(url or self._chat_url, data=body, headers=headers,
                                           allow_redirects=False)
         except aiohttp.ConnectionTimeoutError:
@@ -304,7 +307,7 @@ class RemoteWorker:
             chunk = content.read_nowait()
             if chunk or content.is_eof():
                 return chunk
-            async with asyncio.timeout(self.spec.idle_timeout):
+            with Deadline(self.spec.idle_timeout):
                 return await content.readany()
         except TimeoutError:
             log.warning("remote.idle_timeout", worker=self.name)
