@@ -38,7 +38,7 @@ _FETCH_TIMEOUT = 10.0
 async def vet_images(request: ChatRequest, policy: PassPolicy) -> ChatRequest:
     """``request`` as the worker may send it: unchanged, with its image URLs
     fetched and inlined, or refused (``BadRequest``)."""
-    if policy.image_urls == "forward" or not any(_has_url(m) for m in request.messages):
+    if policy.image_urls == "forward" or not _any_url(request.messages):
         return request
     param = "input" if request.dialect == "openai_responses" else "messages"
     if policy.image_urls == "data_only":
@@ -62,8 +62,19 @@ def _parts(message: Message) -> Any:
             yield part
 
 
-def _has_url(message: Message) -> bool:
-    return any(isinstance(p, ImagePart) and p.url for p in _parts(message))
+def _any_url(messages: tuple[Message, ...]) -> bool:
+    """Whether any image in ``messages`` (tool results' included) is a URL: on
+    every request, so plain loops (a long conversation has hundreds of parts)."""
+    for message in messages:
+        for part in message.parts:
+            if isinstance(part, ImagePart):
+                if part.url:
+                    return True
+            elif isinstance(part, ToolResultPart):
+                for inner in part.content:
+                    if isinstance(inner, ImagePart) and inner.url:
+                        return True
+    return False
 
 
 def _urls(message: Message) -> list[str]:
