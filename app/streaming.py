@@ -22,6 +22,8 @@ import structlog
 from pool.errors import GatewayError, InternalError, UpstreamUnavailable
 from pool.model import Event, Finish, Usage
 
+from .watch import board
+
 __all__ = ["EventStreamResponse", "until_disconnect", "Encoder", "StreamOutcome"]
 
 log = structlog.get_logger("poolgate.stream")
@@ -180,10 +182,10 @@ async def _aclose_quietly(events: AsyncIterator[Event]) -> None:
             log.debug("stream.aclose_failed", exc_info=True)
 
 
-# A non-stream answer that comes sooner than this never starts the watcher
+# A non-stream answer that comes sooner than this never starts a watcher
 # task; a client that left meanwhile is noticed when it starts (uvicorn's
 # receive() reports the disconnect at once), so cancelling the upstream is at
-# most this much later.
+# most one and a half times this later (see app.watch).
 WATCH_AFTER = 0.25
 
 
@@ -192,38 +194,22 @@ async def until_disconnect(receive: Callable[[], Awaitable[dict[str, Any]]],
     """Await ``work`` in the current task; if the client disconnects first,
     cancel it (and so the worker's upstream request) and raise :class:`ClientGone`.
 
-    The work stays in the request's task; one helper task watches ``receive``,
-    and only once ``work`` has taken ``watch_after`` seconds (before that a
-    timer is all it costs), which keeps this cheap on the hot path.
+    The work stays in the request's task; a helper task watches ``receive``
+    only once ``work`` has taken ``watch_after`` seconds (before that, a place
+    on the loop's board is all it costs: see :mod:`app.watch`).
     """
     task = asyncio.current_task()
     assert task is not None
-    gone = False
-    watcher: asyncio.Future[None] | None = None
-
-    async def watch() -> None:
-        nonlocal gone
-        while True:
-            if (await receive())["type"] == "http.disconnect":
-                gone = True
-                task.cancel()
-                return
-
-    def start_watch() -> None:
-        nonlocal watcher
-        watcher = asyncio.ensure_future(watch())
-
-    timer = task.get_loop().call_later(watch_after, start_watch)
+    watches = board(task.get_loop(), watch_after)
+    entry = watches.join(task, receive)
     try:
         return await work
     except asyncio.CancelledError:
-        if gone and task.uncancel() == 0:
+        if entry.gone and task.uncancel() == 0:
             raise ClientGone("The client disconnected.") from None
         raise
     finally:
-        timer.cancel()
-        if watcher is not None:
-            watcher.cancel()
+        watches.leave(entry)
 
 
 class ClientGone(UpstreamUnavailable):
