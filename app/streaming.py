@@ -22,7 +22,7 @@ import structlog
 from pool.errors import GatewayError, InternalError, UpstreamUnavailable
 from pool.model import Event, Finish, Usage
 
-from .watch import board
+from .watch import watch
 
 __all__ = ["EventStreamResponse", "until_disconnect", "Encoder", "StreamOutcome"]
 
@@ -200,8 +200,7 @@ async def until_disconnect(receive: Callable[[], Awaitable[dict[str, Any]]],
     """
     task = asyncio.current_task()
     assert task is not None
-    watches = board(task.get_loop(), watch_after)
-    entry = watches.join(task, receive)
+    entry = watch(task, receive, watch_after)
     try:
         return await work
     except asyncio.CancelledError:
@@ -209,7 +208,7 @@ async def until_disconnect(receive: Callable[[], Awaitable[dict[str, Any]]],
             raise ClientGone("The client disconnected.") from None
         raise
     finally:
-        watches.leave(entry)
+        entry.leave()
 
 
 class ClientGone(UpstreamUnavailable):

@@ -3,9 +3,9 @@
 The same contract as ``async with asyncio.timeout(seconds)`` around awaits in
 a task: once ``seconds`` have passed the task is cancelled and the block
 raises :class:`TimeoutError`; a cancellation from anyone else stays a
-cancellation. It costs one timer handle and a plain (synchronous) context
-manager: about a fifth of ``asyncio.timeout``'s state machine, which matters
-on every upstream call (see bench/).
+cancellation. Deadlines of one length share a board (see :mod:`pool.board`)
+instead of each making a timer handle: the deadline is met up to a tenth of
+its length (at most a second) late, and it costs a dict insert and delete.
 """
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ from __future__ import annotations
 import asyncio
 from types import TracebackType
 
+from .board import Entry, board
+
 __all__ = ["Deadline"]
 
 
-class Deadline:
-    __slots__ = ("_delay", "_task", "_handle", "_cancelling", "expired")
+class Deadline(Entry):
+    __slots__ = ("_delay", "_task", "_board", "_cancelling", "expired")
 
     def __init__(self, delay: float) -> None:
         self._delay = delay
@@ -29,16 +31,18 @@ class Deadline:
             raise RuntimeError("Deadline must be used inside a task")
         self._task = task
         self._cancelling = task.cancelling()
-        self._handle = task.get_loop().call_later(self._delay, self._expire)
+        self._board = board(task.get_loop(), self._delay, _expire)
+        self._board.join(self)
         return self
-
-    def _expire(self) -> None:
-        self.expired = True
-        self._task.cancel()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self._handle.cancel()
+        self._board.leave(self)
         if self.expired and self._task.uncancel() <= self._cancelling \
                 and exc_type is asyncio.CancelledError:
             raise TimeoutError from exc
+
+
+def _expire(deadline: Deadline) -> None:
+    deadline.expired = True
+    deadline._task.cancel()

@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from app.streaming import ClientGone, until_disconnect
-from app.watch import board
+from app.watch import _start
+from pool.board import board
 
 
 def _client() -> tuple[asyncio.Queue, object]:
@@ -25,7 +26,7 @@ def test_a_quick_answer_starts_no_watcher_and_leaves_the_board_empty():
         answers = await asyncio.gather(*(until_disconnect(receive, asyncio.sleep(0, i),
                                                           watch_after=0.05) for i in range(5)))
         assert answers == [0, 1, 2, 3, 4]
-        watches = board(asyncio.get_running_loop(), 0.05)
+        watches = board(asyncio.get_running_loop(), 0.05, _start)
         assert not watches.pending
         await asyncio.sleep(0.1)  # the sweep finds nothing, and stops
         assert messages.empty() and watches._timer is None
