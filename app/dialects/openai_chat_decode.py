@@ -300,9 +300,19 @@ def _response_format(value: object) -> ResponseFormat | None:
     raise bad_value("response_format.type", "expected 'text', 'json_object' or 'json_schema'")
 
 
+# sampling fields beyond the token limit: most requests send none of them
+_SAMPLING_REST = frozenset(("top_k", "temperature", "top_p", "stop", "seed", "n",
+                            "stop_token_ids", "ignore_eos"))
+_NO_SAMPLING = Sampling()
+
+
 def _sampling(body: dict[str, Any]) -> Sampling:
     max_tokens = opt_int(body, "max_completion_tokens", 1)
     legacy_max = opt_int(body, "max_tokens", 1)
+    if _SAMPLING_REST.isdisjoint(body):  # what the general path gives when they are absent
+        if max_tokens is None and legacy_max is None:
+            return _NO_SAMPLING
+        return Sampling(max_tokens=max_tokens if max_tokens is not None else legacy_max)
     top_k = opt_int(body, "top_k", -1)
     return Sampling(
         max_tokens=max_tokens if max_tokens is not None else legacy_max,
