@@ -19,6 +19,9 @@ __all__ = ["Accumulator", "accumulate", "merge_usage"]
 
 def merge_usage(old: Usage, new: Usage) -> Usage:
     """Field-wise: the newest non-None value wins."""
+    if (old.input_tokens is None and old.output_tokens is None and old.cached_tokens is None
+            and old.cache_creation_tokens is None and old.reasoning_tokens is None):
+        return new  # the first report (usually the only one): nothing to keep of ``old``
     return Usage(
         input_tokens=new.input_tokens if new.input_tokens is not None else old.input_tokens,
         output_tokens=new.output_tokens if new.output_tokens is not None else old.output_tokens,
