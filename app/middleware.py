@@ -2,7 +2,9 @@
 limit, and the access record (one log line and the request metrics).
 
 Pure ASGI rather than ``BaseHTTPMiddleware`` because it sits on every request
-of the hot path and must not buffer streamed responses.
+of the hot path and must not buffer streamed responses. It is the outermost
+layer of the app, and hands an admitted inference request straight to its
+plain-ASGI route (:mod:`app.hot`); everything else goes on to Starlette.
 """
 
 from __future__ import annotations
