@@ -307,7 +307,7 @@ class RemoteWorker:
             chunk = content.read_nowait()
             if chunk or content.is_eof():
                 return chunk
-            with Deadline(self.spec.idle_timeout):
+            async with asyncio.timeout(self.spec.idle_timeout):
                 return await content.readany()
         except TimeoutError:
             log.warning("remote.idle_timeout", worker=self.name)
