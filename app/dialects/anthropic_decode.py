@@ -244,6 +244,11 @@ def _messages(value: Any) -> list[Message]:
         raise _bad_value("messages", "at least one message is required")
     out: list[Message] = []
     for i, message in enumerate(value):
+        if type(message) is dict:  # the common turn, a role and a string, without error paths
+            role, content = message.get("role"), message.get("content")
+            if type(content) is str and type(role) is str and role in _ROLES:
+                out.append(Message(role, (TextPart(content),)))  # type: ignore[arg-type]
+                continue
         loc = f"messages[{i}]"
         if type(message) is not dict:
             raise _bad_type(loc, "a valid object")
