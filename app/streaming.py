@@ -72,7 +72,8 @@ class EventStreamResponse:
                  encoder: Encoder, *,
                  headers: list[tuple[bytes, bytes]], ping_interval: float,
                  on_done: Callable[[StreamOutcome], None],
-                 after: Callable[[], Awaitable[None]] | None = None) -> None:
+                 after: Callable[[], Awaitable[None]] | None = None,
+                 relay: Any = None) -> None:
         self.first = first
         self.events = events
         self.encoder = encoder
@@ -82,6 +83,9 @@ class EventStreamResponse:
         self.after = after  # awaited once the stream ended, unless the client left
         self.outcome = StreamOutcome()
         self._last_send = 0.0
+        # a same-dialect stream (pool.remote.relay.Relay): the worker yields the
+        # upstream's frames as bytes, and the relay keeps their usage and finish
+        self.relay = relay
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         loop = asyncio.get_running_loop()
@@ -115,28 +119,10 @@ class EventStreamResponse:
             first = self.first
             if isinstance(first, asyncio.Future):
                 first = await first
-            frame = enc.feed(first)
-            if frame:
-                await send({"type": "http.response.body", "body": frame, "more_body": True})
-            async for event in self.events:
-                t = type(event)
-                if t is Usage:
-                    if event.input_tokens is not None:
-                        outcome.usage_in = event.input_tokens
-                    if event.output_tokens is not None:
-                        outcome.usage_out = event.output_tokens
-                    if event.cached_tokens is not None:
-                        outcome.usage_cached = event.cached_tokens
-                elif t is Finish:
-                    outcome.finish = event.reason
-                else:
-                    outcome.content_events += 1
-                    if outcome.first_token_at is None:
-                        outcome.first_token_at = time.perf_counter()
-                frame = enc.feed(event)
-                if frame:
-                    self._last_send = loop.time()
-                    await send({"type": "http.response.body", "body": frame, "more_body": True})
+            if type(first) is bytes:
+                await self._forward(first, send, loop)
+            else:
+                await self._encode(first, send, loop)
             tail = enc.close()
         except GatewayError as exc:
             outcome.error = exc
@@ -149,6 +135,56 @@ class EventStreamResponse:
             outcome.error = err
             tail = enc.fail(err)
         await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    async def _encode(self, first: Event, send: Any, loop: asyncio.AbstractEventLoop) -> None:
+        """Encode the worker's events in the client's dialect, one write per frame."""
+        enc = self.encoder
+        outcome = self.outcome
+        frame = enc.feed(first)
+        if frame:
+            await send({"type": "http.response.body", "body": frame, "more_body": True})
+        async for event in self.events:
+            t = type(event)
+            if t is Usage:
+                if event.input_tokens is not None:
+                    outcome.usage_in = event.input_tokens
+                if event.output_tokens is not None:
+                    outcome.usage_out = event.output_tokens
+                if event.cached_tokens is not None:
+                    outcome.usage_cached = event.cached_tokens
+            elif t is Finish:
+                outcome.finish = event.reason
+            else:
+                outcome.content_events += 1
+                if outcome.first_token_at is None:
+                    outcome.first_token_at = time.perf_counter()
+            frame = enc.feed(event)
+            if frame:
+                self._last_send = loop.time()
+                await send({"type": "http.response.body", "body": frame, "more_body": True})
+
+    async def _forward(self, data: bytes, send: Any, loop: asyncio.AbstractEventLoop) -> None:
+        """Send the upstream's frames as the worker yields them: one write per
+        upstream read. The relay's account goes into the outcome on every exit."""
+        relay = self.relay
+        outcome = self.outcome
+        try:
+            if relay.content_events:
+                outcome.first_token_at = time.perf_counter()
+            self._last_send = loop.time()
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+            async for data in self.events:
+                if outcome.first_token_at is None and relay.content_events:
+                    outcome.first_token_at = time.perf_counter()
+                self._last_send = loop.time()
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+        finally:
+            usage = relay.usage
+            outcome.usage_in = usage.input_tokens
+            outcome.usage_out = usage.output_tokens
+            outcome.usage_cached = usage.cached_tokens
+            outcome.finish = relay.finish
+            outcome.content_events = relay.content_events
 
     async def _watch_disconnect(self, receive: Any, pump: asyncio.Future[None]) -> None:
         while True:

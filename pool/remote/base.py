@@ -31,6 +31,7 @@ from pool.worker import Capabilities, WorkerState
 from .errors import error_from_body, scrub_error
 from .images import vet_images
 from .policy import PassPolicy
+from .relay import Relay, relay_for
 
 __all__ = ["RemoteSpec", "RemoteWorker", "StreamParser"]
 
@@ -198,7 +199,23 @@ class RemoteWorker:
         when this upstream cannot count (the gateway then estimates)."""
         return None
 
-    async def stream(self, request: ChatRequest) -> AsyncIterator[Event]:
+    def stream(self, request: ChatRequest) -> AsyncIterator[Event]:
+        return self._run(request, None)
+
+    def relay(self, request: ChatRequest, model: str) -> Relay | None:
+        """A relay when this upstream's answer to ``request`` can go to its client
+        as the upstream's bytes (see :mod:`.relay`); ``model``: the client's name."""
+        return relay_for(self.spec.dialect, request, model)
+
+    def forward(self, request: ChatRequest, relay: Relay) -> AsyncIterator[bytes | Event]:
+        """The answer as the bytes the client gets: the body (one item), or the
+        complete SSE frames of each upstream read; ``relay`` keeps usage, finish
+        and errors. An upstream that answered in the other form (a body to a
+        stream request, a stream to a body request) yields canonical events
+        instead, from the first item on."""
+        return self._run(request, relay)
+
+    async def _run(self, request: ChatRequest, relay: Relay | None) -> AsyncIterator[Any]:
         request = await vet_images(request, self.spec.policy)
         body, headers = self.prepare(request)
         if request.dialect == "openai_responses":
@@ -210,7 +227,26 @@ class RemoteWorker:
         reusable = False
         try:
             # by what came, not what was asked: some servers stream regardless
-            if "event-stream" in resp.headers.get("content-type", ""):
+            streamed = "event-stream" in resp.headers.get("content-type", "")
+            if relay is not None and streamed == relay.stream:
+                if streamed:
+                    while not relay.done:
+                        chunk = await self._read_chunk(resp)
+                        if chunk:
+                            data = relay.feed(chunk)
+                        else:
+                            try:
+                                data = relay.close()
+                            except UpstreamUnavailable:
+                                log.warning("remote.stream_truncated", worker=self.name)
+                                raise
+                        if data:
+                            yield data
+                        if relay.error is not None:
+                            raise relay.error
+                else:
+                    yield relay.body(await self._read_all(resp))
+            elif streamed:
                 parser = type(self).parser_factory(custom)
                 decoder = SSEDecoder()
                 started = False
