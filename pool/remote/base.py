@@ -29,6 +29,7 @@ from pool.sse import SSEDecoder
 from pool.worker import Capabilities, WorkerState
 
 from .errors import error_from_body, scrub_error
+from .idle import IdleTimeout, IdleWatch
 from .images import vet_images
 from .policy import PassPolicy
 from .relay import Relay, relay_for
@@ -225,13 +226,14 @@ class RemoteWorker:
         custom = frozenset(t.name for t in request.tools if t.kind == "custom")
         resp = await self._post(orjson.dumps(body, default=_json_default), headers)
         reusable = False
+        watch = IdleWatch(self.spec.idle_timeout, resp.content)
         try:
             # by what came, not what was asked: some servers stream regardless
             streamed = "event-stream" in resp.headers.get("content-type", "")
             if relay is not None and streamed == relay.stream:
                 if streamed:
                     while not relay.done:
-                        chunk = await self._read_chunk(resp)
+                        chunk = await self._read_chunk(resp, watch)
                         if chunk:
                             data = relay.feed(chunk)
                         else:
@@ -245,13 +247,13 @@ class RemoteWorker:
                         if relay.error is not None:
                             raise relay.error
                 else:
-                    yield relay.body(await self._read_all(resp))
+                    yield relay.body(await self._read_all(resp, watch))
             elif streamed:
                 parser = type(self).parser_factory(custom)
                 decoder = SSEDecoder()
                 started = False
                 while not parser.done:
-                    chunk = await self._read_chunk(resp)
+                    chunk = await self._read_chunk(resp, watch)
                     for frame in decoder.feed(chunk) if chunk else decoder.close():
                         for event in parser.feed(frame.data):
                             if not started:
@@ -265,8 +267,8 @@ class RemoteWorker:
                         log.warning("remote.stream_truncated", worker=self.name)
                         raise UpstreamUnavailable("upstream closed the stream early")
             else:
-                for event in type(self).body_events(_loads_body(await self._read_all(resp)),
-                                                    custom):
+                raw = await self._read_all(resp, watch)
+                for event in type(self).body_events(_loads_body(raw), custom):
                     yield event
             reusable = await self._drained(resp)
         except UpstreamCredentialsRefused as exc:  # reported in-stream
@@ -275,6 +277,7 @@ class RemoteWorker:
         except GatewayError as exc:  # in-stream texts are the parsers': scrub them here
             raise scrub_error(exc, self.spec.api_key) from None
         finally:
+            watch.close()
             if reusable:
                 resp.release()
             else:
@@ -331,8 +334,10 @@ class RemoteWorker:
         return error_from_body(resp.status, raw, resp.headers, upstream=f"upstream {self.name}",
                                secret=self.spec.api_key)
 
-    async def _read_chunk(self, resp: aiohttp.ClientResponse) -> bytes:
-        """The next body bytes (``b""`` at the end), within the idle timeout."""
+    async def _read_chunk(self, resp: aiohttp.ClientResponse,
+                          watch: IdleWatch | None = None) -> bytes:
+        """The next body bytes (``b""`` at the end), within the idle timeout
+        (kept by ``watch`` when given: one timer per answer, not one per read)."""
         content = resp.content
         try:
             # what already arrived needs no timer: most non-stream bodies come
@@ -340,9 +345,15 @@ class RemoteWorker:
             chunk = content.read_nowait()
             if chunk or content.is_eof():
                 return chunk
+            if watch is not None:
+                watch.begin()
+                try:
+                    return await content.readany()
+                finally:
+                    watch.end()
             async with asyncio.timeout(self.spec.idle_timeout):
                 return await content.readany()
-        except TimeoutError:
+        except (TimeoutError, IdleTimeout):
             log.warning("remote.idle_timeout", worker=self.name)
             raise UpstreamTimeout(f"upstream {self.name} stalled for more than "
                                   f"{self.spec.idle_timeout:g}s") from None
@@ -350,9 +361,10 @@ class RemoteWorker:
             log.warning("remote.stream_broken", worker=self.name)
             raise UpstreamUnavailable("upstream closed the stream early") from None
 
-    async def _read_all(self, resp: aiohttp.ClientResponse) -> bytes:
+    async def _read_all(self, resp: aiohttp.ClientResponse,
+                        watch: IdleWatch | None = None) -> bytes:
         parts: list[bytes] = []
-        while chunk := await self._read_chunk(resp):
+        while chunk := await self._read_chunk(resp, watch):
             parts.append(chunk)
         return b"".join(parts)
 
