@@ -19,7 +19,7 @@ from pool.model import ChatRequest, Event
 from .errors import anthropic_error_frame, openai_error_frame
 from .record import RequestRecord
 
-__all__ = ["relay_for", "RelayedEncoder", "body_response", "record_body"]
+__all__ = ["relay_for", "RelayedEncoder", "BodyResponse", "record_body"]
 
 _COMMENT_PING = b": ping\n\n"
 _ANTHROPIC_PING = b'event: ping\ndata: {"type":"ping"}\n\n'
@@ -83,5 +83,19 @@ def record_body(record: RequestRecord, relay: Any) -> None:
     record.tokens_cached = usage.cached_tokens
 
 
-def body_response(body: bytes, worker: str) -> Response:
-    return Response(body, media_type="application/json", headers={"x-poolgate-worker": worker})
+class BodyResponse(Response):
+    """The upstream's JSON body as the answer: already rendered, so none of
+    ``Response``'s header building; sent as two ASGI messages."""
+
+    def __init__(self, body: bytes, worker: str) -> None:  # noqa: super() not called
+        self.body = body
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = [(b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                        (b"x-poolgate-worker", worker.encode())]
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": self.body})

@@ -23,7 +23,7 @@ from pool.tokens import estimate_tokens
 from ..gateway import Gateway
 from ..http import error_response, json_response, new_id, now
 from ..record import RequestRecord
-from ..relayed import RelayedEncoder, body_response, record_body, relay_for
+from ..relayed import BodyResponse, RelayedEncoder, record_body, relay_for
 from ..streaming import ClientGone, EventStreamResponse, StreamOutcome, until_disconnect
 
 __all__ = ["serve", "complete", "ERROR_DIALECT"]
@@ -128,11 +128,11 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: Cha
     try:
         relay = relay_for(worker, routed, chat, finalize)
         events = worker.stream(routed) if relay is None else worker.forward(routed, relay)
-        response_id = new_id(ID_PREFIX[chat.dialect])
         if chat.stream:
             iterator = events.__aiter__()
             first = await _begin(gw, request, iterator)
-            encoder = dialect.StreamEncoder(chat, response_id=response_id, created=now(),
+            encoder = dialect.StreamEncoder(chat, response_id=new_id(ID_PREFIX[chat.dialect]),
+                                            created=now(),
                                             model=chat.model)
             if relay is not None:
                 encoder = RelayedEncoder(encoder, relay, anthropic=chat.dialect == "anthropic")
@@ -154,12 +154,13 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: Cha
         completion = await until_disconnect(request.receive, _fold(events))
         if type(completion) is bytes:  # forwarded as the upstream's body
             record_body(record, relay)
-            return body_response(completion, worker.name)
+            return BodyResponse(completion, worker.name)
         usage = completion.usage
         record.tokens_in = usage.input_tokens
         record.tokens_out = usage.output_tokens
         record.tokens_cached = usage.cached_tokens
-        body = dialect.encode_completion(completion, chat, response_id=response_id,
+        body = dialect.encode_completion(completion, chat,
+                                         response_id=new_id(ID_PREFIX[chat.dialect]),
                                          created=now(), model=chat.model)
         if finalize is not None:
             await finalize(body, worker.name)

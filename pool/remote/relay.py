@@ -42,6 +42,7 @@ from .errors import error_from_object
 
 __all__ = ["Relay", "OpenAIRelay", "AnthropicRelay", "relay_for"]
 
+_NO_USAGE = Usage()  # frozen: one instance serves every relay until usage comes
 _MODEL_KEY = re.compile(rb'"model"\s*:\s*"(?:[^"\\]|\\.)*"')
 _EMPTY = b""
 
@@ -81,7 +82,7 @@ class Relay:
     def __init__(self, model: str, stream: bool) -> None:
         self.model = model
         self.stream = stream
-        self.usage = Usage()
+        self.usage = _NO_USAGE
         self.finish: str | None = None   # the canonical finish reason
         self.error: GatewayError | None = None
         self.done = False                # the terminal frame went through
