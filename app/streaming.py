@@ -136,32 +136,43 @@ class EventStreamResponse:
             tail = enc.fail(err)
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 
-    async def _encode(self, first: Event, send: Any, loop: asyncio.AbstractEventLoop) -> None:
-        """Encode the worker's events in the client's dialect, one write per frame."""
-        enc = self.encoder
-        outcome = self.outcome
-        frame = enc.feed(first)
+    async def _encode(self, first: Any, send: Any, loop: asyncio.AbstractEventLoop) -> None:
+        """Encode the worker's events in the client's dialect: one write per
+        event, or per list of events (a worker's ``stream_batches``: one
+        upstream read)."""
+        frame = self._frames(first)
         if frame:
             await send({"type": "http.response.body", "body": frame, "more_body": True})
-        async for event in self.events:
-            t = type(event)
-            if t is Usage:
-                if event.input_tokens is not None:
-                    outcome.usage_in = event.input_tokens
-                if event.output_tokens is not None:
-                    outcome.usage_out = event.output_tokens
-                if event.cached_tokens is not None:
-                    outcome.usage_cached = event.cached_tokens
-            elif t is Finish:
-                outcome.finish = event.reason
-            else:
-                outcome.content_events += 1
-                if outcome.first_token_at is None:
-                    outcome.first_token_at = time.perf_counter()
-            frame = enc.feed(event)
+        async for item in self.events:
+            frame = self._frames(item)
             if frame:
                 self._last_send = loop.time()
                 await send({"type": "http.response.body", "body": frame, "more_body": True})
+
+    def _frames(self, item: Any) -> bytes:
+        if type(item) is not list:
+            return self._frame(item)
+        if len(item) == 1:
+            return self._frame(item[0])
+        return b"".join([self._frame(event) for event in item])
+
+    def _frame(self, event: Event) -> bytes:
+        outcome = self.outcome
+        t = type(event)
+        if t is Usage:
+            if event.input_tokens is not None:
+                outcome.usage_in = event.input_tokens
+            if event.output_tokens is not None:
+                outcome.usage_out = event.output_tokens
+            if event.cached_tokens is not None:
+                outcome.usage_cached = event.cached_tokens
+        elif t is Finish:
+            outcome.finish = event.reason
+        else:
+            outcome.content_events += 1
+            if outcome.first_token_at is None:
+                outcome.first_token_at = time.perf_counter()
+        return self.encoder.feed(event)
 
     async def _forward(self, data: bytes, send: Any, loop: asyncio.AbstractEventLoop) -> None:
         """Send the upstream's frames as the worker yields them: one write per

@@ -127,7 +127,11 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: Cha
     handed_over = False
     try:
         relay = relay_for(worker, routed, chat, finalize)
-        events = worker.stream(routed) if relay is None else worker.forward(routed, relay)
+        if relay is not None:
+            events = worker.forward(routed, relay)
+        else:  # lists of events, one per upstream read, from workers that can
+            batches = getattr(worker, "stream_batches", None)
+            events = worker.stream(routed) if batches is None else batches(routed)
         if chat.stream:
             iterator = events.__aiter__()
             first = await _begin(gw, request, iterator)
@@ -192,13 +196,17 @@ async def _first_event(iterator: Any) -> Event:
 
 
 async def _fold(events: Any) -> Any:
-    """The events folded into a Completion; or the body a forwarding worker
+    """The events (or lists of events) folded into a Completion; or the body a forwarding worker
     yielded (read to the end, so the upstream connection is reused)."""
     acc = Accumulator()
     body = None
     try:
         async for event in events:
-            if type(event) is bytes:
+            t = type(event)
+            if t is list:
+                for e in event:
+                    acc.feed(e)
+            elif t is bytes:
                 body = event
             else:
                 acc.feed(event)

@@ -200,7 +200,18 @@ class RemoteWorker:
         when this upstream cannot count (the gateway then estimates)."""
         return None
 
-    def stream(self, request: ChatRequest) -> AsyncIterator[Event]:
+    async def stream(self, request: ChatRequest) -> AsyncIterator[Event]:
+        batches = self._run(request, None)
+        try:
+            async for batch in batches:
+                for event in batch:
+                    yield event
+        finally:
+            await batches.aclose()
+
+    def stream_batches(self, request: ChatRequest) -> AsyncIterator[list[Event]]:
+        """The events of :meth:`stream` as one list per upstream read, so the
+        gateway can write all frames of one read at once."""
         return self._run(request, None)
 
     def relay(self, request: ChatRequest, model: str) -> Relay | None:
@@ -212,8 +223,8 @@ class RemoteWorker:
         """The answer as the bytes the client gets: the body (one item), or the
         complete SSE frames of each upstream read; ``relay`` keeps usage, finish
         and errors. An upstream that answered in the other form (a body to a
-        stream request, a stream to a body request) yields canonical events
-        instead, from the first item on."""
+        stream request, a stream to a body request) yields lists of canonical
+        events instead (as :meth:`stream_batches`), from the first item on."""
         return self._run(request, relay)
 
     async def _run(self, request: ChatRequest, relay: Relay | None) -> AsyncIterator[Any]:
@@ -254,22 +265,29 @@ class RemoteWorker:
                 started = False
                 while not parser.done:
                     chunk = await self._read_chunk(resp, watch)
-                    for frame in decoder.feed(chunk) if chunk else decoder.close():
-                        for event in parser.feed(frame.data):
-                            if not started:
+                    batch: list[Event] = []
+                    try:
+                        for frame in decoder.feed(chunk) if chunk else decoder.close():
+                            events = parser.feed(frame.data)
+                            if events and not started:
                                 started = True
-                                if type(event) is not Start:  # a server that skipped it
-                                    yield Start()
-                            yield event
-                        if parser.done:
-                            break
+                                if type(events[0]) is not Start:  # a server that skipped it
+                                    batch.append(Start())
+                            batch.extend(events)
+                            if parser.done:
+                                break
+                    except GatewayError:
+                        if batch:  # what came before the failure still goes out
+                            yield batch
+                        raise
+                    if batch:
+                        yield batch
                     if not chunk and not parser.done:
                         log.warning("remote.stream_truncated", worker=self.name)
                         raise UpstreamUnavailable("upstream closed the stream early")
             else:
                 raw = await self._read_all(resp, watch)
-                for event in type(self).body_events(_loads_body(raw), custom):
-                    yield event
+                yield type(self).body_events(_loads_body(raw), custom)
             reusable = await self._drained(resp)
         except UpstreamCredentialsRefused as exc:  # reported in-stream
             self._credentials_refused(exc)
