@@ -26,7 +26,7 @@ from pool.errors import (
 )
 from pool.model import ChatRequest, Event, ReasoningPart, Start
 from pool.sse import SSEDecoder
-from pool.worker import Capabilities, WorkerState
+from pool.worker import Capabilities, WorkerState, flatten
 
 from .errors import error_from_body, scrub_error
 from .idle import IdleTimeout, IdleWatch
@@ -200,14 +200,8 @@ class RemoteWorker:
         when this upstream cannot count (the gateway then estimates)."""
         return None
 
-    async def stream(self, request: ChatRequest) -> AsyncIterator[Event]:
-        batches = self._run(request, None)
-        try:
-            async for batch in batches:
-                for event in batch:
-                    yield event
-        finally:
-            await batches.aclose()
+    def stream(self, request: ChatRequest) -> AsyncIterator[Event]:
+        return flatten(self._run(request, None))
 
     def stream_batches(self, request: ChatRequest) -> AsyncIterator[list[Event]]:
         """The events of :meth:`stream` as one list per upstream read, so the

@@ -125,7 +125,7 @@ class _Frames(Response):
     """SSE frames sent one ASGI message each, with the scripted failures."""
 
     def __init__(self, fake: FakeUpstream, frames: list[bytes], script: Script,
-                 dialect: str) -> None:
+                 dialect: str = "openai") -> None:
         self.fake, self.frames, self.script, self.dialect = fake, frames, script, dialect
         self.background = None
 
