@@ -9,7 +9,7 @@ yields canonical events instead: those are encoded as usual.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from starlette.responses import Response
 
@@ -22,7 +22,6 @@ from .record import RequestRecord
 __all__ = ["relay_for", "RelayedEncoder", "BodyResponse", "record_body"]
 
 _COMMENT_PING = b": ping\n\n"
-_ANTHROPIC_PING = b'event: ping\ndata: {"type":"ping"}\n\n'
 _DONE = b"data: [DONE]\n\n"
 
 
@@ -40,29 +39,32 @@ class RelayedEncoder:
     """The :class:`~app.streaming.Encoder` of a stream that may be forwarded.
 
     Forwarded frames never pass through it: it only writes what the gateway
-    adds around them (pings; the error frame that replaces an upstream's). Until
-    the first item came, pings are SSE comments: the upstream's own
-    ``message_start`` must stay the first Anthropic event. Canonical events (an
-    upstream that did not stream) go to the dialect's own encoder."""
+    adds around them (keep-alive pings, as SSE comments; the error frame that
+    replaces an upstream's). Canonical events (an upstream that did not stream)
+    go to the dialect's own encoder, built then."""
 
-    __slots__ = ("inner", "relay", "anthropic", "_encoding")
+    __slots__ = ("_make", "_inner", "relay", "anthropic")
 
-    def __init__(self, inner: Any, relay: Any, *, anthropic: bool) -> None:
-        self.inner = inner
+    def __init__(self, make: Callable[[], Any], relay: Any, *, anthropic: bool) -> None:
+        self._make = make  # the dialect's encoder, built when first needed
+        self._inner: Any = None
         self.relay = relay
         self.anthropic = anthropic
-        self._encoding = False  # canonical events came: the dialect encoder writes all
+
+    @property
+    def inner(self) -> Any:
+        if self._inner is None:
+            self._inner = self._make()
+        return self._inner
 
     def feed(self, event: Event) -> bytes:
-        self._encoding = True
-        return self.inner.feed(event)
+        return self.inner.feed(event)  # canonical events: the dialect encoder writes all
 
     def ping(self) -> bytes:
-        if self._encoding:
-            return self.inner.ping()
-        if self.anthropic and self.relay.forwarded:
-            return _ANTHROPIC_PING
-        return _COMMENT_PING
+        # A comment, also for Anthropic: the ping timer may fire between the
+        # relay taking the upstream's message_start and the pump sending it,
+        # and no event may precede message_start. SSE parsers skip comments.
+        return self._inner.ping() if self._inner is not None else _COMMENT_PING
 
     def close(self) -> bytes:
         # forwarded: the upstream's terminal frame went through (else the relay raised)

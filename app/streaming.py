@@ -2,10 +2,10 @@
 
 Two ASGI-level pieces the routes share:
 
-* :class:`EventStreamResponse` sends SSE frames from a dialect encoder: one
-  task pumps events, one watches for the client going away (which cancels the
-  pump, and so the worker's upstream request), one sends keep-alive pings
-  while the worker is silent. Every exit path ends the stream with the
+* :class:`EventStreamResponse` sends SSE frames from a dialect encoder: the
+  request's task pumps events, one helper task watches for the client going
+  away (which cancels the pump, and so the worker's upstream request), and a
+  timer sends keep-alive pings while the worker is silent. Every exit path ends the stream with the
   dialect's terminal frames, and calls ``on_done`` exactly once.
 * :func:`until_disconnect` runs a non-streaming request's work and cancels it
   if the client disconnects first.
@@ -83,28 +83,37 @@ class EventStreamResponse:
         self.after = after  # awaited once the stream ended, unless the client left
         self.outcome = StreamOutcome()
         self._last_send = 0.0
+        self._pumping = True  # the client leaving now cancels the stream
         # a same-dialect stream (pool.remote.relay.Relay): the worker yields the
         # upstream's frames as bytes, and the relay keeps their usage and finish
         self.relay = relay
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        # The pump runs in the request's own task; one helper task watches for
+        # the client leaving (and cancels it); pings come from one timer that
+        # starts a short task only when a ping is due. Fewer tasks per open
+        # stream: less memory with thousands of slow streams open.
         loop = asyncio.get_running_loop()
         await send({"type": "http.response.start", "status": 200, "headers": self.headers})
         self._last_send = loop.time()
-        pump = asyncio.ensure_future(self._pump(send, loop))
-        watch = asyncio.ensure_future(self._watch_disconnect(receive, pump))
-        pinger = asyncio.ensure_future(self._ping(send, loop)) if self.ping_interval > 0 else None
+        task = asyncio.current_task()
+        assert task is not None
+        watch = asyncio.ensure_future(self._watch_disconnect(receive, task))
+        pings = _Pinger(self, send, loop) if self.ping_interval > 0 else None
         try:
-            await pump
+            await self._pump(send, loop)
+            self._pumping = False
             if self.after is not None:
                 await self.after()
         except asyncio.CancelledError:
-            if not self.outcome.disconnected:
+            # the watcher's cancel is ours to absorb; any other one goes on
+            if not self.outcome.disconnected or task.uncancel() > 0:
                 raise
         finally:
+            self._pumping = False
             watch.cancel()
-            if pinger is not None:
-                pinger.cancel()
+            if pings is not None:
+                pings.stop()
             first = self.first
             if isinstance(first, asyncio.Future) and not first.done():
                 first.cancel()  # the client left before the worker began: stop it
@@ -197,25 +206,56 @@ class EventStreamResponse:
             outcome.finish = relay.finish
             outcome.content_events = relay.content_events
 
-    async def _watch_disconnect(self, receive: Any, pump: asyncio.Future[None]) -> None:
+    async def _watch_disconnect(self, receive: Any, task: asyncio.Task[Any]) -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                if not pump.done():
+                if self._pumping:
                     self.outcome.disconnected = True
-                    pump.cancel()
+                    task.cancel()
                 return
 
-    async def _ping(self, send: Any, loop: asyncio.AbstractEventLoop) -> None:
-        # Frames are whole SSE events and uvicorn writes each send() before it
-        # awaits flow control, so a ping can never land inside another frame.
-        interval = self.ping_interval
-        while True:
-            await asyncio.sleep(interval - (loop.time() - self._last_send))
-            if loop.time() - self._last_send >= interval:
-                self._last_send = loop.time()
-                await send({"type": "http.response.body", "body": self.encoder.ping(),
-                            "more_body": True})
+
+class _Pinger:
+    """Keep-alive pings while the worker is silent, from one timer per stream.
+
+    Frames are whole SSE events and uvicorn writes each send() before it
+    awaits flow control, so a ping can never land inside another frame."""
+
+    __slots__ = ("stream", "send", "loop", "timer", "task")
+
+    def __init__(self, stream: EventStreamResponse, send: Any,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.stream = stream
+        self.send = send
+        self.loop = loop
+        self.task: asyncio.Future[None] | None = None
+        self.timer: asyncio.TimerHandle | None = loop.call_at(
+            stream._last_send + stream.ping_interval, self._due)
+
+    def _due(self) -> None:
+        stream = self.stream
+        interval = stream.ping_interval
+        now = self.loop.time()
+        if now - stream._last_send >= interval and self.task is None:
+            stream._last_send = now
+            self.task = asyncio.ensure_future(self._ping())
+        at = stream._last_send + interval
+        self.timer = self.loop.call_at(at if at > now else now + interval, self._due)
+
+    async def _ping(self) -> None:
+        try:
+            await self.send({"type": "http.response.body", "body": self.stream.encoder.ping(),
+                             "more_body": True})
+        finally:
+            self.task = None
+
+    def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.task is not None:
+            self.task.cancel()
 
 
 async def _aclose_quietly(events: AsyncIterator[Event]) -> None:

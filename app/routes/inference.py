@@ -135,11 +135,13 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: Cha
         if chat.stream:
             iterator = events.__aiter__()
             first = await _begin(gw, request, iterator)
-            encoder = dialect.StreamEncoder(chat, response_id=new_id(ID_PREFIX[chat.dialect]),
-                                            created=now(),
-                                            model=chat.model)
-            if relay is not None:
-                encoder = RelayedEncoder(encoder, relay, anthropic=chat.dialect == "anthropic")
+            def make_encoder() -> Any:
+                return dialect.StreamEncoder(chat, response_id=new_id(ID_PREFIX[chat.dialect]),
+                                             created=now(), model=chat.model)
+
+            # a forwarded stream builds the dialect's encoder only if it needs one
+            encoder = make_encoder() if relay is None else RelayedEncoder(
+                make_encoder, relay, anthropic=chat.dialect == "anthropic")
 
             def on_done(outcome: StreamOutcome) -> None:
                 gw.release(lease)
