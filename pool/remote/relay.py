@@ -23,6 +23,10 @@ Stream rules:
   gateway sends its own dialect error frame, as for a translated stream.
 * The model is rewritten in every OpenAI chunk and in Anthropic's
   ``message_start``; other frames never carry it.
+* Plain content frames (an OpenAI chunk with ``"finish_reason":null`` and no
+  usage, error or empty content; an Anthropic ``content_block_delta``) are
+  told by their bytes and not parsed: they are counted and passed on as they
+  came (a broken one reaches the client as the upstream sent it).
 """
 
 from __future__ import annotations
@@ -248,6 +252,13 @@ class OpenAIRelay(Relay):
                 self.finish = openai_chat.finish_of(choices[0], reason).reason
 
     def _frame(self, frame: bytes) -> bool | bytes:
+        if (self._seen_model and b'"finish_reason":null' in frame
+                and b'"usage":{' not in frame and b'"error"' not in frame
+                and b'"content":""' not in frame):
+            # a content chunk, told by its bytes (a quote inside a string is
+            # escaped, so these pairs are the chunk's own keys): no parse needed
+            self.content_events += 1
+            return True
         _, data = _data(frame)
         if not data:
             return True  # a comment (keep-alive) or an empty event
@@ -296,6 +307,9 @@ class AnthropicRelay(Relay):
             self.finish = finish.reason
 
     def _frame(self, frame: bytes) -> bool | bytes:
+        if frame.startswith(b"event: content_block_delta\n"):  # the hot one: no parse needed
+            self.content_events += 1
+            return True
         _, data = _data(frame)
         if not data:
             return True
