@@ -2,10 +2,10 @@
 
 Two ASGI-level pieces the routes share:
 
-* :class:`EventStreamResponse` sends SSE frames from a dialect encoder: one
-  task pumps events, one watches for the client going away (which cancels the
-  pump, and so the worker's upstream request), one sends keep-alive pings
-  while the worker is silent. Every exit path ends the stream with the
+* :class:`EventStreamResponse` sends SSE frames from a dialect encoder: the
+  request's task pumps events, one helper task watches for the client going
+  away (which cancels the pump, and so the worker's upstream request), and a
+  timer sends keep-alive pings while the worker is silent. Every exit path ends the stream with the
   dialect's terminal frames, and calls ``on_done`` exactly once.
 * :func:`until_disconnect` runs a non-streaming request's work and cancels it
   if the client disconnects first.
@@ -74,7 +74,8 @@ class EventStreamResponse:
                  encoder: Encoder, *,
                  headers: list[tuple[bytes, bytes]], ping_interval: float,
                  on_done: Callable[[StreamOutcome], None],
-                 after: Callable[[], Awaitable[None]] | None = None) -> None:
+                 after: Callable[[], Awaitable[None]] | None = None,
+                 relay: Any = None) -> None:
         self.first = first
         self.events = events
         self.encoder = encoder
@@ -84,25 +85,37 @@ class EventStreamResponse:
         self.after = after  # awaited once the stream ended, unless the client left
         self.outcome = StreamOutcome()
         self._last_send = 0.0
+        self._pumping = True  # the client leaving now cancels the stream
+        # a same-dialect stream (pool.remote.relay.Relay): the worker yields the
+        # upstream's frames as bytes, and the relay keeps their usage and finish
+        self.relay = relay
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        # The pump runs in the request's own task; one helper task watches for
+        # the client leaving (and cancels it); pings come from one timer that
+        # starts a short task only when a ping is due. Fewer tasks per open
+        # stream: less memory with thousands of slow streams open.
         loop = asyncio.get_running_loop()
         await send({"type": "http.response.start", "status": 200, "headers": self.headers})
         self._last_send = loop.time()
-        pump = asyncio.ensure_future(self._pump(send, loop))
-        watch = asyncio.ensure_future(self._watch_disconnect(receive, pump))
-        pinger = asyncio.ensure_future(self._ping(send, loop)) if self.ping_interval > 0 else None
+        task = asyncio.current_task()
+        assert task is not None
+        watch = asyncio.ensure_future(self._watch_disconnect(receive, task))
+        pings = _Pinger(self, send, loop) if self.ping_interval > 0 else None
         try:
-            await pump
+            await self._pump(send, loop)
+            self._pumping = False
             if self.after is not None:
                 await self.after()
         except asyncio.CancelledError:
-            if not self.outcome.disconnected:
+            # the watcher's cancel is ours to absorb; any other one goes on
+            if not self.outcome.disconnected or task.uncancel() > 0:
                 raise
         finally:
+            self._pumping = False
             watch.cancel()
-            if pinger is not None:
-                pinger.cancel()
+            if pings is not None:
+                pings.stop()
             first = self.first
             if isinstance(first, asyncio.Future) and not first.done():
                 first.cancel()  # the client left before the worker began: stop it
@@ -117,28 +130,10 @@ class EventStreamResponse:
             first = self.first
             if isinstance(first, asyncio.Future):
                 first = await first
-            frame = enc.feed(first)
-            if frame:
-                await send({"type": "http.response.body", "body": frame, "more_body": True})
-            async for event in self.events:
-                t = type(event)
-                if t is Usage:
-                    if event.input_tokens is not None:
-                        outcome.usage_in = event.input_tokens
-                    if event.output_tokens is not None:
-                        outcome.usage_out = event.output_tokens
-                    if event.cached_tokens is not None:
-                        outcome.usage_cached = event.cached_tokens
-                elif t is Finish:
-                    outcome.finish = event.reason
-                else:
-                    outcome.content_events += 1
-                    if outcome.first_token_at is None:
-                        outcome.first_token_at = time.perf_counter()
-                frame = enc.feed(event)
-                if frame:
-                    self._last_send = loop.time()
-                    await send({"type": "http.response.body", "body": frame, "more_body": True})
+            if type(first) is bytes:
+                await self._forward(first, send, loop)
+            else:
+                await self._encode(first, send, loop)
             tail = enc.close()
         except GatewayError as exc:
             outcome.error = exc
@@ -152,25 +147,117 @@ class EventStreamResponse:
             tail = enc.fail(err)
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 
-    async def _watch_disconnect(self, receive: Any, pump: asyncio.Future[None]) -> None:
+    async def _encode(self, first: Any, send: Any, loop: asyncio.AbstractEventLoop) -> None:
+        """Encode the worker's events in the client's dialect: one write per
+        event, or per list of events (a worker's ``stream_batches``: one
+        upstream read)."""
+        frame = self._frames(first)
+        if frame:
+            await send({"type": "http.response.body", "body": frame, "more_body": True})
+        async for item in self.events:
+            frame = self._frames(item)
+            if frame:
+                self._last_send = loop.time()
+                await send({"type": "http.response.body", "body": frame, "more_body": True})
+
+    def _frames(self, item: Any) -> bytes:
+        if type(item) is not list:
+            return self._frame(item)
+        if len(item) == 1:
+            return self._frame(item[0])
+        return b"".join([self._frame(event) for event in item])
+
+    def _frame(self, event: Event) -> bytes:
+        outcome = self.outcome
+        t = type(event)
+        if t is Usage:
+            if event.input_tokens is not None:
+                outcome.usage_in = event.input_tokens
+            if event.output_tokens is not None:
+                outcome.usage_out = event.output_tokens
+            if event.cached_tokens is not None:
+                outcome.usage_cached = event.cached_tokens
+        elif t is Finish:
+            outcome.finish = event.reason
+        else:
+            outcome.content_events += 1
+            if outcome.first_token_at is None:
+                outcome.first_token_at = time.perf_counter()
+        return self.encoder.feed(event)
+
+    async def _forward(self, data: bytes, send: Any, loop: asyncio.AbstractEventLoop) -> None:
+        """Send the upstream's frames as the worker yields them: one write per
+        upstream read. The relay's account goes into the outcome on every exit."""
+        relay = self.relay
+        outcome = self.outcome
+        try:
+            if relay.content_events:
+                outcome.first_token_at = time.perf_counter()
+            self._last_send = loop.time()
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+            async for data in self.events:
+                if outcome.first_token_at is None and relay.content_events:
+                    outcome.first_token_at = time.perf_counter()
+                self._last_send = loop.time()
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+        finally:
+            usage = relay.usage
+            outcome.usage_in = usage.input_tokens
+            outcome.usage_out = usage.output_tokens
+            outcome.usage_cached = usage.cached_tokens
+            outcome.finish = relay.finish
+            outcome.content_events = relay.content_events
+
+    async def _watch_disconnect(self, receive: Any, task: asyncio.Task[Any]) -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                if not pump.done():
+                if self._pumping:
                     self.outcome.disconnected = True
-                    pump.cancel()
+                    task.cancel()
                 return
 
-    async def _ping(self, send: Any, loop: asyncio.AbstractEventLoop) -> None:
-        # Frames are whole SSE events and uvicorn writes each send() before it
-        # awaits flow control, so a ping can never land inside another frame.
-        interval = self.ping_interval
-        while True:
-            await asyncio.sleep(interval - (loop.time() - self._last_send))
-            if loop.time() - self._last_send >= interval:
-                self._last_send = loop.time()
-                await send({"type": "http.response.body", "body": self.encoder.ping(),
-                            "more_body": True})
+
+class _Pinger:
+    """Keep-alive pings while the worker is silent, from one timer per stream.
+
+    Frames are whole SSE events and uvicorn writes each send() before it
+    awaits flow control, so a ping can never land inside another frame."""
+
+    __slots__ = ("stream", "send", "loop", "timer", "task")
+
+    def __init__(self, stream: EventStreamResponse, send: Any,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.stream = stream
+        self.send = send
+        self.loop = loop
+        self.task: asyncio.Future[None] | None = None
+        self.timer: asyncio.TimerHandle | None = loop.call_at(
+            stream._last_send + stream.ping_interval, self._due)
+
+    def _due(self) -> None:
+        stream = self.stream
+        interval = stream.ping_interval
+        now = self.loop.time()
+        if now - stream._last_send >= interval and self.task is None:
+            stream._last_send = now
+            self.task = asyncio.ensure_future(self._ping())
+        at = stream._last_send + interval
+        self.timer = self.loop.call_at(at if at > now else now + interval, self._due)
+
+    async def _ping(self) -> None:
+        try:
+            await self.send({"type": "http.response.body", "body": self.stream.encoder.ping(),
+                             "more_body": True})
+        finally:
+            self.task = None
+
+    def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.task is not None:
+            self.task.cancel()
 
 
 async def _aclose_quietly(events: AsyncIterator[Event]) -> None:

@@ -72,21 +72,42 @@ class Call:
     async def next(self) -> Event | None:
         """The next event; ``None`` at the end; raises the worker's error."""
         items = self._items
+        if not items and not await self._arrival():
+            return None
+        self._took(1)
+        return items.popleft()
+
+    async def next_batch(self) -> list[Event] | None:
+        """Every event received so far (waiting for the first); ``None`` at the
+        end; raises the worker's error."""
+        items = self._items
+        if not items and not await self._arrival():
+            return None
+        batch = list(items)
+        items.clear()
+        self._took(len(batch))
+        return batch
+
+    async def _arrival(self) -> bool:
+        """Wait for an event (``True``) or the end (``False``)."""
+        items = self._items
         while not items:
             if self._done:
                 if self._crashed is not None:
                     raise WorkerCrashed(self._crashed, before_first_event=not self._delivered)
                 if self._error is not None:
                     raise self._error
-                return None
+                return False
             self._waiter = waiter = self._loop.create_future()
             await waiter
+        return True
+
+    def _took(self, n: int) -> None:
         self._delivered = True
-        self._taken += 1
+        self._taken += n
         if self._taken >= WINDOW // 2 and not self._done:
             self._credit(self.id, self._taken)
             self._taken = 0
-        return items.popleft()
 
     @property
     def buffered(self) -> int:

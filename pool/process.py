@@ -22,7 +22,7 @@ from .childenv import child_environment
 from .errors import UpstreamUnavailable
 from .model import ChatRequest, Event, Start
 from .supervisor import ChildGone, ExitInfo, Supervisor, SupervisorPolicy
-from .worker import Capabilities, WorkerState
+from .worker import Capabilities, WorkerState, flatten
 from .worker_main import ENV_SOCKET_FD, ENV_WATCHDOG_FD
 
 __all__ = ["ProcessSpec", "ProcessWorker"]
@@ -225,7 +225,16 @@ class ProcessWorker:
 
     # --- the request ------------------------------------------------------------------------
 
-    async def stream(self, request: ChatRequest) -> AsyncIterator[Event]:
+    def stream(self, request: ChatRequest) -> AsyncIterator[Event]:
+        return flatten(self._batches(request))
+
+    def stream_batches(self, request: ChatRequest) -> AsyncIterator[list[Event]]:
+        """The events of :meth:`stream` as lists: all the child sent so far each
+        time, so the gateway can write them at once. A subclass whose
+        ``stream`` adds to this one's sets ``stream_batches = None``."""
+        return self._batches(request)
+
+    async def _batches(self, request: ChatRequest) -> AsyncIterator[list[Event]]:
         child = self._child()
         if self.state is not WorkerState.READY or child is None:
             raise UpstreamUnavailable(f"worker {self.name} is {self.state.value}")
@@ -233,15 +242,15 @@ class ProcessWorker:
         self._in_flight += 1
         self._idle.clear()
         try:
-            event = await call.next()
-            if event is None:
+            batch = await call.next_batch()
+            if batch is None:
                 raise UpstreamUnavailable(f"worker {self.name} ended the answer without events")
-            if type(event) is not Start:
-                yield Start()
-            yield event
-            next_event = call.next
-            while (event := await next_event()) is not None:
-                yield event
+            if type(batch[0]) is not Start:
+                batch.insert(0, Start())
+            yield batch
+            next_batch = call.next_batch
+            while (batch := await next_batch()) is not None:
+                yield batch
         finally:
             child.close_call(call)
             self._in_flight -= 1

@@ -7,7 +7,7 @@ from typing import AsyncIterator, Mapping, Protocol, runtime_checkable
 
 from .model import ChatRequest, Event
 
-__all__ = ["Worker", "WorkerState", "Capabilities"]
+__all__ = ["Worker", "WorkerState", "Capabilities", "flatten"]
 
 
 class WorkerState(str, enum.Enum):
@@ -58,3 +58,16 @@ class Worker(Protocol):
     async def health(self) -> bool: ...
 
     async def aclose(self) -> None: ...
+
+
+async def flatten(batches: AsyncIterator[list[Event]]) -> AsyncIterator[Event]:
+    """The events of a worker's ``stream_batches``, one by one (closing this
+    closes ``batches``, and so the worker's request)."""
+    try:
+        async for batch in batches:
+            for event in batch:
+                yield event
+    finally:
+        aclose = getattr(batches, "aclose", None)
+        if aclose is not None:
+            await aclose()

@@ -23,6 +23,7 @@ from pool.tokens import estimate_tokens
 from ..gateway import Gateway
 from ..http import error_response, json_response, new_id, now
 from ..record import RequestRecord
+from ..relayed import BodyResponse, RelayedEncoder, record_body, relay_for
 from ..streaming import ClientGone, EventStreamResponse, StreamOutcome, until_disconnect
 
 __all__ = ["serve", "complete", "ERROR_DIALECT"]
@@ -125,13 +126,22 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: Cha
     worker = lease.worker
     handed_over = False
     try:
-        events = worker.stream(routed)
-        response_id = new_id(ID_PREFIX[chat.dialect])
+        relay = relay_for(worker, routed, chat, finalize)
+        if relay is not None:
+            events = worker.forward(routed, relay)
+        else:  # lists of events, one per upstream read, from workers that can
+            batches = getattr(worker, "stream_batches", None)
+            events = worker.stream(routed) if batches is None else batches(routed)
         if chat.stream:
             iterator = events.__aiter__()
             first = await _begin(gw, request, iterator)
-            encoder = dialect.StreamEncoder(chat, response_id=response_id, created=now(),
-                                            model=chat.model)
+            def make_encoder() -> Any:
+                return dialect.StreamEncoder(chat, response_id=new_id(ID_PREFIX[chat.dialect]),
+                                             created=now(), model=chat.model)
+
+            # a forwarded stream builds the dialect's encoder only if it needs one
+            encoder = make_encoder() if relay is None else RelayedEncoder(
+                make_encoder, relay, anthropic=chat.dialect == "anthropic")
 
             def on_done(outcome: StreamOutcome) -> None:
                 gw.release(lease)
@@ -146,13 +156,17 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: Cha
             return EventStreamResponse(
                 first, iterator, encoder,
                 headers=[(b"x-poolgate-worker", worker.name.encode())],
-                ping_interval=gw.ping_interval, on_done=on_done, after=after)
+                ping_interval=gw.ping_interval, on_done=on_done, after=after, relay=relay)
         completion = await until_disconnect(request.receive, _fold(events))
+        if type(completion) is bytes:  # forwarded as the upstream's body
+            record_body(record, relay)
+            return BodyResponse(completion, worker.name)
         usage = completion.usage
         record.tokens_in = usage.input_tokens
         record.tokens_out = usage.output_tokens
         record.tokens_cached = usage.cached_tokens
-        body = dialect.encode_completion(completion, chat, response_id=response_id,
+        body = dialect.encode_completion(completion, chat,
+                                         response_id=new_id(ID_PREFIX[chat.dialect]),
                                          created=now(), model=chat.model)
         if finalize is not None:
             await finalize(body, worker.name)
@@ -184,15 +198,25 @@ async def _first_event(iterator: Any) -> Event:
 
 
 async def _fold(events: Any) -> Any:
+    """The events (or lists of events) folded into a Completion; or the body a forwarding worker
+    yielded (read to the end, so the upstream connection is reused)."""
     acc = Accumulator()
+    body = None
     try:
         async for event in events:
-            acc.feed(event)
+            t = type(event)
+            if t is list:
+                for e in event:
+                    acc.feed(e)
+            elif t is bytes:
+                body = event
+            else:
+                acc.feed(event)
     finally:
         aclose = getattr(events, "aclose", None)
         if aclose is not None:
             await aclose()
-    return acc.finish()
+    return body if body is not None else acc.finish()
 
 
 def _record_stream(record: RequestRecord, outcome: StreamOutcome, gw: Gateway,

@@ -187,6 +187,10 @@ class CliWorker(ProcessWorker):
 
     # --- the request ----------------------------------------------------------------------
 
+    # stream() below wraps the child's events with session bookkeeping: the
+    # gateway must not take the batches of ProcessWorker.stream_batches around it
+    stream_batches = None  # type: ignore[assignment]
+
     async def stream(self, request: ChatRequest) -> AsyncIterator[Event]:
         check_request(request)
         history, new = split(request)

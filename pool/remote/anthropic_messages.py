@@ -42,7 +42,8 @@ from pool.model import (
 from .errors import error_from_object
 from .policy import ANTHROPIC_FIELDS, PassPolicy
 
-__all__ = ["build_body", "StreamParser", "body_events", "STOP_REASONS", "DEFAULT_MAX_TOKENS",
+__all__ = ["build_body", "StreamParser", "body_events", "usage_of", "finish_of", "STOP_REASONS",
+           "DEFAULT_MAX_TOKENS",
            "JSON_INSTRUCTION", "JSON_SCHEMA_INSTRUCTION", "CUSTOM_TOOL_SCHEMA",
            "unwrap_custom_input"]
 
@@ -237,7 +238,7 @@ def unwrap_custom_input(arguments: str) -> str:
     return arguments
 
 
-def _usage(u: dict[str, Any]) -> Usage:
+def usage_of(u: dict[str, Any]) -> Usage:
     """Anthropic counts cache reads and writes apart from ``input_tokens``;
     the canonical ``input_tokens`` is the whole prompt."""
     given = u.get("input_tokens")
@@ -248,7 +249,7 @@ def _usage(u: dict[str, Any]) -> Usage:
                  cache_creation_tokens=created)
 
 
-def _finish(delta: dict[str, Any]) -> Finish | None:
+def finish_of(delta: dict[str, Any]) -> Finish | None:
     reason = delta.get("stop_reason")
     if not reason:
         return None
@@ -312,15 +313,15 @@ class StreamParser:
             msg = obj.get("message") or {}
             usage = msg.get("usage")
             start = Start(msg.get("id"), msg.get("model"))
-            return (start, _usage(usage)) if usage else (start,)
+            return (start, usage_of(usage)) if usage else (start,)
         if kind == "message_delta":
             out: list[Event] = []
-            finish = _finish(obj.get("delta") or {})
+            finish = finish_of(obj.get("delta") or {})
             if finish is not None:
                 out.append(finish)
             usage = obj.get("usage")
             if usage:
-                out.append(_usage(usage))
+                out.append(usage_of(usage))
             return out
         if kind == "message_stop":
             self.done = True
@@ -406,8 +407,8 @@ def body_events(body: Any, custom_tools: frozenset[str] = _NO_NAMES) -> list[Eve
             out.append(ToolCallDelta(index, arguments))
             out.append(ToolCallEnd(index))
     if usage:
-        out.append(_usage(usage))
-    finish = _finish(body)
+        out.append(usage_of(usage))
+    finish = finish_of(body)
     if finish is not None:
         out.append(finish)
     return out

@@ -28,11 +28,13 @@ from pool.errors import (
 )
 from pool.model import ChatRequest, Event, ReasoningPart, Start
 from pool.sse import SSEDecoder
-from pool.worker import Capabilities, WorkerState
+from pool.worker import Capabilities, WorkerState, flatten
 
 from .errors import error_from_body, scrub_error
+from .idle import IdleTimeout, IdleWatch
 from .images import vet_images
 from .policy import PassPolicy
+from .relay import Relay, relay_for
 
 __all__ = ["RemoteSpec", "RemoteWorker", "StreamParser"]
 
@@ -201,7 +203,28 @@ class RemoteWorker:
         when this upstream cannot count (the gateway then estimates)."""
         return None
 
-    async def stream(self, request: ChatRequest) -> AsyncIterator[Event]:
+    def stream(self, request: ChatRequest) -> AsyncIterator[Event]:
+        return flatten(self._run(request, None))
+
+    def stream_batches(self, request: ChatRequest) -> AsyncIterator[list[Event]]:
+        """The events of :meth:`stream` as one list per upstream read, so the
+        gateway can write all frames of one read at once."""
+        return self._run(request, None)
+
+    def relay(self, request: ChatRequest, model: str) -> Relay | None:
+        """A relay when this upstream's answer to ``request`` can go to its client
+        as the upstream's bytes (see :mod:`.relay`); ``model``: the client's name."""
+        return relay_for(self.spec.dialect, request, model)
+
+    def forward(self, request: ChatRequest, relay: Relay) -> AsyncIterator[bytes | Event]:
+        """The answer as the bytes the client gets: the body (one item), or the
+        complete SSE frames of each upstream read; ``relay`` keeps usage, finish
+        and errors. An upstream that answered in the other form (a body to a
+        stream request, a stream to a body request) yields lists of canonical
+        events instead (as :meth:`stream_batches`), from the first item on."""
+        return self._run(request, relay)
+
+    async def _run(self, request: ChatRequest, relay: Relay | None) -> AsyncIterator[Any]:
         request = await vet_images(request, self.spec.policy)
         body, headers = self.prepare(request)
         if request.dialect == "openai_responses":
@@ -211,30 +234,57 @@ class RemoteWorker:
         custom = frozenset(t.name for t in request.tools if t.kind == "custom")
         resp = await self._post(orjson.dumps(body, default=_json_default), headers)
         reusable = False
+        watch = IdleWatch(self.spec.idle_timeout, resp.content)
         try:
             # by what came, not what was asked: some servers stream regardless
-            if "event-stream" in resp.headers.get("content-type", ""):
+            streamed = "event-stream" in resp.headers.get("content-type", "")
+            if relay is not None and streamed == relay.stream:
+                if streamed:
+                    while not relay.done:
+                        chunk = await self._read_chunk(resp, watch)
+                        if chunk:
+                            data = relay.feed(chunk)
+                        else:
+                            try:
+                                data = relay.close()
+                            except UpstreamUnavailable:
+                                log.warning("remote.stream_truncated", worker=self.name)
+                                raise
+                        if data:
+                            yield data
+                        if relay.error is not None:
+                            raise relay.error
+                else:
+                    yield relay.body(await self._read_all(resp, watch))
+            elif streamed:
                 parser = type(self).parser_factory(custom)
                 decoder = SSEDecoder()
                 started = False
                 while not parser.done:
-                    chunk = await self._read_chunk(resp)
-                    for frame in decoder.feed(chunk) if chunk else decoder.close():
-                        for event in parser.feed(frame.data):
-                            if not started:
+                    chunk = await self._read_chunk(resp, watch)
+                    batch: list[Event] = []
+                    try:
+                        for frame in decoder.feed(chunk) if chunk else decoder.close():
+                            events = parser.feed(frame.data)
+                            if events and not started:
                                 started = True
-                                if type(event) is not Start:  # a server that skipped it
-                                    yield Start()
-                            yield event
-                        if parser.done:
-                            break
+                                if type(events[0]) is not Start:  # a server that skipped it
+                                    batch.append(Start())
+                            batch.extend(events)
+                            if parser.done:
+                                break
+                    except GatewayError:
+                        if batch:  # what came before the failure still goes out
+                            yield batch
+                        raise
+                    if batch:
+                        yield batch
                     if not chunk and not parser.done:
                         log.warning("remote.stream_truncated", worker=self.name)
                         raise UpstreamUnavailable("upstream closed the stream early")
             else:
-                for event in type(self).body_events(_loads_body(await self._read_all(resp)),
-                                                    custom):
-                    yield event
+                raw = await self._read_all(resp, watch)
+                yield type(self).body_events(_loads_body(raw), custom)
             reusable = await self._drained(resp)
         except UpstreamCredentialsRefused as exc:  # reported in-stream
             self._credentials_refused(exc)
@@ -242,6 +292,7 @@ class RemoteWorker:
         except GatewayError as exc:  # in-stream texts are the parsers': scrub them here
             raise scrub_error(exc, self.spec.api_key) from None
         finally:
+            watch.close()
             if reusable:
                 resp.release()
             else:
@@ -298,8 +349,10 @@ class RemoteWorker:
         return error_from_body(resp.status, raw, resp.headers, upstream=f"upstream {self.name}",
                                secret=self.spec.api_key)
 
-    async def _read_chunk(self, resp: aiohttp.ClientResponse) -> bytes:
-        """The next body bytes (``b""`` at the end), within the idle timeout."""
+    async def _read_chunk(self, resp: aiohttp.ClientResponse,
+                          watch: IdleWatch | None = None) -> bytes:
+        """The next body bytes (``b""`` at the end), within the idle timeout
+        (kept by ``watch`` when given: one timer per answer, not one per read)."""
         content = resp.content
         try:
             # what already arrived needs no timer: most non-stream bodies come
@@ -307,9 +360,15 @@ class RemoteWorker:
             chunk = content.read_nowait()
             if chunk or content.is_eof():
                 return chunk
+            if watch is not None:
+                watch.begin()
+                try:
+                    return await content.readany()
+                finally:
+                    watch.end()
             async with asyncio.timeout(self.spec.idle_timeout):
                 return await content.readany()
-        except TimeoutError:
+        except (TimeoutError, IdleTimeout):
             log.warning("remote.idle_timeout", worker=self.name)
             raise UpstreamTimeout(f"upstream {self.name} stalled for more than "
                                   f"{self.spec.idle_timeout:g}s") from None
@@ -317,9 +376,10 @@ class RemoteWorker:
             log.warning("remote.stream_broken", worker=self.name)
             raise UpstreamUnavailable("upstream closed the stream early") from None
 
-    async def _read_all(self, resp: aiohttp.ClientResponse) -> bytes:
+    async def _read_all(self, resp: aiohttp.ClientResponse,
+                        watch: IdleWatch | None = None) -> bytes:
         parts: list[bytes] = []
-        while chunk := await self._read_chunk(resp):
+        while chunk := await self._read_chunk(resp, watch):
             parts.append(chunk)
         return b"".join(parts)
 

@@ -44,7 +44,7 @@ from .anthropic_messages import CUSTOM_TOOL_SCHEMA, unwrap_custom_input
 from .errors import error_from_object
 from .policy import OPENAI_CHAT_FIELDS, PassPolicy
 
-__all__ = ["build_body", "StreamParser", "body_events", "FINISH_REASONS"]
+__all__ = ["build_body", "StreamParser", "body_events", "FINISH_REASONS", "usage_of", "finish_of"]
 
 FINISH_REASONS = {
     "stop": "stop",
@@ -222,7 +222,7 @@ def _tool(t: Tool) -> dict[str, Any]:
 
 # --- answer --------------------------------------------------------------------
 
-def _usage(u: dict[str, Any]) -> Usage:
+def usage_of(u: dict[str, Any]) -> Usage:
     prompt = u.get("prompt_tokens_details") or {}
     completion = u.get("completion_tokens_details") or {}
     return Usage(input_tokens=u.get("prompt_tokens"), output_tokens=u.get("completion_tokens"),
@@ -242,7 +242,7 @@ def _logprobs(content: list[dict[str, Any]]) -> Logprobs:
     return Logprobs(tuple(tokens))
 
 
-def _finish(choice: dict[str, Any], reason: str) -> Finish:
+def finish_of(choice: dict[str, Any], reason: str) -> Finish:
     mapped = FINISH_REASONS.get(reason, "stop")
     # vLLM and SGLang name the stop string that matched: keep it, Anthropic
     # clients want ``stop_sequence``
@@ -308,10 +308,10 @@ class StreamParser:
             reason = choice.get("finish_reason")
             if reason:
                 self._close_calls(out)
-                out.append(_finish(choice, reason))
+                out.append(finish_of(choice, reason))
         usage = chunk.get("usage")
         if usage:
-            out.append(_usage(usage))
+            out.append(usage_of(usage))
         return out
 
     def _call_deltas(self, calls: list[dict[str, Any]], out: list[Event]) -> None:
@@ -399,8 +399,8 @@ def body_events(body: Any, custom_tools: frozenset[str] = _NO_NAMES) -> list[Eve
         out.append(_logprobs(lp["content"]))
     usage = body.get("usage")
     if usage:
-        out.append(_usage(usage))
+        out.append(usage_of(usage))
     reason = choice.get("finish_reason")
     if reason:
-        out.append(_finish(choice, reason))
+        out.append(finish_of(choice, reason))
     return out

@@ -35,7 +35,8 @@ def rough_tokens(obj: Any) -> int:
 
 # --- the script ------------------------------------------------------------------
 
-_MARK = re.compile(r"(tools|tool|think|error|sleep|die-after|hang-after|truncate-after)(:|\]\])")
+_MARK = re.compile(r"(tools|tool|think|error|sleep|die-after|hang-after|truncate-after|fail-after)"
+                   r"(:|\]\])")
 _NAME = re.compile(r"\s*([A-Za-z0-9_.\-]+)\s*")
 _JSON = json.JSONDecoder()
 
@@ -51,6 +52,7 @@ class Script:
     die_after: int | None = None
     hang_after: int | None = None
     truncate_after: int | None = None
+    fail_after: int | None = None
 
 
 def parse_script(text: str, script: Script) -> str:
@@ -94,6 +96,8 @@ def parse_script(text: str, script: Script) -> str:
             script.hang_after = int(arg)
         elif name == "truncate-after":
             script.truncate_after = int(arg)
+        elif name == "fail-after":
+            script.fail_after = int(arg)
     kept.append(text[i:])
     return " ".join("".join(kept).split())
 

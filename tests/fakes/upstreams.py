@@ -30,7 +30,12 @@ What it answers is scripted by the text of the last user message:
 * ``[[truncate-after:N]]``: stream N frames, then end the body cleanly but
   without the terminal event;
 * ``[[hang-after:N]]``: stream N frames, then hang until the client leaves
-  (counted in ``disconnects``).
+  (counted in ``disconnects``);
+* ``[[fail-after:N]]``: stream N frames, then the dialect's in-stream error
+  frame (an overload whose message quotes the upstream key) and the end.
+
+``fake.answers`` holds the bytes of each answer's body as sent (for a stream,
+its frames joined).
 
 Usage is realistic: input tokens are a rough count of the request (a quarter
 of its JSON length); Anthropic reports cache reads/writes when the body holds
@@ -47,6 +52,7 @@ import threading
 import time
 from typing import Any, NamedTuple
 
+import orjson
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -104,13 +110,23 @@ def _wrong_key_message(request: Request) -> str:
             "at https://platform.openai.com/account/api-keys.")
 
 
+def _error_frame(dialect: str, key: str | None) -> bytes:
+    message = f"overloaded right now (key {key or 'none'})"
+    if dialect == "anthropic":
+        return b"event: error\ndata: " + orjson.dumps(
+            {"type": "error", "error": {"type": "overloaded_error", "message": message}}) + b"\n\n"
+    return b"data: " + orjson.dumps({"error": {"message": message, "type": "rate_limit_error",
+                                               "code": 429}}) + b"\n\n"
+
+
 # --- HTTP ------------------------------------------------------------------------
 
 class _Frames(Response):
     """SSE frames sent one ASGI message each, with the scripted failures."""
 
-    def __init__(self, fake: FakeUpstream, frames: list[bytes], script: Script) -> None:
-        self.fake, self.frames, self.script = fake, frames, script
+    def __init__(self, fake: FakeUpstream, frames: list[bytes], script: Script,
+                 dialect: str = "openai") -> None:
+        self.fake, self.frames, self.script, self.dialect = fake, frames, script, dialect
         self.background = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -118,7 +134,16 @@ class _Frames(Response):
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
                                 (b"cache-control", b"no-cache")]})
+        sent: list[bytes] = []
+        self.fake.answers.append(b"")
+        slot = len(self.fake.answers) - 1
         for n, frame in enumerate(self.frames):
+            if s.fail_after is not None and n >= s.fail_after:
+                frame = _error_frame(self.dialect, self.fake.api_key)
+                sent.append(frame)
+                self.fake.answers[slot] = b"".join(sent)
+                await send({"type": "http.response.body", "body": frame, "more_body": True})
+                break
             if s.hang_after is not None and n >= s.hang_after:
                 while (await receive())["type"] != "http.disconnect":
                     pass
@@ -128,6 +153,8 @@ class _Frames(Response):
                 raise ConnectionAbortedError("fake upstream drops the connection")
             if s.truncate_after is not None and n >= s.truncate_after:
                 break
+            sent.append(frame)
+            self.fake.answers[slot] = b"".join(sent)
             await send({"type": "http.response.body", "body": frame, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -143,6 +170,7 @@ class FakeUpstream:
         self.requests: list[Received] = []
         self.peers: list[tuple[str, int] | None] = []  # client address of each request
         self.disconnects = 0
+        self.answers: list[bytes] = []  # each answer's body bytes as sent
         self.port = 0
         self._ids = itertools.count(1)
         self._server: uvicorn.Server | None = None
@@ -271,13 +299,18 @@ class FakeUpstream:
             plan = make_plan(script, body, id_prefix="call_")
             rid = f"chatcmpl-fake{n}"
             if body.get("stream"):
-                return _Frames(self, openai_frames(plan, body, rid), script)
-            return JSONResponse(openai_body(plan, body, rid))
+                return _Frames(self, openai_frames(plan, body, rid), script, dialect)
+            return self._body(openai_body(plan, body, rid))
         plan = make_plan(script, body, id_prefix="toolu_")
         rid = f"msg_fake{n}"
         if body.get("stream"):
-            return _Frames(self, anthropic_frames(plan, body, rid), script)
-        return JSONResponse(anthropic_body(plan, body, rid))
+            return _Frames(self, anthropic_frames(plan, body, rid), script, dialect)
+        return self._body(anthropic_body(plan, body, rid))
+
+    def _body(self, content: Any) -> Response:
+        response = JSONResponse(content)
+        self.answers.append(bytes(response.body))
+        return response
 
     async def _count_tokens(self, request: Request) -> Response:
         body = await self._receive(request)

@@ -353,6 +353,21 @@ async def test_unreachable_upstream(make: MakeWorker, dialect: str) -> None:
 
 @pytest.mark.skipif(sys.platform != "linux", reason="relies on Linux dropping SYNs to a full queue")
 @pytest.mark.parametrize("dialect", DIALECTS)
+async def test_idle_timeout_mid_forwarded_stream(make: MakeWorker, dialect: str) -> None:
+    worker = await make(dialect, idle_timeout=0.3)
+    request = chat("a b c d e [[hang-after:3]]", stream=True,
+                   dialect="openai_chat" if dialect == "openai" else "anthropic")
+    relay = worker.relay(request, "fake-model")  # type: ignore[attr-defined]
+    assert relay is not None
+    items: list[Any] = []
+    with pytest.raises(UpstreamTimeout) as info:
+        async for item in worker.forward(request, relay):  # type: ignore[attr-defined]
+            items.append(item)
+    assert info.value.status == 504 and "stalled" in info.value.message
+    assert items and all(type(i) is bytes and i.endswith(b"\n\n") for i in items)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
 async def test_connect_timeout(make: MakeWorker, dialect: str) -> None:
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
