@@ -114,7 +114,7 @@ class RedisLimits:
     ``leases`` off asks Redis for every request (one round trip each)."""
 
     def __init__(self, link: RedisLink, local: Any, *, window: float = 60.0,
-                 batch: float = 0.02, clock: Callable[[], float] = time.time,
+                 batch: float = 0.05, clock: Callable[[], float] = time.time,
                  leases: bool = True) -> None:
         self._link = link
         self.local = local
@@ -302,6 +302,19 @@ class RedisLimits:
         """Wait for the queued charges and lease refreshes to reach Redis (tests, shutdown)."""
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def aclose(self) -> None:
+        """Shutting down: give every lease back and send what is queued (each
+        bounded by the link's timeout), so other replicas may use the leased requests."""
+        leases, self._leases = self._leases, None  # from now on, one round trip per request
+        for key, lease in (leases or {}).items():
+            if lease.timer is not None:
+                lease.timer.cancel()
+                lease.timer = None
+            if lease.left > 0:
+                self._give_back(key, lease.window_raw, lease.left)
+                lease.left = 0
+        await self.flush()
 
     def stats(self) -> dict[str, int]:
         return {"lease_hits": self.lease_hits, "round_trips": self.round_trips,

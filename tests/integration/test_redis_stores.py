@@ -363,3 +363,16 @@ async def test_a_lost_redis_costs_a_leased_key_at_most_one_timeout(server: Redis
         await asyncio.sleep(0)
     assert time.monotonic() - start < links[0].timeout + 0.5
     assert not links[0].up and limits.fallbacks > 0
+
+
+async def test_closing_gives_the_leases_back(links) -> None:
+    limits = RedisLimits(links[0], MemoryLimits())
+    policy = KeyPolicy("closing", rpm=10**6)
+    for _ in range(200):
+        assert await limits.admit(policy) is None
+    limits.charge("closing", 7)
+    await limits.flush()
+    assert await shared_requests(links[0], "closing") > 200   # leased, not used yet
+    await limits.aclose()
+    assert await shared_requests(links[0], "closing") == 200
+    assert await links[1].client.hget("poolgate:lim:closing", "tok") == b"7"
