@@ -12,7 +12,7 @@ The script reserves a *lease* of requests for this replica (see
 a busy key's requests are admitted from it without a round trip, the lease
 is refreshed in the background, and what is left of an idle one goes back.
 Token charges and lease returns are queued and sent together, in one
-pipeline, ``batch`` seconds after the first of them.
+script call for all keys, ``batch`` seconds after the first of them.
 
 While Redis is down, admission falls back to counting in this process (the
 ``local`` store): a key's limits then hold per replica, so across N replicas
@@ -39,51 +39,54 @@ _KEY = PREFIX + "lim:"
 _DAY = 86400
 _KEEP_MS = 40 * _DAY * 1000  # a month's budget, and a little more
 
-# KEYS[1] the key's counters; ARGV: mode (admit|charge|seed|release), now, day, month,
-# window, rpm, tpm, budget_day, budget_month (-1 = none), n (admit: requests wanted;
-# charge: tokens; seed: day tokens), m (admit, release: leased requests given back;
-# seed: month tokens), keep (ms), the window the given-back requests were leased in
-# -> {refused ('' = admitted), window_start, requests, tokens, day, day_tokens,
-#     month_tokens, requests granted}
+# KEYS: the keys' counters; ARGV: now, day, month, window, keep (ms), then for each key
+# 8 values: mode (admit|charge|seed|release), rpm, tpm, budget_day, budget_month (-1 =
+# none), n (admit: requests wanted; charge: tokens; seed: day tokens), m (admit, release:
+# leased requests given back; seed: month tokens), the window they were leased in.
+# -> for the first key: {refused ('' = admitted), window_start, requests, tokens, day,
+#    day_tokens, month_tokens, requests granted}; 0 when it was a release
 _SCRIPT = """
-local k, mode = KEYS[1], ARGV[1]
-local now, day, month, win = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local v = redis.call('HMGET', k, 'ws', 'req', 'tok', 'day', 'dtok', 'month', 'mtok')
-local ws, req, tok = tonumber(v[1]), tonumber(v[2] or '0'), tonumber(v[3] or '0')
-local d, dtok, m, mtok = tonumber(v[4] or ARGV[3]), tonumber(v[5] or '0'), tonumber(v[6] or ARGV[4]), tonumber(v[7] or '0')
-if mode == 'release' then
-  if v[1] == ARGV[13] then redis.call('HSET', k, 'req', math.max(0, req - tonumber(ARGV[11]))) end
-  return 0
-end
-if mode == 'admit' and v[1] == ARGV[13] then req = math.max(0, req - tonumber(ARGV[11])) end
-if ws == nil or now - ws >= win then ws, req, tok = now, 0, 0 end
-if d ~= day then
-  d, dtok = day, 0
-  if m ~= month then m, mtok = month, 0 end
-end
-local refused, granted = '', 0
-if mode == 'admit' then
-  local rpm, tpm, bday, bmonth = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
-  if rpm >= 0 and req >= rpm then refused = 'requests'
-  elseif tpm >= 0 and tok >= tpm then refused = 'tokens'
-  elseif bday >= 0 and dtok >= bday then refused = 'budget_day'
-  elseif bmonth >= 0 and mtok >= bmonth then refused = 'budget_month'
+local now, day, month, win = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local out = 0
+for i, k in ipairs(KEYS) do
+  local o = 5 + (i - 1) * 8
+  local mode, back, leased = ARGV[o + 1], tonumber(ARGV[o + 7]), ARGV[o + 8]
+  local v = redis.call('HMGET', k, 'ws', 'req', 'tok', 'day', 'dtok', 'month', 'mtok')
+  local ws, req, tok = tonumber(v[1]), tonumber(v[2] or '0'), tonumber(v[3] or '0')
+  local d, dtok, m, mtok = tonumber(v[4] or ARGV[2]), tonumber(v[5] or '0'), tonumber(v[6] or ARGV[3]), tonumber(v[7] or '0')
+  if mode == 'release' then
+    if v[1] == leased then redis.call('HSET', k, 'req', math.max(0, req - back)) end
   else
-    granted = tonumber(ARGV[10])
-    if rpm >= 0 then granted = math.min(granted, rpm - req) end
-    req = req + granted
+    if mode == 'admit' and v[1] == leased then req = math.max(0, req - back) end
+    if ws == nil or now - ws >= win then ws, req, tok = now, 0, 0 end
+    if d ~= day then
+      d, dtok = day, 0
+      if m ~= month then m, mtok = month, 0 end
+    end
+    local refused, granted, n = '', 0, tonumber(ARGV[o + 6])
+    if mode == 'admit' then
+      local rpm, tpm, bday, bmonth = tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3]), tonumber(ARGV[o + 4]), tonumber(ARGV[o + 5])
+      if rpm >= 0 and req >= rpm then refused = 'requests'
+      elseif tpm >= 0 and tok >= tpm then refused = 'tokens'
+      elseif bday >= 0 and dtok >= bday then refused = 'budget_day'
+      elseif bmonth >= 0 and mtok >= bmonth then refused = 'budget_month'
+      else
+        granted = n
+        if rpm >= 0 then granted = math.min(granted, rpm - req) end
+        req = req + granted
+      end
+    elseif mode == 'charge' then
+      tok, dtok, mtok = tok + n, dtok + n, mtok + n
+    elseif mode == 'seed' then
+      dtok, mtok = math.max(dtok, n), math.max(mtok, back)
+    end
+    redis.call('HSET', k, 'ws', tostring(ws), 'req', req, 'tok', tok, 'day', d, 'dtok', dtok,
+               'month', m, 'mtok', mtok)
+    redis.call('PEXPIRE', k, ARGV[5])
+    if i == 1 then out = {refused, tostring(ws), req, tok, d, dtok, mtok, granted} end
   end
-elseif mode == 'charge' then
-  local n = tonumber(ARGV[10])
-  tok, dtok, mtok = tok + n, dtok + n, mtok + n
-elseif mode == 'seed' then
-  dtok = math.max(dtok, tonumber(ARGV[10]))
-  mtok = math.max(mtok, tonumber(ARGV[11]))
 end
-redis.call('HSET', k, 'ws', tostring(ws), 'req', req, 'tok', tok, 'day', d, 'dtok', dtok,
-           'month', m, 'mtok', mtok)
-redis.call('PEXPIRE', k, ARGV[12])
-return {refused, tostring(ws), req, tok, d, dtok, mtok, granted}
+return out
 """
 
 
@@ -130,10 +133,9 @@ class RedisLimits:
         self.fallbacks = 0
         self.lease_hits = self.round_trips = 0
 
-    def _args(self, mode: str, now: float, limits: tuple[int, ...], n: int = 0, m: int = 0,
-              window: str = "") -> list[Any]:
-        return [mode, repr(now), int(now // _DAY), _month(now), self._window, *limits, n, m,
-                _KEEP_MS, window]
+    def _args(self, now: float) -> list[Any]:
+        """The script's arguments before the per-key ones."""
+        return [repr(now), int(now // _DAY), _month(now), self._window, _KEEP_MS]
 
     async def admit(self, policy: Any) -> Any:
         now = self._clock()
@@ -166,9 +168,8 @@ class RedisLimits:
 
     async def _admit_each(self, policy: Any, now: float) -> Any:
         """One request, one round trip (no lease); this process's count while Redis is down."""
-        args = self._args("admit", now, _limits(policy), 1)
         try:
-            reply = await self._run(policy.name, args)
+            reply = await self._run(now, [(policy.name, _op("admit", _limits(policy), 1))])
         except RedisDown:
             self._fell_back("admit")
             return await self.local.admit(policy)
@@ -176,22 +177,25 @@ class RedisLimits:
             return None
         return self.local.refusal(policy, _Snapshot(reply), now)
 
-    async def _run(self, key: str, args: list[Any]) -> Any:
-        """The limit script on ``key``: one round trip (:class:`RedisDown` when out of reach)."""
+    async def _run(self, now: float, ops: list[tuple[str, list[Any]]]) -> Any:
+        """The limit script on each ``(key, op)`` in turn: one round trip
+        (:class:`RedisDown` when out of reach); the reply of the first."""
+        keys = [_KEY + key for key, _ in ops]
+        args = self._args(now) + [value for _, op in ops for value in op]
         self.round_trips += 1
-        return await self._link.call(lambda: self._script(keys=[_KEY + key], args=args))
+        return await self._link.call(lambda: self._script(keys=keys, args=args))
 
     def _refresh(self, policy: Any, lease: Lease, back: int = 0,
                  window: str = "") -> asyncio.Task[Any]:
         """Ask Redis for a lease (giving ``back`` requests of ``window`` back), in a task."""
         now = self._clock()
-        args = self._args("admit", now, _limits(policy), lease.want(policy, now), back, window)
-        task = lease.refreshing = self._spawn(self._leased(policy, lease, now, args))
+        op = _op("admit", _limits(policy), lease.want(policy, now), back, window)
+        task = lease.refreshing = self._spawn(self._leased(policy, lease, now, op))
         return task
 
-    async def _leased(self, policy: Any, lease: Lease, now: float, args: list[Any]) -> None:
+    async def _leased(self, policy: Any, lease: Lease, now: float, op: list[Any]) -> None:
         try:
-            reply = await self._run(policy.name, args)
+            reply = await self._run(now, [(policy.name, op)])
         except RedisDown:
             self._fell_back("lease")
             lease.refused = None
@@ -227,7 +231,7 @@ class RedisLimits:
         self._flush_later()
 
     def charge(self, key: str, tokens: int) -> None:
-        """Queue ``tokens`` for ``key``; the queue goes to Redis in one pipeline
+        """Queue ``tokens`` for ``key``; the queue goes to Redis in one script call
         ``batch`` seconds after the first charge in it (tpm windows lag that much)."""
         if tokens <= 0:
             return
@@ -256,19 +260,11 @@ class RedisLimits:
         charges, self._charges = self._charges, {}
         returns, self._returns = self._returns, {}
         self._flusher = None
-        now = self._clock()
-
-        async def send() -> None:
-            pipe = self._link.client.pipeline(transaction=False)
-            for key, tokens in charges.items():
-                await self._script(keys=[_KEY + key], client=pipe,
-                                   args=self._args("charge", now, _NONE, tokens))
-            for key, (window, requests) in returns.items():
-                await self._script(keys=[_KEY + key], client=pipe,
-                                   args=self._args("release", now, _NONE, 0, requests, window))
-            await pipe.execute()
+        ops = [(key, _op("charge", _NONE, tokens)) for key, tokens in charges.items()]
+        ops += [(key, _op("release", _NONE, 0, requests, window))
+                for key, (window, requests) in returns.items()]
         try:
-            await self._link.call(send)
+            await self._run(self._clock(), ops)
         except RedisDown:
             self._fell_back("charge")
             for key, tokens in charges.items():
@@ -277,9 +273,8 @@ class RedisLimits:
     async def seed(self, key: str, day_tokens: int, month_tokens: int) -> None:
         await self.local.seed(key, day_tokens, month_tokens)
         self._drop_lease(key)
-        args = self._args("seed", self._clock(), _NONE, day_tokens, month_tokens)
         try:
-            await self._run(key, args)
+            await self._run(self._clock(), [(key, _op("seed", _NONE, day_tokens, month_tokens))])
         except RedisDown:
             self._fell_back("seed")
 
@@ -324,6 +319,12 @@ class RedisLimits:
         if self.fallbacks == 0 or self.fallbacks % 1000 == 0:
             log.warning("limits.local_fallback", op=op, fallbacks=self.fallbacks + 1)
         self.fallbacks += 1
+
+
+def _op(mode: str, limits: tuple[int, ...], n: int = 0, m: int = 0,
+        window: str = "") -> list[Any]:
+    """One key's arguments to the script (see ``_SCRIPT``)."""
+    return [mode, *limits, n, m, window]
 
 
 def _limits(policy: Any) -> tuple[int, ...]:

@@ -242,12 +242,15 @@ async def test_a_hung_redis_costs_one_timeout_then_nothing(server: RedisServer, 
     assert await bindings.get("s") == "w1"
 
 
-async def test_charges_batched_into_one_pipeline(links) -> None:
+async def test_charges_batched_into_one_script_call(links) -> None:
     a, b = (RedisLimits(link, MemoryLimits()) for link in links)
+    await a.seed("k0", 0, 0)   # loads the script
+    before = await script_calls(links[0])
     for key in ("k1", "k2"):
         for _ in range(5):
-            a.charge(key, 3)   # 10 charges, one flush
+            a.charge(key, 3)   # 10 charges of two keys, one flush
     await a.flush()
+    assert await script_calls(links[0]) - before == 1
     for key in ("k1", "k2"):
         refusal = await b.admit(KeyPolicy(key, tpm=15))
         assert refusal is not None and refusal.window.tokens_remaining == 0
