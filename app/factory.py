@@ -288,6 +288,7 @@ async def _start_redis(gw: Gateway, stack: contextlib.AsyncExitStack) -> None:
     at start-up is not fatal: the replica serves from memory until it answers."""
     link = gw.redis
     stack.push_async_callback(link.aclose)
+    stack.push_async_callback(gw.teams.limits.aclose)  # leases back, charges sent; then close
     if not await link.ping():
         log.warning("gateway.redis_unreachable")
 

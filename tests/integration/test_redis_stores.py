@@ -1,4 +1,8 @@
-"""The Redis stores against a real redis-server: two links stand for two replicas."""
+"""The Redis stores against a real redis-server: two links stand for two replicas.
+
+Rate-limit leases (the last tests): a busy key is admitted mostly without a
+round trip, yet its rpm holds exactly across replicas, an idle lease goes
+back, and tokens charged on another replica stop a lease within its lifetime."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from typing import AsyncIterator, Iterator
 import pytest
 
 from auth.limits import KeyPolicy, MemoryLimits
+from sessions.limit_leases import LIFETIME
 from sessions.redis_bindings import RedisBindingStore, RedisUpstreamSessions
 from sessions.redis_limits import RedisLimits
 from sessions.redis_link import RedisLink, StoreUnavailable
@@ -237,12 +242,15 @@ async def test_a_hung_redis_costs_one_timeout_then_nothing(server: RedisServer, 
     assert await bindings.get("s") == "w1"
 
 
-async def test_charges_batched_into_one_pipeline(links) -> None:
+async def test_charges_batched_into_one_script_call(links) -> None:
     a, b = (RedisLimits(link, MemoryLimits()) for link in links)
+    await a.seed("k0", 0, 0)   # loads the script
+    before = await script_calls(links[0])
     for key in ("k1", "k2"):
         for _ in range(5):
-            a.charge(key, 3)   # 10 charges, one flush
+            a.charge(key, 3)   # 10 charges of two keys, one flush
     await a.flush()
+    assert await script_calls(links[0]) - before == 1
     for key in ("k1", "k2"):
         refusal = await b.admit(KeyPolicy(key, tpm=15))
         assert refusal is not None and refusal.window.tokens_remaining == 0
@@ -259,3 +267,115 @@ async def test_fresh_bindings_skip_the_round_trip_but_see_moves_later(links) -> 
     assert a.stats()["fresh_local_hits"] == 1
     clock[0] = 1.5
     assert await a.get("s") == "w2"            # after it: Redis, and the move
+
+
+async def script_calls(link: RedisLink) -> int:
+    stats = await link.client.info("commandstats")
+    return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("evalsha", "eval"))
+
+
+async def shared_requests(link: RedisLink, key: str) -> int:
+    return int(await link.client.hget(f"poolgate:lim:{key}", "req") or 0)
+
+
+async def test_rpm_exact_across_replicas_with_few_round_trips(links) -> None:
+    a, b = (RedisLimits(link, MemoryLimits()) for link in links)
+    policy = KeyPolicy("busy", rpm=3000)
+    admitted = {"a": 0, "b": 0}
+
+    async def replica(name: str, limits: RedisLimits) -> None:
+        while True:
+            refusal = await limits.admit(policy)
+            if refusal is not None:
+                assert refusal.limit == "requests"
+                await limits.flush()  # a refresh in flight may still bring a leased request
+                refusal = await limits.admit(policy)
+                if refusal is not None:
+                    return
+            admitted[name] += 1
+            await asyncio.sleep(0)  # let the other replica and the lease refreshes run
+
+    await asyncio.gather(replica("a", a), replica("b", b))
+    assert admitted["a"] + admitted["b"] == 3000      # not one over, not one short
+    assert min(admitted.values()) > 300               # both replicas were served
+    assert await shared_requests(links[0], "busy") == 3000
+    calls = await script_calls(links[0])
+    assert calls < 3000 / 5, f"{calls} script calls for 3000 requests"
+    assert a.lease_hits + b.lease_hits > 2400
+
+
+async def test_an_idle_lease_goes_back_to_the_other_replicas(links) -> None:
+    a, b = (RedisLimits(link, MemoryLimits()) for link in links)
+    policy = KeyPolicy("idle", rpm=10_000)
+    for _ in range(200):
+        assert await a.admit(policy) is None
+    await a.flush()
+    held = await shared_requests(links[0], "idle")
+    assert held > 200                                 # a holds leased requests it has not used
+    deadline = time.monotonic() + LIFETIME + 2
+    while await shared_requests(links[0], "idle") != 200:
+        assert time.monotonic() < deadline, "the idle lease was not given back"
+        await asyncio.sleep(0.05)
+    for _ in range(10_000 - 200):                     # b may now use all the rest
+        assert await b.admit(policy) is None
+    assert (await b.admit(policy)).limit == "requests"
+
+
+async def test_tokens_charged_elsewhere_stop_a_lease_within_its_lifetime(links) -> None:
+    a, b = (RedisLimits(link, MemoryLimits()) for link in links)
+    policy = KeyPolicy("tokens", tpm=1_000_000)
+    for _ in range(100):
+        assert await a.admit(policy) is None
+        a.charge("tokens", 10)
+        await asyncio.sleep(0.001)
+    await a.flush()
+    b.charge("tokens", 2_000_000)                     # another replica's answers
+    await b.flush()
+    start = time.monotonic()
+    after = 0
+    while (refusal := await a.admit(policy)) is None:
+        after += 1
+        assert time.monotonic() - start < LIFETIME + 1, "a kept admitting past its lease"
+        await asyncio.sleep(0.005)
+    assert refusal.limit == "tokens"
+    # sized to use at most 1/16 of the tokens left: 1e6 / (16 * 10) requests
+    assert after <= 1_000_000 // (16 * 10)
+    assert await b.admit(policy) is not None
+
+
+async def test_leases_off_asks_redis_for_every_request(links) -> None:
+    limits = RedisLimits(links[0], MemoryLimits(), leases=False)
+    assert await limits.admit(KeyPolicy("each", rpm=10_000)) is None  # loads the script
+    before = await script_calls(links[0])
+    for _ in range(50):
+        assert await limits.admit(KeyPolicy("each", rpm=10_000)) is None
+    assert await script_calls(links[0]) - before == 50
+
+
+async def test_a_lost_redis_costs_a_leased_key_at_most_one_timeout(server: RedisServer,
+                                                                  links) -> None:
+    limits = RedisLimits(links[0], MemoryLimits())
+    policy = KeyPolicy("lost", rpm=10**6)
+    for _ in range(200):
+        assert await limits.admit(policy) is None
+        await asyncio.sleep(0)
+    server.kill()
+    start = time.monotonic()
+    for _ in range(300):  # the lease, then a refresh that finds Redis gone, then local counts
+        assert await limits.admit(policy) is None
+        await asyncio.sleep(0)
+    assert time.monotonic() - start < links[0].timeout + 0.5
+    assert not links[0].up and limits.fallbacks > 0
+
+
+async def test_closing_gives_the_leases_back(links) -> None:
+    limits = RedisLimits(links[0], MemoryLimits())
+    policy = KeyPolicy("closing", rpm=10**6)
+    for _ in range(200):
+        assert await limits.admit(policy) is None
+    limits.charge("closing", 7)
+    await limits.flush()
+    assert await shared_requests(links[0], "closing") > 200   # leased, not used yet
+    await limits.aclose()
+    assert await shared_requests(links[0], "closing") == 200
+    assert await links[1].client.hget("poolgate:lim:closing", "tok") == b"7"

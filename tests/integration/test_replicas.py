@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from pool.routing import rendezvous
+from sessions.limit_leases import LIFETIME
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer
 
@@ -31,6 +32,8 @@ ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
 KEY = {"authorization": "Bearer sk-a"}
 LIMITED = {"authorization": "Bearer sk-r"}
 RPM = 4
+BUSY = {"authorization": "Bearer sk-b"}
+BUSY_RPM = 300  # big enough for the replicas to lease requests of it
 
 
 def _config(path: Path, port: int, redis_url: str, workers: tuple[str, ...], upstream: str) -> Path:
@@ -54,6 +57,10 @@ secret_env = "TEAM_A_KEY"
 [server.keys.team-r]
 secret_env = "TEAM_R_KEY"
 rpm = {RPM}
+
+[server.keys.team-b]
+secret_env = "TEAM_B_KEY"
+rpm = {BUSY_RPM}
 {blocks}""")
     return path
 
@@ -64,7 +71,7 @@ class Replica:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = _config(tmp / f"{name}.toml", self.port, redis_url, workers, upstream)
-        env = {**os.environ, "TEAM_A_KEY": "sk-a", "TEAM_R_KEY": "sk-r",
+        env = {**os.environ, "TEAM_A_KEY": "sk-a", "TEAM_R_KEY": "sk-r", "TEAM_B_KEY": "sk-b",
                "UPSTREAM_KEY": UPSTREAM_KEY, "POOLGATE_ADMIN_TOKEN": ADMIN_TOKEN,
                "POOLGATE_METRICS_TOKEN": "m"}
         for name_ in ("POOLGATE_STATE_DIR", "POOLGATE_REDIS_URL", "POOLGATE_CONFIG"):
@@ -189,6 +196,31 @@ def test_rpm_counted_across_replicas(cluster) -> None:
         refused = replica.chat("x", headers=LIMITED)
         assert refused.status_code == 429
         assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+
+
+def test_busy_key_leased_yet_exact_across_replicas(cluster) -> None:
+    """Each replica admits a busy key's requests from leases of its shared
+    window; together they admit exactly its rpm: never one more, and what one
+    leased and did not use goes back when idle (``LIFETIME``)."""
+    def until_refused(replica: Replica) -> int:
+        served = 0
+        while (answer := replica.chat("busy", headers=BUSY)).status_code == 200:
+            served += 1
+            if served > BUSY_RPM:
+                return served  # over the limit on its own: the assertion below says so
+        assert answer.status_code == 429, answer.text
+        return served
+
+    admitted, rounds = 0, 0
+    with ThreadPoolExecutor(4) as threads:
+        while rounds < 5:
+            served = sum(threads.map(until_refused, [cluster.a, cluster.b] * 2))
+            admitted += served
+            rounds += 1
+            if served == 0:
+                break
+            time.sleep(LIFETIME + 0.3)  # idle leases go back
+    assert admitted == BUSY_RPM
 
 
 def test_redis_killed_then_back(cluster) -> None:
