@@ -170,7 +170,8 @@ def start_gateway(target: str, a: argparse.Namespace, ctx: dict) -> tuple[bench.
     else:
         config = out / f"poolgate-open-{port}.toml"
         config.write_text(bench.config_toml(port, ctx["upstream_port"], "warning",
-                                            max_in_flight=a.n + 1000))
+                                            max_in_flight=a.n + 1000,
+                                            health_interval=a.health_interval or None))
         serve = ["serve", "--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
         argv = ([a.python, str(HERE / "memprobe.py"), "--dump", str(out / "tracemalloc")]
                 if a.tracemalloc else bench.poolgate_argv(a)) + serve
@@ -275,7 +276,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--targets", default="floor,poolgate")
     ap.add_argument("--hold", type=float, default=10.0, help="seconds of CPU measurement (≤ 120)")
     ap.add_argument("--parallel", type=int, default=256, help="streams opening at a time")
-    ap.add_argument("--ramp-timeout", type=float, default=180.0, help="seconds (≤ 400)")
+    ap.add_argument("--ramp-timeout", type=float, default=300.0, help="seconds (≤ 400)")
+    ap.add_argument("--health-interval", type=float, default=600.0,
+                    help="poolgate's server.health_interval for this run (0: the default, 10 s); "
+                         "with 10 s, a probe answered late by a saturated loop (> 5 s) takes the "
+                         "upstream out mid-ramp and new streams get 429")
     ap.add_argument("--tracemalloc", action="store_true",
                     help="run poolgate under bench/memprobe.py and dump idle/open snapshots")
     ap.add_argument("--python", default=str(bench.VENV / "python") if (bench.VENV / "python").exists()
