@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Run ``poolgate`` with tracemalloc on; SIGUSR1 dumps a snapshot and object counts.
+"""Run ``poolgate`` (or the floor) with tracemalloc on; SIGUSR1 dumps a snapshot and object counts.
 
     python bench/memprobe.py --dump DIR serve --config ... --port ...
+    python bench/memprobe.py --dump DIR --floor --upstream URL --port P
 
 On SIGUSR1 it reads a label from ``DIR/next``, writes ``DIR/<label>.snap``
 (a tracemalloc snapshot, 8 frames per allocation), ``DIR/<label>.types.json``
@@ -29,7 +30,8 @@ def _dump(where: Path) -> None:
     label = (where / "next").read_text().strip() or "snap"
     gc.collect()
     tracemalloc.take_snapshot().dump(str(where / f"{label}.snap"))
-    counts = Counter(type(o).__module__ + "." + type(o).__qualname__ for o in gc.get_objects())
+    counts = Counter(f"{getattr(type(o), '__module__', '?')}.{type(o).__qualname__}"
+                     for o in gc.get_objects())
     (where / f"{label}.types.json").write_text(json.dumps(dict(counts.most_common(400))))
     (where / f"{label}.done").write_text("ok")
 
@@ -42,6 +44,10 @@ def main() -> int:
     where.mkdir(parents=True, exist_ok=True)
     tracemalloc.start(8)
     signal.signal(signal.SIGUSR1, lambda signum, frame: _dump(where))
+    if sys.argv[3:4] == ["--floor"]:
+        from floor import main as floor_main   # bench/ is sys.path[0]
+        floor_main(sys.argv[4:])
+        return 0
     sys.argv = ["poolgate", *sys.argv[3:]]
     from app.cli import main as poolgate_main
     return poolgate_main()

@@ -164,17 +164,17 @@ async def ttft_probes(url: str, count: int) -> dict:
 def start_gateway(target: str, a: argparse.Namespace, ctx: dict) -> tuple[bench.Proc, str]:
     out: Path = ctx["out"]
     port = bench.free_port()
+    probe = [a.python, str(HERE / "memprobe.py"), "--dump", str(out / "tracemalloc" / target)]
     if target == "floor":
-        argv = [a.python, str(HERE / "floor.py"), "--upstream", ctx["upstream_url"],
-                "--port", str(port)]
+        argv = (probe + ["--floor"] if a.tracemalloc else [a.python, str(HERE / "floor.py")]) + [
+            "--upstream", ctx["upstream_url"], "--port", str(port)]
     else:
         config = out / f"poolgate-open-{port}.toml"
         config.write_text(bench.config_toml(port, ctx["upstream_port"], "warning",
                                             max_in_flight=a.n + 1000,
                                             health_interval=a.health_interval or None))
         serve = ["serve", "--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
-        argv = ([a.python, str(HERE / "memprobe.py"), "--dump", str(out / "tracemalloc")]
-                if a.tracemalloc else bench.poolgate_argv(a)) + serve
+        argv = (probe if a.tracemalloc else bench.poolgate_argv(a)) + serve
     gw = bench.Proc(f"{target} (open streams)", argv, out / f"open-{target}.log", ctx["gw_cpu"])
     url = f"http://127.0.0.1:{port}"
     probe = chat_body(QUICK_MODEL, 4)
@@ -182,11 +182,11 @@ def start_gateway(target: str, a: argparse.Namespace, ctx: dict) -> tuple[bench.
     return gw, url
 
 
-async def snapshot(gw: bench.Proc, label: str, a: argparse.Namespace) -> None:
+async def snapshot(gw: bench.Proc, target: str, label: str, a: argparse.Namespace) -> None:
     """With --tracemalloc: ask memprobe in the gateway to dump, and wait for it (≤ 300 s)."""
     if not a.tracemalloc:
         return
-    where = a.out_dir / "tracemalloc"
+    where = a.out_dir / "tracemalloc" / target
     (where / "next").write_text(label)
     os.kill(gw.pid, signal.SIGUSR1)
     deadline = time.monotonic() + 300
@@ -207,7 +207,7 @@ async def measure_target(target: str, a: argparse.Namespace, ctx: dict) -> dict:
         warm, _ = await open_many(s, chat, min(200, max(20, a.n // 10)), a.parallel, 60)
         await close_all(warm)
         await asyncio.sleep(SETTLE_S)
-        await snapshot(gw, "idle", a)
+        await snapshot(gw, target, "idle", a)
         res["rss_idle_kib"] = rss_kib(gw.pid)
         res["upstream_rss_idle_kib"] = rss_kib(ctx["upstream"].pid)
         res["ttft_idle_ms"] = await ttft_probes(chat, TTFT_PROBES)
@@ -228,7 +228,7 @@ async def measure_target(target: str, a: argparse.Namespace, ctx: dict) -> dict:
         res["tokens_per_s"] = round((h.tokens - tokens0) / wall, 1)
         res["ttft_open_ms"] = await ttft_probes(chat, TTFT_PROBES)
         res["foreign_load"] = foreign.stop()
-        await snapshot(gw, "open", a)
+        await snapshot(gw, target, "open", a)
         res["still_open"] = h.opened - sum(v for k, v in h.failed.items() if k.endswith("_while_held"))
         res["failed_held"] = {k: v for k, v in h.failed.items() if k.endswith("_while_held")}
         opened = max(h.opened, 1)
@@ -306,7 +306,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     a.out_dir = Path(a.out or f"/tmp/poolgate-bench/open-{time.strftime('%Y%m%d-%H%M%S')}")
-    (a.out_dir / "tracemalloc").mkdir(parents=True, exist_ok=True)
+    a.out_dir.mkdir(parents=True, exist_ok=True)
     cpus, pinning = bench.cpu_plan(a)
     signal.signal(signal.SIGTERM, bench._interrupt)
     upstream = None

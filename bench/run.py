@@ -232,7 +232,9 @@ def run_loadgen(py: str, url: str, sc: Scenario, duration: float, cpu: str | Non
 
 
 def upstream_requests(upstream_url: str) -> int:
-    return json.loads(http("GET", upstream_url + "/stats")[1])["requests"]
+    """Chat and messages requests the upstream saw (not the gateways' health probes)."""
+    stats = json.loads(http("GET", upstream_url + "/stats")[1])
+    return sum(stats[k] for k in ("chat", "chat_stream", "messages", "messages_stream"))
 
 
 def measure(name: str, sc: Scenario, target: str, url: str, args, ctx: dict) -> dict:
@@ -251,7 +253,7 @@ def measure(name: str, sc: Scenario, target: str, url: str, args, ctx: dict) -> 
     res = run_loadgen(ctx["py"], url, sc, args.duration, ctx["cpu_load"], out_dir / f"{name}-{target}.json")
     res["foreign_load"] = foreign.stop()
     res["upstream_cpu_s"] = round(up.cpu_s() - up0, 3)
-    res["upstream_seen"] = upstream_requests(ctx["upstream_url"]) - seen0 - 1   # - this probe
+    res["upstream_seen"] = upstream_requests(ctx["upstream_url"]) - seen0
     res["load_avg_1m"] = round(os.getloadavg()[0], 2)
     if gw:
         res["gateway_cpu_s"] = round(gw.cpu_s() - gw0, 3)
