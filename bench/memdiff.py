@@ -29,6 +29,20 @@ def _frame_in(tb: tracemalloc.Traceback, prefixes: tuple[str, ...]) -> str:
     return f"{f.filename.split('/site-packages/')[-1]}:{f.lineno}"
 
 
+def package(filename: str) -> str:
+    """The top-level package of a source file (``asyncio``, ``aiohttp``, ``app`` …)."""
+    if "/site-packages/" in filename:
+        return filename.split("/site-packages/")[-1].split("/")[0].removesuffix(".py")
+    parts = filename.split("/")
+    for top in ("app", "pool", "sessions", "auth", "bench"):
+        if top in parts[-3:-1]:
+            return top
+    if "/lib/python3" in filename:
+        rest = filename.split("/lib/python3", 1)[1].split("/", 1)[-1]
+        return "stdlib " + rest.split("/")[0].removesuffix(".py")
+    return filename
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -47,7 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     old, new = old.filter_traces([skip]), new.filter_traces([skip])
     total = sum(s.size_diff for s in new.compare_to(old, "filename"))
     print(f"Python heap growth: {total / 1024:,.0f} KiB = {total / n / 1024:.2f} KiB per open stream\n")
-    print("by allocating line (KiB per stream, allocations per stream):")
+    print("by the package of the allocating line (KiB per stream):")
+    by_pkg: dict[str, int] = {}
+    for s in new.compare_to(old, "filename"):
+        key = package(s.traceback[0].filename)
+        by_pkg[key] = by_pkg.get(key, 0) + s.size_diff
+    for key, size in sorted(by_pkg.items(), key=lambda kv: -kv[1])[:a.top]:
+        print(f"  {size / n / 1024:7.2f}  {key}")
+    print("\nby allocating line (KiB per stream, allocations per stream):")
     for s in new.compare_to(old, "lineno")[:a.top]:
         f = s.traceback[0]
         print(f"  {s.size_diff / n / 1024:7.2f}  {s.count_diff / n:6.2f}  "
