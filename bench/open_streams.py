@@ -132,14 +132,19 @@ async def close_all(h: Holder) -> None:
     await asyncio.gather(*h.tasks, return_exceptions=True)
 
 
-async def ttft_probes(url: str, count: int) -> dict:
-    """TTFT (ms) of ``count`` sequential quick streams on one keep-alive connection."""
+async def ttft_probes(url: str, count: int, budget: float = 60.0) -> dict:
+    """TTFT (ms) of ``count`` sequential quick streams on one keep-alive connection
+    (10 s each at most; no new one starts after ``budget`` seconds)."""
     body = chat_body(QUICK_MODEL, 16)
     out: list[float] = []
     errors = 0
+    deadline = time.perf_counter() + budget
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1),
-                                     timeout=aiohttp.ClientTimeout(total=30)) as s:
+                                     timeout=aiohttp.ClientTimeout(total=10)) as s:
         for _ in range(count):
+            if time.perf_counter() > deadline:
+                errors += 1
+                continue
             t0 = time.perf_counter()
             first = None
             try:
