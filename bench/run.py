@@ -1,21 +1,26 @@
 #!/usr/bin/env python3
-"""Benchmark poolgate against a bare upstream: how much does the gateway add?
+"""Benchmark poolgate against a bare upstream and against the floor: how much does the gateway add?
 
-Starts the demo upstream (``python -m app.demo_upstream``) and ``poolgate serve``
-with a generated config whose remote workers point at it, then runs each
-scenario with ``loadgen.py`` twice, straight at the upstream ("direct") and
-through poolgate, and prints a markdown table of ratios (poolgate / direct),
-added median latency and TTFT, and the gateway's CPU per request.
+Starts the demo upstream (``python -m app.demo_upstream``), the floor
+(``bench/floor.py``: our bare Starlette + aiohttp pass-through) and ``poolgate
+serve`` (this checkout's ``app.cli``) with a generated config whose remote
+workers point at the upstream, then runs each scenario with ``loadgen.py``
+straight at the upstream ("direct"), through the floor and through poolgate, and
+prints a markdown table: requests per gateway CPU-second, CPU per request, the
+poolgate / floor ratios against issue 14's targets (``report.py``: met / missed),
+added median latency and TTFT, and the foreign CPU load during each row. Then
+``open_streams.py`` holds ``--open-streams`` slow streams open in a fresh floor and
+poolgate (RSS per open stream, CPU while they tick, TTFT of new requests).
 
 CPU layout with two or more cores and ``taskset``: upstream and load generator
-on core 0, poolgate on core 1 (``--cpus UP,LOAD,GW`` to change, ``--no-pin`` to
+on core 0, the gateways on core 1 (``--cpus UP,LOAD,GW`` to change, ``--no-pin`` to
 disable). Everything binds 127.0.0.1 on free ports; the processes started here
 are stopped by PID (their own process groups) at the end, also on errors and
 Ctrl-C. Results go to ``--out`` (default /tmp/poolgate-bench/<stamp>/).
 
-    .venv/bin/python bench/run.py                 # every scenario, 5 s each
-    .venv/bin/python bench/run.py --quick         # 2 s each
-    .venv/bin/python bench/run.py --scenarios ns_c16,st_c16_d5 -d 10
+    .venv/bin/python bench/run.py                 # every scenario, 5 s each, 9,900 open streams
+    .venv/bin/python bench/run.py --quick         # 2 s each, 1,000 open streams
+    .venv/bin/python bench/run.py --scenarios ns_c16,st_c16_d5 -d 10 --open-streams 0
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from configs import API_KEY, SLOW_MODEL, config_toml, teams_config  # noqa: E402,F401 (re-exported)
 from machine import ForeignLoad  # noqa: E402
 from report import (HEAD, LEGEND, OPEN_STREAMS_KIB, OPEN_STREAMS_TTFT_MS, fmt,  # noqa: E402
                     open_streams_table, row)
@@ -43,7 +49,6 @@ from report import (HEAD, LEGEND, OPEN_STREAMS_KIB, OPEN_STREAMS_TTFT_MS, fmt,  
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 VENV = ROOT / ".venv" / "bin"
-API_KEY = "sk-bench"
 CLK = os.sysconf("SC_CLK_TCK")
 
 
@@ -93,58 +98,6 @@ def http(method: str, url: str, body: bytes | None = None, timeout: float = 5.0)
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
-
-
-def teams_config(keys: int, state_dir: Path) -> tuple[str, dict[str, str]]:
-    """``--teams N``: the bench key with a full policy (model globs, in-flight,
-    rpm, tpm, budgets; limits far above the load) and the usage ledger in
-    ``state_dir``, among N keys in all; the TOML and the environment holding
-    the secrets."""
-    toml = [f'state_dir = "{state_dir}"', "",
-            "[server.keys.bench]", 'secret_env = "BENCH_KEY_0"', 'models = ["mock-*"]',
-            "max_in_flight = 100000", "rpm = 1000000000", "tpm = 1000000000000",
-            "budget_tokens = { day = 1000000000000000, month = 1000000000000000 }"]
-    env = {"BENCH_KEY_0": API_KEY}
-    for i in range(1, keys):
-        toml += ["", f"[server.keys.k{i}]", f'secret_env = "BENCH_KEY_{i}"', "rpm = 600",
-                 'models = ["mock-gpt"]']
-        env[f"BENCH_KEY_{i}"] = f"sk-bench-{i}-{os.urandom(8).hex()}"
-    return "\n".join(toml) + "\n", env
-
-
-SLOW_MODEL = "mock-gpt-d1000-n600"   # bench/open_streams.py: a token a second for ten minutes
-
-
-def config_toml(port: int, upstream_port: int, log_level: str, teams: str | None = None,
-                redis_url: str | None = None, openai_workers: int = 1,
-                max_in_flight: int | None = None, health_interval: float | None = None) -> str:
-    up = f"http://127.0.0.1:{upstream_port}"
-    keys = teams if teams is not None else f'api_keys = {{ bench = "{API_KEY}" }}\n'
-    redis = f'redis_url = "{redis_url}"\n' if redis_url else ""
-    cap = f"max_in_flight = {max_in_flight}\n" if max_in_flight else ""
-    if health_interval:
-        redis += f"health_interval = {health_interval}\n"
-    # more than one worker per model: the routing policy (and its bindings) runs per request
-    openai = "".join(f"""
-[[workers]]
-name = "mock-openai{'' if i == 0 else f'-{i + 1}'}"
-kind = "remote"
-dialect = "openai"
-url = "{up}/v1"
-models = ["mock-gpt", "mock-gpt-d5", "{SLOW_MODEL}"]
-{cap}""" for i in range(openai_workers))
-    return f"""[server]
-host = "127.0.0.1"
-port = {port}
-log_level = "{log_level}"
-{redis}{keys}{openai}
-[[workers]]
-name = "mock-anthropic"
-kind = "remote"
-dialect = "anthropic"
-url = "{up}"
-models = ["mock-claude"]
-"""
 
 
 # ------------------------------------------------------------------ processes
