@@ -138,8 +138,21 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 def _run(settings: Settings) -> int:
     from app.factory import create_app
 
-    build_server(create_app(settings), settings).run()
+    server = build_server(create_app(settings), settings)
+    tune_gc()
+    server.run()
     return EXIT_OK
+
+
+def tune_gc() -> None:
+    """Keep the cyclic garbage collector off the hot path of ``poolgate serve``: what
+    start-up built (modules, settings, the app) is frozen out of every collection,
+    and young collections run every 20,000 container allocations instead of 700, so
+    a request's short-lived objects mostly die before one and are not promoted.
+    Measured in bench/README.md: ≈ 15 % less gateway CPU per non-stream request,
+    half the CPU to open 3,000 slow streams."""
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 10)
 
 
 def build_server(app: Any, settings: Settings) -> Any:

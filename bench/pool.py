@@ -347,7 +347,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=float, default=1.0, help="seconds before each run (0: none)")
     ap.add_argument("--iterations", type=int, default=None, help="kills per recovery setup (10)")
     ap.add_argument("--quick", action="store_true", help="-d 2 --warmup 0.5 --iterations 5")
-    ap.add_argument("--poolgate", default=str(bench.VENV / "poolgate"), help="the poolgate executable")
+    ap.add_argument("--poolgate", default="",
+                    help="a poolgate executable (default: python -m app.cli from this checkout)")
     ap.add_argument("--python", default=str(bench.VENV / "python") if (bench.VENV / "python").exists()
                     else sys.executable, help="python for the upstream, loadgen and workers")
     ap.add_argument("--cpus", default="0,0,1", help="cores for upstream,loadgen,poolgate")

@@ -1,21 +1,26 @@
 #!/usr/bin/env python3
-"""Benchmark poolgate against a bare upstream: how much does the gateway add?
+"""Benchmark poolgate against a bare upstream and against the floor: how much does the gateway add?
 
-Starts the demo upstream (``python -m app.demo_upstream``) and ``poolgate serve``
-with a generated config whose remote workers point at it, then runs each
-scenario with ``loadgen.py`` twice, straight at the upstream ("direct") and
-through poolgate, and prints a markdown table of ratios (poolgate / direct),
-added median latency and TTFT, and the gateway's CPU per request.
+Starts the demo upstream (``python -m app.demo_upstream``), the floor
+(``bench/floor.py``: our bare Starlette + aiohttp pass-through) and ``poolgate
+serve`` (this checkout's ``app.cli``) with a generated config whose remote
+workers point at the upstream, then runs each scenario with ``loadgen.py``
+straight at the upstream ("direct"), through the floor and through poolgate, and
+prints a markdown table: requests per gateway CPU-second, CPU per request, the
+poolgate / floor ratios against issue 14's targets (``report.py``: met / missed),
+added median latency and TTFT, and the foreign CPU load during each row. Then
+``open_streams.py`` holds ``--open-streams`` slow streams open in a fresh floor and
+poolgate (RSS per open stream, CPU while they tick, TTFT of new requests).
 
 CPU layout with two or more cores and ``taskset``: upstream and load generator
-on core 0, poolgate on core 1 (``--cpus UP,LOAD,GW`` to change, ``--no-pin`` to
+on core 0, the gateways on core 1 (``--cpus UP,LOAD,GW`` to change, ``--no-pin`` to
 disable). Everything binds 127.0.0.1 on free ports; the processes started here
 are stopped by PID (their own process groups) at the end, also on errors and
 Ctrl-C. Results go to ``--out`` (default /tmp/poolgate-bench/<stamp>/).
 
-    .venv/bin/python bench/run.py                 # every scenario, 5 s each
-    .venv/bin/python bench/run.py --quick         # 2 s each
-    .venv/bin/python bench/run.py --scenarios ns_c16,st_c16_d5 -d 10
+    .venv/bin/python bench/run.py                 # every scenario, 5 s each, 9,900 open streams
+    .venv/bin/python bench/run.py --quick         # 2 s each, 1,000 open streams
+    .venv/bin/python bench/run.py --scenarios ns_c16,st_c16_d5 -d 10 --open-streams 0
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -34,10 +40,15 @@ import urllib.request
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from configs import API_KEY, SLOW_MODEL, config_toml, teams_config  # noqa: E402,F401 (re-exported)
+from machine import ForeignLoad  # noqa: E402
+from report import (HEAD, LEGEND, OPEN_STREAMS_KIB, OPEN_STREAMS_TTFT_MS, fmt,  # noqa: E402
+                    open_streams_table, row)
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 VENV = ROOT / ".venv" / "bin"
-API_KEY = "sk-bench"
 CLK = os.sysconf("SC_CLK_TCK")
 
 
@@ -89,52 +100,15 @@ def http(method: str, url: str, body: bytes | None = None, timeout: float = 5.0)
         return e.code, e.read()
 
 
-def teams_config(keys: int, state_dir: Path) -> tuple[str, dict[str, str]]:
-    """``--teams N``: the bench key with a full policy (model globs, in-flight,
-    rpm, tpm, budgets; limits far above the load) and the usage ledger in
-    ``state_dir``, among N keys in all; the TOML and the environment holding
-    the secrets."""
-    toml = [f'state_dir = "{state_dir}"', "",
-            "[server.keys.bench]", 'secret_env = "BENCH_KEY_0"', 'models = ["mock-*"]',
-            "max_in_flight = 100000", "rpm = 1000000000", "tpm = 1000000000000",
-            "budget_tokens = { day = 1000000000000000, month = 1000000000000000 }"]
-    env = {"BENCH_KEY_0": API_KEY}
-    for i in range(1, keys):
-        toml += ["", f"[server.keys.k{i}]", f'secret_env = "BENCH_KEY_{i}"', "rpm = 600",
-                 'models = ["mock-gpt"]']
-        env[f"BENCH_KEY_{i}"] = f"sk-bench-{i}-{os.urandom(8).hex()}"
-    return "\n".join(toml) + "\n", env
-
-
-def config_toml(port: int, upstream_port: int, log_level: str, teams: str | None = None,
-                redis_url: str | None = None, openai_workers: int = 1) -> str:
-    up = f"http://127.0.0.1:{upstream_port}"
-    keys = teams if teams is not None else f'api_keys = {{ bench = "{API_KEY}" }}\n'
-    redis = f'redis_url = "{redis_url}"\n' if redis_url else ""
-    # more than one worker per model: the routing policy (and its bindings) runs per request
-    openai = "".join(f"""
-[[workers]]
-name = "mock-openai{'' if i == 0 else f'-{i + 1}'}"
-kind = "remote"
-dialect = "openai"
-url = "{up}/v1"
-models = ["mock-gpt", "mock-gpt-d5"]
-""" for i in range(openai_workers))
-    return f"""[server]
-host = "127.0.0.1"
-port = {port}
-log_level = "{log_level}"
-{redis}{keys}{openai}
-[[workers]]
-name = "mock-anthropic"
-kind = "remote"
-dialect = "anthropic"
-url = "{up}"
-models = ["mock-claude"]
-"""
-
-
 # ------------------------------------------------------------------ processes
+def raise_nofile() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit (run in every child: open streams need
+    two sockets each in a gateway)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 class Proc:
     """A child in its own session (pgid == pid), so stopping it stops only what it started."""
 
@@ -146,6 +120,7 @@ class Proc:
         self._log = open(log_path, "wb")
         self.popen = subprocess.Popen(pin + argv, cwd=ROOT, stdout=self._log,
                                       stderr=subprocess.STDOUT, start_new_session=True,
+                                      preexec_fn=raise_nofile,
                                       env={**os.environ, **env} if env else None)
         self.pid = self.popen.pid
 
@@ -210,73 +185,53 @@ def run_loadgen(py: str, url: str, sc: Scenario, duration: float, cpu: str | Non
 
 
 def upstream_requests(upstream_url: str) -> int:
-    return json.loads(http("GET", upstream_url + "/stats")[1])["requests"]
+    """Chat and messages requests the upstream saw (not the gateways' health probes)."""
+    stats = json.loads(http("GET", upstream_url + "/stats")[1])
+    return sum(stats[k] for k in ("chat", "chat_stream", "messages", "messages_stream"))
 
 
 def measure(name: str, sc: Scenario, target: str, url: str, args, ctx: dict) -> dict:
+    """One load run of ``sc`` at ``target`` ("direct", "floor" or "poolgate")."""
     out_dir: Path = ctx["out"]
-    if args.warmup > 0 and not (target == "direct" and sc.api == "responses"):
+    if target != "poolgate" and sc.api == "responses":
+        sc = replace(sc, api="openai")  # the upstream's nearest equivalent
+    if args.warmup > 0:
         run_loadgen(ctx["py"], url, sc, args.warmup, ctx["cpu_load"], out_dir / f"warm-{name}-{target}.json")
-    gw: Proc | None = ctx["gateway"] if target == "poolgate" else None
+    gw: Proc | None = ctx.get(target)
     up: Proc = ctx["upstream"]
     seen0 = upstream_requests(ctx["upstream_url"])
     up0, gw0 = up.cpu_s(), gw.cpu_s() if gw else 0.0
-    if target == "direct" and sc.api == "responses":
-        sc = replace(sc, api="openai")  # the upstream's nearest equivalent
+    foreign = ForeignLoad(lambda: (p.cpu_s() for p in ctx["procs"] if p.alive()))
+    foreign.start()
     res = run_loadgen(ctx["py"], url, sc, args.duration, ctx["cpu_load"], out_dir / f"{name}-{target}.json")
+    res["foreign_load"] = foreign.stop()
     res["upstream_cpu_s"] = round(up.cpu_s() - up0, 3)
-    res["upstream_seen"] = upstream_requests(ctx["upstream_url"]) - seen0 - 1   # - this probe
+    res["upstream_seen"] = upstream_requests(ctx["upstream_url"]) - seen0
     res["load_avg_1m"] = round(os.getloadavg()[0], 2)
     if gw:
         res["gateway_cpu_s"] = round(gw.cpu_s() - gw0, 3)
     ok = res.get("ok_requests", 0)
     log(f"{name:13s} {target:8s} rps={res.get('rps')} p50={(res.get('latency_ms') or {}).get('p50')} "
         f"chunks/s={res.get('chunks_per_s', '-')} errors={res.get('errors')} "
-        f"mismatch={res.get('chunk_mismatch')} upstream_seen={res['upstream_seen']} (ok {ok})")
+        f"mismatch={res.get('chunk_mismatch')} upstream_seen={res['upstream_seen']} (ok {ok}) "
+        f"gw_cpu_s={res.get('gateway_cpu_s', '-')} foreign={res['foreign_load']}")
     return res
 
 
 # ------------------------------------------------------------------ report
-def fmt(v: float | None, nd: int = 1) -> str:
-    if v is None:
-        return "–"
-    return f"{v:,.{nd}f}".replace(",", " ")
-
-
-def row(name: str, sc: Scenario, d: dict, p: dict) -> str:
-    stream = sc.mode == "stream"
-    key = "chunks_per_s" if stream else "rps"
-    ratio = p.get(key, 0) / d[key] if d.get(key) else None
-    dl, pl = d.get("latency_ms") or {}, p.get("latency_ms") or {}
-    add = lambda k, a, b: (b[k] - a[k]) if a and b and k in a and k in b else None  # noqa: E731
-    ttft = add("p50", d.get("ttft_ms"), p.get("ttft_ms")) if stream else None
-    ok = p.get("ok_requests") or 0
-    cpu = p["gateway_cpu_s"] * 1000 / ok if ok and "gateway_cpu_s" in p else None
-    surplus = p.get("upstream_seen", 0) - ok
-    upstream = "ok" if 0 <= surplus <= sc.c else f"{surplus:+d}"
-    errors = (d.get("errors") or 0) + (p.get("errors") or 0) + (d.get("chunk_mismatch") or 0) \
-        + (p.get("chunk_mismatch") or 0)
-    return (f"| `{name}` | {sc.what} | {fmt(d.get(key), 0)} | {fmt(p.get(key), 0)} | "
-            f"**{fmt(ratio, 2)}** | {fmt(dl.get('p50'), 2)} | {fmt(pl.get('p50'), 2)} | "
-            f"{fmt(add('p50', dl, pl), 2)} | {fmt(ttft, 2)} | {fmt(cpu, 3)} | {upstream} | {errors} |")
-
-
-def report(results: dict, meta: dict) -> str:
+def report(results: dict, meta: dict, open_streams: dict | None = None) -> str:
     lines = [
-        f"poolgate bench, {meta['when']}: {meta['duration_s']} s per run, pinning {meta['pinning']}, "
-        f"{meta['nproc']} CPUs, poolgate ready in {fmt(meta['startup_s'], 2)} s.",
-        "",
-        "Throughput is requests/s (non-stream) or content chunks/s (SSE); ×direct = poolgate ÷ "
-        "direct; +p50 / +TTFT = added median latency in ms; gw CPU = poolgate CPU ms per request; "
-        "upstream = `ok` when the upstream saw as many requests as completed (≤ c in flight at "
-        "the deadline); errors = failed requests + chunk-count mismatches.",
-        "",
-        "| scenario | what | direct | poolgate | ×direct | direct p50 | poolgate p50 | +p50 | "
-        "+TTFT | gw CPU ms/req | upstream | errors |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
-    ]
+        f"poolgate bench, {meta['when']}, commit {meta['commit']}: {meta['duration_s']} s per run, "
+        f"pinning {meta['pinning']}, {meta['nproc']} CPUs, poolgate ready in "
+        f"{fmt(meta['startup_s'], 2)} s.", "", LEGEND, "", HEAD]
     for name, r in results.items():
-        lines.append(row(name, SCENARIOS[name], r["direct"], r["poolgate"]))
+        sc = SCENARIOS[name]
+        lines.append(row(name, sc.what, sc.mode == "stream", sc.c, r))
+    if open_streams:
+        n = max(r["n"] for r in open_streams.values())
+        lines += ["", f"{n:,} slow streams open at once (bench/open_streams.py; target for poolgate: "
+                  f"≤ {OPEN_STREAMS_KIB:g} KiB per open stream and TTFT p50 while open ≤ the "
+                  f"floor's + {OPEN_STREAMS_TTFT_MS:g} ms):", "", open_streams_table(open_streams)]
     return "\n".join(lines) + "\n"
 
 
@@ -289,13 +244,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("-d", "--duration", type=float, default=5.0, help="seconds per run (≤ 120)")
     ap.add_argument("--warmup", type=float, default=1.0, help="seconds before each run (0: none)")
     ap.add_argument("--quick", action="store_true", help="-d 2 --warmup 0.5")
-    ap.add_argument("--poolgate", default=str(VENV / "poolgate"), help="the poolgate executable")
+    ap.add_argument("--poolgate", default="",
+                    help="a poolgate executable (default: python -m app.cli from this checkout)")
     ap.add_argument("--python", default=str(VENV / "python") if (VENV / "python").exists()
                     else sys.executable, help="python for the upstream and the load generator")
     ap.add_argument("--log-level", default="warning", help="poolgate's server.log_level")
     ap.add_argument("--cpus", default="0,0,1", help="cores for upstream,loadgen,poolgate")
     ap.add_argument("--no-pin", action="store_true", help="do not use taskset")
     ap.add_argument("--out", help="results directory (default /tmp/poolgate-bench/<stamp>)")
+    ap.add_argument("--targets", default="direct,floor,poolgate",
+                    help="gateways per scenario, of: direct, floor, poolgate (direct and poolgate always)")
+    ap.add_argument("--open-streams", type=int, default=9900, metavar="N",
+                    help="then hold N slow streams open in a fresh floor and poolgate "
+                         "(bench/open_streams.py; --quick: 1000; 0: skip)")
+    ap.add_argument("--hold", type=float, default=10.0,
+                    help="seconds the open streams' CPU is measured (--quick: 5)")
     ap.add_argument("--teams", type=int, default=0, metavar="N",
                     help="a key policy and the usage ledger on, with N keys configured "
                          "(bench/teams.py compares; 0: one plain api key, no state dir)")
@@ -306,6 +269,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     if a.quick:
         a.duration, a.warmup = 2.0, 0.5
+        a.open_streams = min(a.open_streams, 1000)
+        a.hold = min(a.hold, 5.0)
+    a.targets = [t for t in ("direct", "floor", "poolgate")
+                 if t in a.targets.split(",") or t != "floor"]
     unknown = [s for s in a.scenarios.split(",") if s not in SCENARIOS]
     if unknown:
         ap.error(f"unknown scenarios: {', '.join(unknown)}")
@@ -327,11 +294,24 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def poolgate_argv(a: argparse.Namespace) -> list[str]:
-    """The console script when installed, else the same entry point from the checkout."""
-    if Path(a.poolgate).exists() or shutil.which(a.poolgate):
+    """``python -m app.cli`` from this checkout (cwd), so a worktree benches its own code
+    (the venv's console script may be installed editable from another checkout);
+    ``--poolgate PATH`` runs that executable instead."""
+    if a.poolgate:
         return [a.poolgate]
-    log(f"no {a.poolgate}; running app.cli:main from {ROOT} (pip install -e . adds the script)")
-    return [a.python, "-c", "import sys; from app.cli import main; sys.exit(main())"]
+    return [a.python, "-m", "app.cli"]
+
+
+def git_commit() -> str:
+    """The checkout's commit, ``+dirty`` when it has uncommitted changes."""
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (rev or "unknown") + ("+dirty" if dirty else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -364,20 +344,44 @@ def main(argv: list[str] | None = None) -> int:
         startup = wait_ready(gateway, lambda: http("POST", gateway_url + "/v1/chat/completions",
                                                    probe)[0] == 200, 120)
         log(f"poolgate ready in {startup:.2f} s on {gateway_url}; upstream {upstream_url}; {pinning}")
-        ctx = {"py": a.python, "out": out, "upstream": upstream, "gateway": gateway,
-               "upstream_url": upstream_url, "cpu_load": cpus["load"]}
+        ctx = {"py": a.python, "out": out, "upstream": upstream, "poolgate": gateway,
+               "upstream_url": upstream_url, "cpu_load": cpus["load"], "procs": procs}
+        urls = {"direct": upstream_url, "poolgate": gateway_url}
+        if "floor" in a.targets:
+            floor_url = f"http://127.0.0.1:{(floor_port := free_port())}"
+            ctx["floor"] = floor = Proc("floor", [a.python, str(HERE / "floor.py"), "--upstream",
+                                                  upstream_url, "--port", str(floor_port)],
+                                        out / "floor.log", cpus["gateway"])
+            procs.append(floor)
+            wait_ready(floor, lambda: http("POST", floor_url + "/v1/chat/completions", probe)[0] == 200, 60)
+            urls["floor"] = floor_url
         results = {}
         for name in a.scenarios.split(","):
             sc = SCENARIOS[name]
-            results[name] = {"direct": measure(name, sc, "direct", upstream_url, a, ctx),
-                             "poolgate": measure(name, sc, "poolgate", gateway_url, a, ctx)}
-            if not gateway.alive():
-                raise RuntimeError(f"poolgate died during {name}; see {gateway.log_path}")
+            results[name] = {t: measure(name, sc, t, urls[t], a, ctx) for t in a.targets}
+            for proc in procs:
+                if not proc.alive():
+                    raise RuntimeError(f"{proc.name} died during {name}; see {proc.log_path}")
+        open_streams = None
+        if a.open_streams:
+            import open_streams as holder    # lazily: it imports this module
+            opts = holder.parse_args(["-n", str(a.open_streams), "--hold", str(a.hold),
+                                      "--python", a.python, "--cpus", a.cpus, "--out", str(out)]
+                                     + (["--no-pin"] if a.no_pin else [])
+                                     + (["--poolgate", a.poolgate] if a.poolgate else []))
+            opts.out_dir = out
+            os_ctx = {"out": out, "upstream": upstream, "upstream_url": upstream_url,
+                      "upstream_port": up_port, "gw_cpu": cpus["gateway"]}
+            for proc in procs[1:]:
+                proc.stop()           # the bench's gateways: the open streams start fresh ones
+            open_streams = holder.run(opts, os_ctx, cpus["load"])
         meta = {"when": time.strftime("%Y-%m-%d %H:%M"), "duration_s": a.duration,
                 "pinning": pinning, "nproc": os.cpu_count(), "startup_s": startup,
+                "commit": git_commit(), "targets": a.targets,
                 "scenarios": {n: asdict(SCENARIOS[n]) for n in results}}
-        text = report(results, meta)
-        (out / "results.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+        text = report(results, meta, open_streams)
+        (out / "results.json").write_text(json.dumps({"meta": meta, "results": results,
+                                                      "open_streams": open_streams}, indent=1))
         (out / "report.md").write_text(text)
         print(text)
         log(f"results in {out}")

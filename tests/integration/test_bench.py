@@ -80,7 +80,7 @@ def test_runner_config_is_accepted_by_the_gateway_settings(tmp_path: Path) -> No
     settings = load_settings(str(path), {})
     assert settings.server.plain_api_keys() == {"bench": run.API_KEY}
     assert {w.dialect: (w.url, w.models) for w in settings.workers} == {
-        "openai": ("http://127.0.0.1:18001/v1", ("mock-gpt", "mock-gpt-d5")),
+        "openai": ("http://127.0.0.1:18001/v1", ("mock-gpt", "mock-gpt-d5", run.SLOW_MODEL)),
         "anthropic": ("http://127.0.0.1:18001", ("mock-claude",))}
     assert set(run.SCENARIOS) >= {"ns_c16", "st_c16_d5", "msg_c16", "msgst_c16", "msg_xl_c16"}
     # --teams N: a full key policy and the ledger, among N keys
