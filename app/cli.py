@@ -139,20 +139,8 @@ def _run(settings: Settings) -> int:
     from app.factory import create_app
 
     server = build_server(create_app(settings), settings)
-    tune_gc()
     server.run()
     return EXIT_OK
-
-
-def tune_gc() -> None:
-    """Keep the cyclic garbage collector off the hot path of ``poolgate serve``: what
-    start-up built (modules, settings, the app) is frozen out of every collection,
-    and young collections run every 20,000 container allocations instead of 700, so
-    a request's short-lived objects mostly die before one and are not promoted.
-    Measured in bench/README.md: ≈ 15 % less gateway CPU per non-stream request,
-    half the CPU to open 3,000 slow streams."""
-    gc.freeze()
-    gc.set_threshold(20_000, 20, 10)
 
 
 def build_server(app: Any, settings: Settings) -> Any:
@@ -171,17 +159,19 @@ def build_server(app: Any, settings: Settings) -> Any:
 
 
 # Young-generation collections every this many allocations (Python's default: 700).
-GC_GEN0_THRESHOLD = 7000
+GC_GEN0_THRESHOLD = 20_000
 
 
 def _settle_gc() -> None:
     """Once started: move what start-up built (modules, settings, the app) out of
-    the collector's sight, and collect the young generation ten times less often.
+    the collector's sight, and collect the young generation ~30 times less often.
     A request allocates a few hundred objects and frees nearly all of them by
     reference counting; at the default threshold the collector ran every couple
     of requests and rescanned the whole heap every few hundred: about a tenth of
     the gateway's CPU per non-stream request on the bench's mock upstream
-    (0.17 -> 0.15 ms). Cycles are still collected."""
+    (0.17 -> 0.15 ms), and 30-43 % of its CPU with thousands of open streams (half
+    the CPU to open 3,000 of them at 20,000; bench/README.md). Cycles are still
+    collected."""
     gc.freeze()
     gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
 
