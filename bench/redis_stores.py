@@ -81,7 +81,8 @@ def run_once(name: str, a: argparse.Namespace, out: Path,
     target = out / f"{name}-{time.strftime('%H%M%S')}"
     argv = [sys.executable, str(HERE / "run.py"), "--scenarios", a.scenarios,
             "-d", str(a.duration), "--warmup", str(a.warmup), "--out", str(target),
-            "--poolgate", str(target / "no-such-script"), "--python", sys.executable,
+            "--python", sys.executable,  # run.py serves app.cli from this checkout
+            "--targets", "direct,poolgate", "--open-streams", "0",
             "--teams", "1", "--openai-workers", "2"]
     if redis_url:
         argv += ["--redis", redis_url]
