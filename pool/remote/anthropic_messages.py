@@ -39,7 +39,7 @@ from pool.model import (
     ToolResultPart, Usage, executed_text,
 )
 
-from .errors import error_from_object
+from .errors import error_from_object, loads_upstream
 from .policy import ANTHROPIC_FIELDS, PassPolicy
 
 __all__ = ["build_body", "StreamParser", "body_events", "usage_of", "finish_of", "STOP_REASONS",
@@ -257,13 +257,6 @@ def finish_of(delta: dict[str, Any]) -> Finish | None:
     return Finish(mapped, delta.get("stop_sequence") if mapped == "stop_sequence" else None)
 
 
-def _loads(data: str | bytes) -> Any:
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        raise UpstreamUnavailable("upstream sent invalid JSON") from None
-
-
 class StreamParser:
     """Feed each SSE ``data`` payload; ``done`` turns true at ``message_stop``."""
 
@@ -280,7 +273,7 @@ class StreamParser:
     def feed(self, data: str) -> tuple[Event, ...] | list[Event]:
         if not data:
             return _NONE
-        obj = _loads(data)
+        obj = loads_upstream(data)
         kind = obj.get("type") if isinstance(obj, dict) else None
         if kind == "content_block_delta":  # the hot path first
             index = obj.get("index", 0)

@@ -20,7 +20,7 @@ from pool.errors import (
     kind_for_status,
 )
 
-__all__ = ["error_for_status", "error_from_body", "error_from_object", "parse_retry_after",
+__all__ = ["loads_upstream", "error_for_status", "error_from_body", "error_from_object", "parse_retry_after",
            "scrub", "scrub_error"]
 
 # Anthropic ``error.type`` (also used by some OpenAI-compatible servers) -> HTTP status
@@ -161,3 +161,12 @@ def error_from_object(obj: Any, *, upstream: str = "upstream") -> GatewayError:
         return UpstreamUnavailable(f"{upstream} reported {etype or code or 'an error'}")
     return error_for_status(status, scrub(message, None) if message else message,
                             upstream=upstream, param=param, code=code)
+
+
+def loads_upstream(data: str | bytes) -> Any:
+    """One JSON payload from an upstream (a body or an SSE ``data`` line);
+    invalid JSON is the upstream's failure, not the client's."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise UpstreamUnavailable("upstream sent invalid JSON") from None

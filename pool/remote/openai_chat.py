@@ -41,7 +41,7 @@ from pool.model import (
 )
 
 from .anthropic_messages import CUSTOM_TOOL_SCHEMA, unwrap_custom_input
-from .errors import error_from_object
+from .errors import error_from_object, loads_upstream
 from .policy import OPENAI_CHAT_FIELDS, PassPolicy
 
 __all__ = ["build_body", "StreamParser", "body_events", "FINISH_REASONS", "usage_of", "finish_of"]
@@ -252,13 +252,6 @@ def finish_of(choice: dict[str, Any], reason: str) -> Finish:
     return Finish(mapped)
 
 
-def _loads(data: str | bytes) -> Any:
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        raise UpstreamUnavailable("upstream sent invalid JSON") from None
-
-
 class StreamParser:
     """Feed each SSE ``data`` payload; ``done`` turns true at ``[DONE]``.
     ``custom_tools``: the request's custom tool names (see the module notes)."""
@@ -279,7 +272,7 @@ class StreamParser:
             return self._close_calls([]) if self._open else _NONE
         if not data:
             return _NONE
-        chunk = _loads(data)
+        chunk = loads_upstream(data)
         if not isinstance(chunk, dict):
             raise UpstreamUnavailable("upstream sent an unexpected stream chunk")
         if chunk.get("error") is not None:

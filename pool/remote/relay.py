@@ -42,20 +42,13 @@ from pool.model import ChatRequest, Usage
 from pool.sse import MAX_LINE
 
 from . import anthropic_messages, openai_chat
-from .errors import error_from_object
+from .errors import error_from_object, loads_upstream
 
 __all__ = ["Relay", "OpenAIRelay", "AnthropicRelay", "relay_for"]
 
 _NO_USAGE = Usage()  # frozen: one instance serves every relay until usage comes
 _MODEL_KEY = re.compile(rb'"model"\s*:\s*"(?:[^"\\]|\\.)*"')
 _EMPTY = b""
-
-
-def _loads(data: bytes) -> Any:
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        raise UpstreamUnavailable("upstream sent invalid JSON") from None
 
 
 def _model_field(raw: bytes, found: Any, model: str) -> tuple[bytes, bytes] | None:
@@ -100,7 +93,7 @@ class Relay:
 
     def body(self, raw: bytes) -> bytes:
         """The body for the client; raises the error an error body reports."""
-        obj = _loads(raw)
+        obj = loads_upstream(raw)
         if not isinstance(obj, dict):
             raise UpstreamUnavailable("upstream sent an unexpected response body")
         self._scan_body(obj)
@@ -265,7 +258,7 @@ class OpenAIRelay(Relay):
         if data == b"[DONE]":
             self.done = True
             return True
-        chunk = _loads(data)
+        chunk = loads_upstream(data)
         if not isinstance(chunk, dict):
             raise UpstreamUnavailable("upstream sent an unexpected stream chunk")
         if chunk.get("error") is not None:
@@ -313,7 +306,7 @@ class AnthropicRelay(Relay):
         _, data = _data(frame)
         if not data:
             return True
-        obj = _loads(data)
+        obj = loads_upstream(data)
         kind = obj.get("type") if isinstance(obj, dict) else None
         if kind == "content_block_delta":
             self.content_events += 1
