@@ -264,8 +264,8 @@ class RemoteWorker:
                     chunk = await self._read_chunk(resp, watch)
                     batch: list[Event] = []
                     try:
-                        for frame in decoder.feed(chunk) if chunk else decoder.close():
-                            events = parser.feed(frame.data)
+                        for data in decoder.feed_data(chunk) if chunk else decoder.close_data():
+                            events = parser.feed(data)
                             if events and not started:
                                 started = True
                                 if type(events[0]) is not Start:  # a server that skipped it
