@@ -84,35 +84,45 @@ class SSEDecoder:
         """The ``data`` of each event completed by ``chunk`` (as :meth:`feed`
         would give them, event names and ids left out).
 
-        The usual read (whole events, ``\\n`` line ends, nothing pending from
-        the last read but part of a line) is decoded once and split on blank
-        lines, each one-line ``data:`` event sliced out without a line-by-line
-        parse; anything else takes the line-by-line path."""
+        The usual read (whole events with ``\\n`` line ends, nothing pending
+        from the last read but the start of a line) is decoded at once and
+        split on blank lines, each one-line ``data:`` event sliced out without
+        a line-by-line parse; anything else goes line by line."""
         buf = self._buf
-        end = chunk.rfind(b"\n\n")
-        if (end < 0 or self._data or self._event is not None or self._pending_cr
-                or b"\r" in chunk or len(buf) + len(chunk) > self.max_line):
+        if (self._data or self._event is not None or self._pending_cr
+                or len(buf) + len(chunk) > self.max_line):
             return [event.data for event in self.feed(chunk)]
-        if buf:  # the start of a line the last read cut (the buffer never holds a line end)
-            head = bytes(buf)
+        whole = bytes(buf) + chunk if buf else chunk  # the buffer never holds a line end
+        # Decoding whole lines at once replaces invalid bytes as decoding them
+        # one by one does; a read that ends within an event is cut after its
+        # last blank line first, so no UTF-8 sequence is cut either.
+        text = whole.decode("utf-8", "replace")
+        rest = b""
+        if not text.endswith("\n\n"):
+            end = whole.rfind(b"\n\n") + 2
+            if end < 2 or b"\r" in whole:
+                return [event.data for event in self.feed(chunk)]
+            text, rest = whole[:end].decode("utf-8", "replace"), whole[end:]
+        if "\r" in text:
+            return [event.data for event in self.feed(chunk)]
+        if buf:
             del buf[:]
             self._scan = 0
-            chunk = head + chunk
-            end += len(head)
-        out: list[str] = []
-        # whole lines only, so no UTF-8 sequence is cut: decoding them at once
-        # replaces invalid bytes as decoding line by line does
-        for block in chunk[:end].decode("utf-8", "replace").split("\n\n"):
-            if block.startswith("data: ") and "\n" not in block:
-                out.append(block[6:])
-            else:  # several lines, other fields, comments: a blank line ends each block
-                events: list[SSEEvent] = []
-                for line in block.split("\n"):
-                    self._text_line(line, events)
-                self._text_line("", events)
-                out += [event.data for event in events]
-        if end + 2 < len(chunk):
-            self.feed(chunk[end + 2:])  # no blank line in it: nothing completes
+        if text.startswith("data: ") and text.find("\n", 6) == len(text) - 2:
+            out = [text[6:-2]]  # the usual read: one event of one data line
+        else:
+            out = []
+            for block in text[:-2].split("\n\n"):
+                if block.startswith("data: ") and "\n" not in block:
+                    out.append(block[6:])
+                else:  # several lines, other fields, comments: a blank line ends each block
+                    events: list[SSEEvent] = []
+                    for line in block.split("\n"):
+                        self._text_line(line, events)
+                    self._text_line("", events)
+                    out += [event.data for event in events]
+        if rest:
+            self.feed(rest)  # no blank line in it: nothing completes
         return out
 
     def close_data(self) -> list[str]:
