@@ -45,6 +45,7 @@ from .openai_responses_mcp import mcp_call_item, mcp_call_stream
 __all__ = ["encode_completion", "StreamEncoder", "usage_json", "error_json"]
 
 _PING = b": ping\n\n"
+_SEQUENCE_END = b',"sequence_number":%d}\n\n'
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 _ERROR_CODE = {"rate_limit": "rate_limit_exceeded", "overloaded": "rate_limit_exceeded",
                "invalid_request": "invalid_prompt"}
@@ -240,7 +241,7 @@ class StreamEncoder:
     def _delta(self, head: bytes, text: str) -> bytes:
         seq = self._seq
         self._seq += 1
-        return head + orjson.dumps(text) + b',"sequence_number":' + str(seq).encode() + b"}\n\n"
+        return head + orjson.dumps(text) + (_SEQUENCE_END % seq)
 
     def _begin(self) -> bytes:
         self._started = True
@@ -397,6 +398,22 @@ class StreamEncoder:
                 out += self._close_reasoning()
             return out + self._executed(event)
         return out  # Start, Usage, Finish, Logprobs: folded, nothing on the wire
+
+    def feed_batch(self, events: list[Event]) -> bytes:
+        """:meth:`feed` of each event, joined (one upstream read): text deltas
+        into the open message, the usual run, are written here."""
+        out: list[bytes] = []
+        acc = self._acc
+        for event in events:
+            msg = self._msg
+            if type(event) is TextDelta and msg is not None and not self._rs_open \
+                    and not self._done:
+                acc.feed(event)
+                msg.chunks.append(event.text)
+                out.append(self._delta(msg.head, event.text))
+            else:
+                out.append(self.feed(event))
+        return b"".join(out)
 
     def ping(self) -> bytes:
         return _PING
