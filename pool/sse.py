@@ -108,9 +108,16 @@ class SSEDecoder:
         if buf:
             del buf[:]
             self._scan = 0
-        if text.startswith("data: ") and text.find("\n", 6) == len(text) - 2:
-            out = [text[6:-2]]  # the usual read: one event of one data line
-        else:
+        out = None
+        if text.startswith("data: "):
+            # the usual read: events of one data line each (splitting on the
+            # longer separator is the quicker search)
+            out = text[6:-2].split("\n\ndata: ")
+            for data in out:
+                if "\n" in data:  # not one line each after all
+                    out = None
+                    break
+        if out is None:
             out = []
             for block in text[:-2].split("\n\n"):
                 if block.startswith("data: ") and "\n" not in block:
