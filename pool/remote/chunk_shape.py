@@ -32,11 +32,13 @@ _TRIES = 3
 class TextChunkShape:
     """The two parts around the content string of a stream's text chunks."""
 
-    __slots__ = ("prefix", "suffix", "_tries")
+    __slots__ = ("prefix", "suffix", "_start", "_end", "_tries")
 
     def __init__(self) -> None:
         self.prefix: str | None = None  # None: nothing learnt (or given up)
         self.suffix = ""
+        self._start = 0   # where the content string starts: len(prefix)
+        self._end = -1    # where it ends, from the end: -len(suffix) (never empty)
         self._tries = _TRIES
 
     def text(self, data: str) -> str | None:
@@ -45,7 +47,7 @@ class TextChunkShape:
         if prefix is None or not data.startswith(prefix) or not data.endswith(self.suffix):
             return None
         try:
-            text = orjson.loads(data[len(prefix):len(data) - len(self.suffix)])
+            text = orjson.loads(data[self._start:self._end])
         except orjson.JSONDecodeError:
             return None
         return text if type(text) is str else None
@@ -63,9 +65,10 @@ class TextChunkShape:
             if at >= 0 and data.find(key + literal, at + 1) < 0:
                 cut = at + len(key)
                 prefix, suffix = data[:cut], data[cut + len(literal):]
-                if _same_but_content(prefix + orjson.dumps(_PROBE).decode() + suffix, chunk,
-                                     content):
+                if suffix and _same_but_content(prefix + orjson.dumps(_PROBE).decode() + suffix,
+                                                chunk, content):
                     self.prefix, self.suffix = prefix, suffix
+                    self._start, self._end = len(prefix), -len(suffix)
                 return
 
 

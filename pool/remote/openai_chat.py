@@ -268,6 +268,20 @@ class StreamParser:
         self._custom_tools = custom_tools
         self._custom: dict[int, list[str]] = {}  # wrapped custom call index -> arguments
 
+    def feed_into(self, datas: list[str], out: list[Event]) -> None:
+        """:meth:`feed` of each of ``datas`` (one upstream read) onto ``out``, up
+        to ``[DONE]``; text chunks of the learnt shape are read here."""
+        text_of = self._shape.text
+        for data in datas:
+            text = text_of(data)
+            if text is not None:
+                if text:
+                    out.append(TextDelta(text))
+                continue
+            out.extend(self.feed(data))
+            if self.done:
+                return
+
     def feed(self, data: str) -> tuple[Event, ...] | list[Event]:
         if data == "[DONE]":
             self.done = True

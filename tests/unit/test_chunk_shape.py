@@ -117,3 +117,13 @@ def test_duplicate_content_keys_learn_the_one_that_counts():
     assert shape.prefix is not None and shape.prefix.endswith('"content":"Hi","content":')
     again = data.replace('"Hello"', '"Bye"')
     assert shape.text(again) == orjson.loads(again)["choices"][0]["delta"]["content"] == "Bye"
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 100])
+def test_feed_into_reads_as_feed_does_and_stops_at_done(size):
+    datas = _stream() + ['{"after": "done"}']
+    parser, events = StreamParser(), []
+    for i in range(0, len(datas), size):
+        if not parser.done:
+            parser.feed_into(datas[i:i + size], events)
+    assert events == EXPECTED and parser.done
