@@ -34,13 +34,15 @@ import orjson
 from pool.accumulate import Accumulator
 from pool.errors import GatewayError
 from pool.model import (
-    ChatRequest, Completion, Event, ExecutedTool, ExecutedToolPart, Finish, ReasoningDelta,
-    ReasoningEnd, ReasoningPart, TextDelta, TextPart, ToolCallDelta, ToolCallEnd, ToolCallPart,
-    ToolCallStart, Usage,
+    ChatRequest, Event, ExecutedTool, ReasoningDelta, ReasoningEnd, TextDelta, ToolCallDelta,
+    ToolCallEnd, ToolCallStart,
 )
 
-from .openai_responses_decode import namespace_map
-from .openai_responses_mcp import mcp_call_item, mcp_call_stream
+from .openai_responses_mcp import mcp_call_stream
+from .openai_responses_objects import (
+    ToolNames, encode_completion, error_json, id_base, message_item, reasoning_item,
+    response_object, response_shell, usage_json,
+)
 
 __all__ = ["encode_completion", "StreamEncoder", "usage_json", "error_json"]
 
@@ -48,145 +50,6 @@ _PING = b": ping\n\n"
 _SEQUENCE_END = b',"sequence_number":%d}\n\n'
 _CREATED = b'event: response.created\ndata: {"type":"response.created","response":'
 _IN_PROGRESS = b'event: response.in_progress\ndata: {"type":"response.in_progress","response":'
-_INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
-_ERROR_CODE = {"rate_limit": "rate_limit_exceeded", "overloaded": "rate_limit_exceeded",
-               "invalid_request": "invalid_prompt"}
-
-
-def usage_json(usage: Usage) -> dict[str, Any]:
-    inp = usage.input_tokens or 0
-    out = usage.output_tokens or 0
-    # cache_write_tokens: the openai SDK's strict validation requires it
-    details = {"cached_tokens": usage.cached_tokens or 0,
-               "cache_write_tokens": usage.cache_creation_tokens or 0}
-    return {"input_tokens": inp, "input_tokens_details": details, "output_tokens": out,
-            "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens or 0},
-            "total_tokens": inp + out}
-
-
-def error_json(exc: GatewayError) -> dict[str, Any]:
-    return {"code": _ERROR_CODE.get(exc.kind, "server_error"), "message": exc.message}
-
-
-def _shell(request: ChatRequest, response_id: str, created: int, model: str) -> dict[str, Any]:
-    """The response object minus what the answer decides, echoing the request."""
-    raw = request.raw
-    parallel = raw.get("parallel_tool_calls")
-    store = raw.get("store")
-    return {
-        "id": response_id, "object": "response", "created_at": created,
-        "status": "in_progress", "error": None, "incomplete_details": None,
-        "instructions": raw.get("instructions"), "max_output_tokens": raw.get("max_output_tokens"),
-        "model": model, "output": [], "output_text": "",
-        "parallel_tool_calls": parallel if type(parallel) is bool else True,
-        "previous_response_id": raw.get("previous_response_id"),
-        "reasoning": raw.get("reasoning") or {"effort": None, "summary": None},
-        "store": store if type(store) is bool else True,
-        "temperature": raw.get("temperature"),
-        "text": raw.get("text") or {"format": {"type": "text"}},
-        "tool_choice": raw.get("tool_choice") or "auto", "tools": raw.get("tools") or [],
-        "top_p": raw.get("top_p"), "truncation": raw.get("truncation") or "disabled",
-        "usage": None, "metadata": raw.get("metadata") or {}, "user": raw.get("user"),
-    }
-
-
-def _finished(shell: dict[str, Any], output: list[dict[str, Any]], text: str,
-              finish: Finish | None, usage: Usage, error: GatewayError | None) -> dict[str, Any]:
-    response = dict(shell)
-    response["output"] = output
-    response["output_text"] = text
-    response["usage"] = usage_json(usage)
-    if error is not None:
-        response["status"] = "failed"
-        response["error"] = error_json(error)
-    elif finish is not None and finish.reason in _INCOMPLETE:
-        response["status"] = "incomplete"
-        response["incomplete_details"] = {"reason": _INCOMPLETE[finish.reason]}
-    else:
-        response["status"] = "completed"
-    return response
-
-
-def _message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
-    content = ([] if status == "in_progress"
-               else [{"type": "output_text", "text": text, "annotations": []}])
-    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-            "content": content}
-
-
-def _reasoning_item(item_id: str, text: str, encrypted: str | None) -> dict[str, Any]:
-    item: dict[str, Any] = {"type": "reasoning", "id": item_id,
-                            "summary": [{"type": "summary_text", "text": text}] if text else []}
-    if encrypted is not None:
-        item["encrypted_content"] = encrypted
-    return item
-
-
-class _Names:
-    """How a canonical tool call shows on the wire: kind, name and namespace."""
-
-    __slots__ = ("custom", "namespaces")
-
-    def __init__(self, request: ChatRequest) -> None:
-        self.custom = frozenset(t.name for t in request.tools if t.kind == "custom")
-        self.namespaces = namespace_map(request.raw.get("tools"))
-
-    def item(self, item_id: str, call_id: str, name: str, kind: str, arguments: str,
-             status: str = "completed") -> dict[str, Any]:
-        custom = kind == "custom" or name in self.custom
-        namespace = None
-        if self.namespaces:
-            found = self.namespaces.get(name)
-            if found is not None:
-                namespace, name = found
-        if custom:
-            item = {"type": "custom_tool_call", "id": item_id, "call_id": call_id, "name": name,
-                    "input": arguments}
-        else:
-            item = {"type": "function_call", "id": item_id, "call_id": call_id, "name": name,
-                    "arguments": arguments, "status": status}
-        if namespace is not None:
-            item["namespace"] = namespace
-        return item
-
-    def is_custom(self, name: str, kind: str) -> bool:
-        return kind == "custom" or name in self.custom
-
-
-def _id_base(response_id: str) -> str:
-    return response_id[5:] if response_id.startswith("resp_") else response_id
-
-
-def encode_completion(completion: Completion, request: ChatRequest, *, response_id: str,
-                      created: int, model: str, error: GatewayError | None = None
-                      ) -> dict[str, Any]:
-    """The Response object; ``error`` makes it a ``failed`` one (what a stream that
-    failed stores)."""
-    return _response(completion, _Names(request), _id_base(response_id),
-                     _shell(request, response_id, created, model), error)
-
-
-def _response(completion: Completion, names: _Names, base: str, shell: dict[str, Any],
-              error: GatewayError | None) -> dict[str, Any]:
-    output: list[dict[str, Any]] = []
-    texts: list[str] = []
-    for part in completion.parts:
-        t = type(part)
-        if t is TextPart:
-            if part.text:
-                output.append(_message_item(f"msg_{base}_{len(output)}", part.text))
-                texts.append(part.text)
-        elif t is ToolCallPart:
-            prefix = "ctc" if names.is_custom(part.name, part.kind) else "fc"
-            output.append(names.item(f"{prefix}_{base}_{len(output)}", part.id, part.name,
-                                     part.kind, part.arguments))
-        elif t is ExecutedToolPart:
-            output.append(mcp_call_item(f"mcp_{base}_{len(output)}", part))
-        elif t is ReasoningPart:
-            if part.redacted_data is None and (part.text or part.encrypted_content is not None):
-                output.append(_reasoning_item(f"rs_{base}_{len(output)}", part.text,
-                                              part.encrypted_content))
-    return _finished(shell, output, "".join(texts), completion.finish, completion.usage, error)
 
 
 class _Open:
@@ -220,9 +83,9 @@ class StreamEncoder:
 
     def __init__(self, request: ChatRequest, *, response_id: str, created: int,
                  model: str) -> None:
-        self._names = _Names(request)
-        self._base = _id_base(response_id)
-        self._shell = _shell(request, response_id, created, model)
+        self._names = ToolNames(request)
+        self._base = id_base(response_id)
+        self._shell = response_shell(request, response_id, created, model)
         self._acc = Accumulator()
         self._seq = 0
         self._started = False
@@ -249,11 +112,11 @@ class StreamEncoder:
 
     def _begin(self) -> bytes:
         self._started = True
-        shell = orjson.dumps(self._shell)  # once for both events (what _event would write)
+        opening = orjson.dumps(self._shell)  # once for both events (what _event would write)
         seq = self._seq
         self._seq = seq + 2
-        return (_CREATED + shell + (_SEQUENCE_END % seq)
-                + _IN_PROGRESS + shell + (_SEQUENCE_END % (seq + 1)))
+        return (_CREATED + opening + (_SEQUENCE_END % seq)
+                + _IN_PROGRESS + opening + (_SEQUENCE_END % (seq + 1)))
 
     def _added(self, item: dict[str, Any], index: int) -> bytes:
         return self._event({"type": "response.output_item.added", "output_index": index,
@@ -275,7 +138,7 @@ class StreamEncoder:
         item_id = f"msg_{self._base}_{index}"
         self._msg = _Open(item_id, index, _head(b"response.output_text.delta", item_id, index,
                                                 b',"content_index":0,"logprobs":[]'))
-        return (self._added(_message_item(item_id, "", "in_progress"), index)
+        return (self._added(message_item(item_id, "", "in_progress"), index)
                 + self._event({"type": "response.content_part.added", "item_id": item_id,
                                "output_index": index, "content_index": 0,
                                "part": {"type": "output_text", "text": "", "annotations": []}}))
@@ -290,14 +153,14 @@ class StreamEncoder:
                              "logprobs": []})
                 + self._event({"type": "response.content_part.done", **where,
                                "part": {"type": "output_text", "text": text, "annotations": []}})
-                + self._item_done(_message_item(msg.id, text), msg.index))
+                + self._item_done(message_item(msg.id, text), msg.index))
 
     def _open_reasoning(self) -> bytes:
         index = self._next_index()
         item_id = f"rs_{self._base}_{index}"
         self._rs = _Open(item_id, index, _head(b"response.reasoning_summary_text.delta", item_id,
                                                index, b',"summary_index":0'))
-        return (self._added(_reasoning_item(item_id, "", None), index)
+        return (self._added(reasoning_item(item_id, "", None), index)
                 + self._event({"type": "response.reasoning_summary_part.added",
                                "item_id": item_id, "output_index": index, "summary_index": 0,
                                "part": {"type": "summary_text", "text": ""}}))
@@ -309,8 +172,8 @@ class StreamEncoder:
             if encrypted is None:
                 return b""  # an empty part: nothing to show
             index = self._next_index()
-            item = _reasoning_item(f"rs_{self._base}_{index}", "", encrypted)
-            return self._added(_reasoning_item(item["id"], "", None), index) + self._item_done(
+            item = reasoning_item(f"rs_{self._base}_{index}", "", encrypted)
+            return self._added(reasoning_item(item["id"], "", None), index) + self._item_done(
                 item, index)
         text = "".join(rs.chunks)
         where = {"item_id": rs.id, "output_index": rs.index, "summary_index": 0}
@@ -318,7 +181,7 @@ class StreamEncoder:
                              "text": text})
                 + self._event({"type": "response.reasoning_summary_part.done", **where,
                                "part": {"type": "summary_text", "text": text}})
-                + self._item_done(_reasoning_item(rs.id, text, encrypted), rs.index))
+                + self._item_done(reasoning_item(rs.id, text, encrypted), rs.index))
 
     def _open_call(self, event: ToolCallStart) -> bytes:
         index = self._next_index()
@@ -441,7 +304,7 @@ class StreamEncoder:
         c = self._acc.finish()
         self._done = True
         # encode_completion of the same request and ids, with what the stream built
-        self._response = _response(c, self._names, self._base, self._shell, error)
+        self._response = response_object(c, self._names, self._base, self._shell, error)
         return self._response
 
     def close(self) -> bytes:
