@@ -4,9 +4,10 @@ Two ASGI-level pieces the routes share:
 
 * :class:`EventStreamResponse` sends SSE frames from a dialect encoder: the
   request's task pumps events, one helper task watches for the client going
-  away (which cancels the pump, and so the worker's upstream request), and a
-  timer sends keep-alive pings while the worker is silent. Every exit path ends the stream with the
-  dialect's terminal frames, and calls ``on_done`` exactly once.
+  away (which cancels the pump, and so the worker's upstream request), and
+  the loop's ping board sends keep-alive pings while the worker is silent.
+  Every exit path ends the stream with the dialect's terminal frames, and
+  calls ``on_done`` exactly once.
 * :func:`until_disconnect` runs a non-streaming request's work and cancels it
   if the client disconnects first.
 """
@@ -19,6 +20,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, TypeVar
 
 import structlog
 
+from pool.board import Board, Entry, board
 from pool.errors import GatewayError, InternalError, UpstreamUnavailable
 from pool.model import Event, Finish, Usage
 
@@ -84,7 +86,7 @@ class EventStreamResponse:
         self.on_done = on_done
         self.after = after  # awaited once the stream ended, unless the client left
         self.outcome = StreamOutcome()
-        self._last_send = 0.0
+        self._pings: _Pinger | None = None
         self._pumping = True  # the client leaving now cancels the stream
         # a same-dialect stream (pool.remote.relay.Relay): the worker yields the
         # upstream's frames as bytes, and the relay keeps their usage and finish
@@ -92,18 +94,17 @@ class EventStreamResponse:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         # The pump runs in the request's own task; one helper task watches for
-        # the client leaving (and cancels it); pings come from one timer that
-        # starts a short task only when a ping is due. Fewer tasks per open
-        # stream: less memory with thousands of slow streams open.
-        loop = asyncio.get_running_loop()
+        # the client leaving (and cancels it); pings come from the loop's board
+        # (a place on it, no timer per stream), which starts a short task only
+        # when a ping is due. Less per open stream: less memory with thousands
+        # of slow streams open.
         await send({"type": "http.response.start", "status": 200, "headers": self.headers})
-        self._last_send = loop.time()
         task = asyncio.current_task()
         assert task is not None
         watch = asyncio.ensure_future(self._watch_disconnect(receive, task))
-        pings = _Pinger(self, send, loop) if self.ping_interval > 0 else None
+        pings = self._pings = _Pinger(self, send, task.get_loop()) if self.ping_interval > 0 else None
         try:
-            await self._pump(send, loop)
+            await self._pump(send)
             self._pumping = False
             if self.after is not None:
                 await self.after()
@@ -123,17 +124,24 @@ class EventStreamResponse:
             await _aclose_quietly(self.events)
             self.on_done(self.outcome)
 
-    async def _pump(self, send: Any, loop: asyncio.AbstractEventLoop) -> None:
+    def _sent(self) -> None:
+        """A frame went out: the next ping is due a ping interval from now."""
+        pings = self._pings
+        if pings is not None:
+            pings.sent()
+
+    async def _pump(self, send: Any) -> None:
         enc = self.encoder
         outcome = self.outcome
         try:
-            first = self.first
-            if isinstance(first, asyncio.Future):
-                first = await first
-            if type(first) is bytes:
-                await self._forward(first, send, loop)
+            if isinstance(self.first, asyncio.Future):
+                self.first = await self.first
+            # the first item is taken from self.first by _forward or _encode, so
+            # no frame of the stream holds it once sent
+            if type(self.first) is bytes:
+                await self._forward(send)
             else:
-                await self._encode(first, send, loop)
+                await self._encode(send)
             tail = enc.close()
         except GatewayError as exc:
             outcome.error = exc
@@ -147,17 +155,19 @@ class EventStreamResponse:
             tail = enc.fail(err)
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 
-    async def _encode(self, first: Any, send: Any, loop: asyncio.AbstractEventLoop) -> None:
+    async def _encode(self, send: Any) -> None:
         """Encode the worker's events in the client's dialect: one write per
         event, or per list of events (a worker's ``stream_batches``: one
         upstream read)."""
+        first, self.first = self.first, None
         frame = self._frames(first)
+        del first
         if frame:
             await send({"type": "http.response.body", "body": frame, "more_body": True})
         async for item in self.events:
             frame = self._frames(item)
             if frame:
-                self._last_send = loop.time()
+                self._sent()
                 await send({"type": "http.response.body", "body": frame, "more_body": True})
 
     def _frames(self, item: Any) -> bytes:
@@ -185,7 +195,7 @@ class EventStreamResponse:
                 outcome.first_token_at = time.perf_counter()
         return self.encoder.feed(event)
 
-    async def _forward(self, data: bytes, send: Any, loop: asyncio.AbstractEventLoop) -> None:
+    async def _forward(self, send: Any) -> None:
         """Send the upstream's frames as the worker yields them: one write per
         upstream read. The relay's account goes into the outcome on every exit."""
         relay = self.relay
@@ -193,12 +203,13 @@ class EventStreamResponse:
         try:
             if relay.content_events:
                 outcome.first_token_at = time.perf_counter()
-            self._last_send = loop.time()
+            data, self.first = self.first, None
+            self._sent()
             await send({"type": "http.response.body", "body": data, "more_body": True})
             async for data in self.events:
                 if outcome.first_token_at is None and relay.content_events:
                     outcome.first_token_at = time.perf_counter()
-                self._last_send = loop.time()
+                self._sent()
                 await send({"type": "http.response.body", "body": data, "more_body": True})
         finally:
             usage = relay.usage
@@ -218,32 +229,35 @@ class EventStreamResponse:
                 return
 
 
-class _Pinger:
-    """Keep-alive pings while the worker is silent, from one timer per stream.
+class _Pinger(Entry):
+    """Keep-alive pings while the worker is silent: the stream's place on the
+    loop's board for its ping interval (see :mod:`pool.board`), taken again
+    at every frame sent, so a ping goes out once the stream has been silent
+    for the interval (up to a tenth of it, at most a second, later).
 
     Frames are whole SSE events and uvicorn writes each send() before it
     awaits flow control, so a ping can never land inside another frame."""
 
-    __slots__ = ("stream", "send", "loop", "timer", "task")
+    __slots__ = ("stream", "send", "task", "_board")
 
     def __init__(self, stream: EventStreamResponse, send: Any,
                  loop: asyncio.AbstractEventLoop) -> None:
         self.stream = stream
         self.send = send
-        self.loop = loop
         self.task: asyncio.Future[None] | None = None
-        self.timer: asyncio.TimerHandle | None = loop.call_at(
-            stream._last_send + stream.ping_interval, self._due)
+        self._board: Board[_Pinger] | None = board(loop, stream.ping_interval, _ping_due)
+        self._board.join(self)
 
-    def _due(self) -> None:
-        stream = self.stream
-        interval = stream.ping_interval
-        now = self.loop.time()
-        if now - stream._last_send >= interval and self.task is None:
-            stream._last_send = now
+    def sent(self) -> None:
+        found = self._board
+        if found is not None:
+            found.leave(self)
+            found.join(self)
+
+    def due(self) -> None:
+        if self.task is None:
             self.task = asyncio.ensure_future(self._ping())
-        at = stream._last_send + interval
-        self.timer = self.loop.call_at(at if at > now else now + interval, self._due)
+        self._board.join(self)  # type: ignore[union-attr]  (stop() takes it off the board)
 
     async def _ping(self) -> None:
         try:
@@ -253,11 +267,15 @@ class _Pinger:
             self.task = None
 
     def stop(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        if self._board is not None:
+            self._board.leave(self)
+            self._board = None
         if self.task is not None:
             self.task.cancel()
+
+
+def _ping_due(pinger: _Pinger) -> None:
+    pinger.due()
 
 
 async def _aclose_quietly(events: AsyncIterator[Event]) -> None:
