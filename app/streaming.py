@@ -3,9 +3,9 @@
 Two ASGI-level pieces the routes share:
 
 * :class:`EventStreamResponse` sends SSE frames from a dialect encoder: the
-  request's task pumps events, one helper task watches for the client going
-  away (which cancels the pump, and so the worker's upstream request), and
-  the loop's ping board sends keep-alive pings while the worker is silent.
+  request's task pumps events, a :class:`~app.disconnect.DisconnectWatch`
+  (no task of its own) notices the client going away (which cancels the
+  pump, and so the worker's upstream request), and the loop's ping board sends keep-alive pings while the worker is silent.
   Every exit path ends the stream with the dialect's terminal frames, and
   calls ``on_done`` exactly once.
 * :func:`until_disconnect` runs a non-streaming request's work and cancels it
@@ -24,6 +24,7 @@ from pool.board import Board, Entry, board
 from pool.errors import GatewayError, InternalError, UpstreamUnavailable
 from pool.model import Event, Finish, Usage
 
+from .disconnect import DisconnectWatch
 from .watch import watch
 
 __all__ = ["EventStreamResponse", "until_disconnect", "Encoder", "StreamOutcome"]
@@ -87,21 +88,23 @@ class EventStreamResponse:
         self.after = after  # awaited once the stream ended, unless the client left
         self.outcome = StreamOutcome()
         self._pings: _Pinger | None = None
+        self._task: asyncio.Task[Any] | None = None  # the request's, which pumps
         self._pumping = True  # the client leaving now cancels the stream
         # a same-dialect stream (pool.remote.relay.Relay): the worker yields the
         # upstream's frames as bytes, and the relay keeps their usage and finish
         self.relay = relay
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        # The pump runs in the request's own task; one helper task watches for
-        # the client leaving (and cancels it); pings come from the loop's board
-        # (a place on it, no timer per stream), which starts a short task only
-        # when a ping is due. Less per open stream: less memory with thousands
-        # of slow streams open.
+        # The pump runs in the request's own task; a watch driven by receive()'s
+        # own futures notices the client leaving (and cancels it); pings come
+        # from the loop's board (a place on it, no timer per stream), which
+        # starts a short task only when a ping is due. No task and no timer of
+        # its own per open stream: less memory with thousands of them open.
         await send({"type": "http.response.start", "status": 200, "headers": self.headers})
         task = asyncio.current_task()
         assert task is not None
-        watch = asyncio.ensure_future(self._watch_disconnect(receive, task))
+        self._task = task
+        watch = DisconnectWatch(receive, self._client_gone, task.get_loop())
         pings = self._pings = _Pinger(self, send, task.get_loop()) if self.ping_interval > 0 else None
         try:
             await self._pump(send)
@@ -114,7 +117,7 @@ class EventStreamResponse:
                 raise
         finally:
             self._pumping = False
-            watch.cancel()
+            watch.close()
             if pings is not None:
                 pings.stop()
             first = self.first
@@ -219,14 +222,10 @@ class EventStreamResponse:
             outcome.finish = relay.finish
             outcome.content_events = relay.content_events
 
-    async def _watch_disconnect(self, receive: Any, task: asyncio.Task[Any]) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                if self._pumping:
-                    self.outcome.disconnected = True
-                    task.cancel()
-                return
+    def _client_gone(self) -> None:
+        if self._pumping and self._task is not None:
+            self.outcome.disconnected = True
+            self._task.cancel()
 
 
 class _Pinger(Entry):
