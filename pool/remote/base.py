@@ -43,6 +43,7 @@ log = structlog.get_logger("pool.remote")
 _HEALTH_TIMEOUT = 5.0
 _DRAIN_TIMEOUT = 0.5         # wait for the end of a finished body, to reuse the connection
 _MAX_ERROR_BODY = 64 * 1024  # read at most this much of a refusal
+_NO_TOOLS: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,8 +232,11 @@ class RemoteWorker:
             dropped = _encrypted_reasoning(request)
             if dropped:  # neither upstream API has a slot for OpenAI's encrypted reasoning
                 log.info("remote.reasoning_dropped", worker=self.name, parts=dropped)
-        custom = frozenset(t.name for t in request.tools if t.kind == "custom")
+        # no empty frozenset per answer (216 bytes each, for as long as a stream is open)
+        custom = (frozenset(t.name for t in request.tools if t.kind == "custom")
+                  if request.tools else _NO_TOOLS)
         resp = await self._post(orjson.dumps(body, default=_json_default), headers)
+        del body, headers  # sent: not held (a whole conversation) while the answer streams
         reusable = False
         watch = IdleWatch(self.spec.idle_timeout, resp.content)
         try:
