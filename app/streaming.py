@@ -107,7 +107,22 @@ class EventStreamResponse:
         watch = DisconnectWatch(receive, self._client_gone, task.get_loop())
         pings = self._pings = _Pinger(self, send, task.get_loop()) if self.ping_interval > 0 else None
         try:
-            await self._pump(send)
+            # the pump, in this frame (one coroutine frame fewer per open stream)
+            try:
+                if isinstance(self.first, asyncio.Future):
+                    self.first = await self.first
+                # the first item is taken from self.first by _forward or _encode,
+                # so no frame of the stream holds it once sent
+                if type(self.first) is bytes:
+                    await self._forward(send)
+                else:
+                    await self._encode(send)
+                tail = self.encoder.close()
+            except (asyncio.CancelledError, GeneratorExit):
+                raise
+            except Exception as exc:
+                tail = self._failed(exc)
+            await send({"type": "http.response.body", "body": tail, "more_body": False})
             self._pumping = False
             if self.after is not None:
                 await self.after()
@@ -133,30 +148,13 @@ class EventStreamResponse:
         if pings is not None:
             pings.sent()
 
-    async def _pump(self, send: Any) -> None:
-        enc = self.encoder
-        outcome = self.outcome
-        try:
-            if isinstance(self.first, asyncio.Future):
-                self.first = await self.first
-            # the first item is taken from self.first by _forward or _encode, so
-            # no frame of the stream holds it once sent
-            if type(self.first) is bytes:
-                await self._forward(send)
-            else:
-                await self._encode(send)
-            tail = enc.close()
-        except GatewayError as exc:
-            outcome.error = exc
-            tail = enc.fail(exc)
-        except (asyncio.CancelledError, GeneratorExit):
-            raise
-        except Exception as exc:  # a worker bug must still end the stream properly
+    def _failed(self, exc: Exception) -> bytes:
+        """The stream's last frames when the worker failed (called while handling ``exc``)."""
+        if not isinstance(exc, GatewayError):  # a worker bug must still end the stream properly
             log.exception("stream.worker_crashed")
-            err = InternalError("The worker failed while answering.")
-            outcome.error = err
-            tail = enc.fail(err)
-        await send({"type": "http.response.body", "body": tail, "more_body": False})
+            exc = InternalError("The worker failed while answering.")
+        self.outcome.error = exc
+        return self.encoder.fail(exc)
 
     async def _encode(self, send: Any) -> None:
         """Encode the worker's events in the client's dialect: one write per
