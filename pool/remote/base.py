@@ -33,6 +33,7 @@ from pool.worker import Capabilities, WorkerState, flatten
 from .errors import error_from_body, scrub_error
 from .idle import IdleTimeout, IdleWatch
 from .images import vet_images
+from .lean import lean_response
 from .policy import PassPolicy
 from .relay import Relay, relay_for
 
@@ -329,6 +330,7 @@ class RemoteWorker:
             log.warning("remote.request_failed", worker=self.name, error=type(exc).__name__)
             raise UpstreamUnavailable(f"upstream {self.name} failed before answering") from None
         if 200 <= resp.status < 300:
+            lean_response(resp)  # ≈ 2 KiB less for as long as it streams
             return resp
         try:
             refusal = await self._refusal(resp)
