@@ -212,6 +212,7 @@ class EventStreamResponse:
                     outcome.first_token_at = time.perf_counter()
                 self._sent()
                 await send({"type": "http.response.body", "body": data, "more_body": True})
+                del data  # sent: not held while the next read waits
         finally:
             usage = relay.usage
             outcome.usage_in = usage.input_tokens

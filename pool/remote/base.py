@@ -259,6 +259,7 @@ class RemoteWorker:
                             yield data
                         if relay.error is not None:
                             raise relay.error
+                        del chunk, data  # not held while the next read waits
                 else:
                     yield relay.body(await self._read_all(resp, watch))
             elif streamed:
