@@ -126,7 +126,14 @@ class Gateway:
         return {"in_flight": dict(self.pool.in_flight), "admission": self.admission.stats(),
                 "routing": routing, "prefix": prefix, "bindings": self.bindings.stats(),
                 "responses": self.responses.stats(), "cli_sessions": self.cli_session_stats(),
-                "redis": self.redis.stats() if self.redis is not None else None}
+                "redis": self.redis.stats() if self.redis is not None else None,
+                "limits": self.limit_stats()}
+
+    def limit_stats(self) -> dict[str, int] | None:
+        """The shared rate windows' counters (leases taken locally, Redis round
+        trips, local fallbacks) when the key limits live in Redis; else None."""
+        stats = getattr(self.teams.limits, "stats", None)
+        return stats() if stats is not None else None
 
     def cli_session_stats(self) -> dict[str, Any]:
         """The gateway's index of upstream sessions, and each cli worker's hits,

@@ -10,19 +10,19 @@ plain-ASGI route (:mod:`app.hot`); everything else goes on to Starlette.
 from __future__ import annotations
 
 import re
-import os
 import time
+from random import getrandbits
 from typing import Any, Callable, Mapping
 
 import orjson
 import structlog
-from structlog.contextvars import bind_contextvars, clear_contextvars
 
 from auth.keys import KeyRing, TokenGate, extract_key_from_scope
 from pool.errors import AuthenticationFailed, GatewayError, NotFound, PayloadTooLarge
 
 from .access import ADMIN, CLIENT, METRICS, PUBLIC, required_credential, route_path
 from .errors import error_body, error_status
+from .observability import current_request
 from .record import RequestRecord
 
 __all__ = ["GatewayMiddleware"]
@@ -64,14 +64,13 @@ class GatewayMiddleware:
                 content_length = value
             elif name == b"anthropic-version":
                 anthropic_version = True
-        if request_id is None:
-            request_id = os.urandom(16).hex()
+        if request_id is None:  # unique, not secret: no system call for it
+            request_id = f"{getrandbits(128):032x}"
         path = route_path(scope)
         record = RequestRecord(request_id, scope["method"], path, started)
         record.anthropic_version = anthropic_version
         scope.setdefault("state", {})["record"] = record
-        clear_contextvars()
-        bind_contextvars(request_id=request_id)
+        current_request.set(record)  # its id and key go into every line logged meanwhile
         rid_header = (b"x-request-id", request_id.encode("latin-1"))
 
         async def send_with_id(message: dict[str, Any]) -> None:
@@ -113,7 +112,6 @@ class GatewayMiddleware:
                     "Invalid or missing API key. Send it as 'Authorization: Bearer <key>' "
                     "or 'x-api-key: <key>'.")
             record.key = name
-            bind_contextvars(key=name)
         if content_length is not None:
             try:
                 too_big = int(content_length) > self.max_body_bytes

@@ -12,6 +12,7 @@ import functools
 import logging
 import sys
 from bisect import bisect_left
+from contextvars import ContextVar
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal, TextIO
 
@@ -21,7 +22,10 @@ import structlog
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-__all__ = ["REDACTED", "redact_secrets", "configure_logging", "Metrics", "LATENCY_BUCKETS", "UNKNOWN"]
+from auth.keys import ANONYMOUS
+
+__all__ = ["REDACTED", "redact_secrets", "current_request", "add_request", "configure_logging",
+           "Metrics", "LATENCY_BUCKETS", "UNKNOWN"]
 
 REDACTED = "***"
 UNKNOWN = "unknown"
@@ -68,6 +72,23 @@ def _scrub(value: Any, depth: int) -> Any:
 _SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
 
 
+# The request being served (the middleware's RequestRecord): its id, and its key once
+# authenticated, go into every line logged while it is served (also by tasks it
+# starts). One ContextVar.set per request, where structlog's clear + bind would
+# copy the whole context twice.
+current_request: ContextVar[Any] = ContextVar("poolgate_request", default=None)
+
+
+def add_request(logger: Any, method_name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    """``request_id`` and ``key`` of the request being served (fields the event sets win)."""
+    record = current_request.get()
+    if record is not None:
+        event_dict.setdefault("request_id", record.request_id)
+        if record.key != ANONYMOUS:  # no key identified (auth is off)
+            event_dict.setdefault("key", record.key)
+    return event_dict
+
+
 def redact_secrets(logger: Any, method_name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
     """structlog processor: values under secret-looking keys (at any depth) become ``***``."""
     # On every log line: keys are str (keyword arguments), most values are scalars.
@@ -98,6 +119,7 @@ def configure_logging(
     stream = stream if stream is not None else sys.stdout
     level_no = logging.getLevelNamesMapping()[level.upper()]
     shared: list[Any] = [
+        add_request,
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),

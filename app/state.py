@@ -13,7 +13,7 @@ import structlog
 
 from auth.limits import KeyPolicy
 from sessions.keystore import KeyStore
-from sessions.ledger import StateDB, UsageLedger
+from sessions.ledger import MEMORY_MAX_ROWS, StateDB, UsageLedger
 
 from .gateway import Gateway
 from .teams import policy_from_mapping
@@ -45,7 +45,8 @@ async def open_state(gw: Gateway, state_dir: str | None,
     and start today's and this month's budgets at what the ledger has."""
     db = StateDB(state_dir)
     stack.callback(db.close)
-    gw.ledger = UsageLedger(db)
+    # in memory nothing else bounds it: the newest MEMORY_MAX_ROWS requests
+    gw.ledger = UsageLedger(db, max_rows=MEMORY_MAX_ROWS if state_dir is None else None)
     stack.callback(gw.ledger.close)
     gw.keystore = KeyStore(db)
     stored = gw.keystore.all()

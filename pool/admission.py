@@ -273,7 +273,7 @@ class AdmissionGuard:
     def _wake(self) -> None:
         """Grant slots to waiters in arrival order, skipping those that still
         cannot go (see :mod:`pool.waitqueue`: O(1) amortised per release)."""
-        if self._queue:
+        if self._queue.waiting:
             self._queue.grant(self._reserve)
             self._watch_unready()
 

@@ -129,6 +129,8 @@ class WaitQueue:
 
     def released(self, key: str | None, worker: Worker | None) -> None:
         """A slot of ``key`` and/or on ``worker`` came free: unpark who was waiting for it."""
+        if not self._by_key and not self._by_worker:
+            return  # nobody parked (the common case): no lookups
         for parked in (self._by_key.pop(key, None) if key is not None else None,
                        self._by_worker.pop(id(worker), None) if worker is not None else None):
             if parked:

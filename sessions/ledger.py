@@ -17,7 +17,7 @@ import sqlite3
 import threading
 from typing import Any, Iterator, Sequence
 
-__all__ = ["StateDB", "UsageLedger", "GROUPS", "STATE_FILE"]
+__all__ = ["StateDB", "UsageLedger", "GROUPS", "STATE_FILE", "MEMORY_MAX_ROWS"]
 
 STATE_FILE = "poolgate.sqlite3"
 GROUPS = ("key", "model", "day")
@@ -80,11 +80,21 @@ class StateDB:
             self.conn.close()
 
 
-class UsageLedger:
-    """Answered requests, batched into ``db`` by a writer thread."""
+# Rows an in-memory ledger keeps (about 100 bytes each): without a state
+# directory nothing else bounds it, and a busy gateway answers millions a day.
+MEMORY_MAX_ROWS = 200_000
 
-    def __init__(self, db: StateDB, *, flush_interval: float = 0.25) -> None:
+
+class UsageLedger:
+    """Answered requests, batched into ``db`` by a writer thread.
+
+    ``max_rows``: keep only the newest this many (the oldest go at each
+    flush); ``None`` keeps every row (a file: the record operators keep)."""
+
+    def __init__(self, db: StateDB, *, flush_interval: float = 0.25,
+                 max_rows: int | None = None) -> None:
         self.db = db
+        self.max_rows = max_rows
         self._pending: collections.deque[Row] = collections.deque()
         self._stop = threading.Event()
         self._interval = flush_interval
@@ -102,6 +112,10 @@ class UsageLedger:
         rows = list(self._drain())
         if rows:
             self.db.write("INSERT INTO usage VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            if self.max_rows is not None:
+                # rowids grow with each insert: the newest max_rows are the highest
+                self.db.write("DELETE FROM usage WHERE rowid <= "
+                              "(SELECT MAX(rowid) FROM usage) - ?", [(self.max_rows,)])
         return len(rows)
 
     def _drain(self) -> Iterator[Row]:

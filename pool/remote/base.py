@@ -98,6 +98,7 @@ class RemoteWorker:
         self.capacity = spec.max_in_flight
         self.state = WorkerState.STARTING
         self._refused = False  # unhealthy because the upstream refused our key
+        self._answered = False  # an upstream request got a 2xx since the last probe began
         self.started_at: float | None = None
         self._chat_url = URL(chat_url)  # parsed once, not on every request
         self._health_url = health_url
@@ -157,12 +158,21 @@ class RemoteWorker:
 
     async def health(self) -> bool:
         """Reachable and taking our credentials: the upstream answered the model
-        listing with a status < 500 other than 401/403."""
+        listing with a status < 500 other than 401/403.
+
+        A probe that fails without a refusal (it timed out, the connection
+        broke, a 5xx) while the upstream answered requests since the previous
+        probe does not take the worker out: a saturated gateway reads the
+        probe's answer late, and the answers it did get say more than the one
+        it missed. The next probe decides, unless requests succeed meanwhile."""
+        answered, self._answered = self._answered, False
+        refused = False
         try:
             session = self._session or await self._ensure_session()
             async with asyncio.timeout(min(_HEALTH_TIMEOUT, self.spec.first_byte_timeout)):
                 async with session.get(self._health_url, allow_redirects=False) as resp:
-                    ok = resp.status < 500 and resp.status not in (401, 403)
+                    refused = resp.status in (401, 403)
+                    ok = resp.status < 500 and not refused
         except (aiohttp.ClientError, OSError, TimeoutError, UpstreamUnavailable):
             ok = False
         if self.state is WorkerState.DRAINING or self.state is WorkerState.STOPPED:
@@ -171,8 +181,11 @@ class RemoteWorker:
             self.state = WorkerState.READY
             self._refused = False
         elif not ok and self.state is WorkerState.READY:
-            self.state = WorkerState.UNHEALTHY
-            log.warning("remote.unhealthy", worker=self.name)
+            if answered and not refused:
+                log.warning("remote.probe_missed", worker=self.name)
+            else:
+                self.state = WorkerState.UNHEALTHY
+                log.warning("remote.unhealthy", worker=self.name)
         return ok
 
     def _credentials_refused(self, exc: UpstreamCredentialsRefused) -> None:
@@ -331,6 +344,7 @@ class RemoteWorker:
             log.warning("remote.request_failed", worker=self.name, error=type(exc).__name__)
             raise UpstreamUnavailable(f"upstream {self.name} failed before answering") from None
         if 200 <= resp.status < 300:
+            self._answered = True
             lean_response(resp)  # ≈ 2 KiB less for as long as it streams
             return resp
         try:

@@ -171,6 +171,7 @@ class FakeUpstream:
         self.peers: list[tuple[str, int] | None] = []  # client address of each request
         self.disconnects = 0
         self.answers: list[bytes] = []  # each answer's body bytes as sent
+        self.models_delay = 0.0  # seconds /v1/models (the health probe) takes to answer
         self.port = 0
         self._ids = itertools.count(1)
         self._server: uvicorn.Server | None = None
@@ -322,6 +323,8 @@ class FakeUpstream:
     async def _models(self, request: Request) -> Response:
         self.requests.append(Received(request.url.path, dict(request.headers), None))
         self.peers.append(tuple(request.client) if request.client else None)
+        if self.models_delay:
+            await asyncio.sleep(self.models_delay)
         if not self._authorised(request, "anthropic"):
             return error_response(401, "openai", "Incorrect API key provided")
         # one listing both SDKs accept: OpenAI's and Anthropic's fields together

@@ -132,3 +132,15 @@ def test_prefix_bench_config_is_accepted_by_the_gateway_settings(tmp_path: Path,
     assert settings.routing.policy == policy
     assert [(w.name, w.capacity, w.threads) for w in settings.workers] == [
         (f"llama{i}", 1, 1) for i in range(3)]
+
+
+def test_inproc_bench_serves_both_routes_through_the_asgi_app() -> None:
+    """bench/inproc.py: every request answered 200 (it exits otherwise), a CPU
+    figure per route."""
+    done = subprocess.run([sys.executable, "-m", "bench.inproc", "-n", "200", "-c", "4",
+                           "--repeat", "1"], capture_output=True, text=True, timeout=60,
+                          cwd=BENCH.parent)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if "us CPU/request" in line]
+    assert [r[0] for r in rows] == ["chat", "messages"]
+    assert all(float(r[3]) > 0 for r in rows)  # "min <us>"

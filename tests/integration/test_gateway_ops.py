@@ -129,6 +129,8 @@ def test_access_log_line_has_the_fields_and_no_secrets(gateway):
     assert any(r.get("status") == 400 and r.get("error") == "invalid_request" for r in failed)
     # every line of the request carries its id (the worker's own lines too)
     assert any(r["event"].startswith("remote.") for r in failed)
+    # and the key it was identified by
+    assert all(r.get("key") == "team-a" for r in failed if r["event"].startswith("remote."))
     text = out.getvalue()
     for secret in (CLIENT_KEY, UPSTREAM_KEY, ADMIN_TOKEN, METRICS_TOKEN):
         assert secret not in text

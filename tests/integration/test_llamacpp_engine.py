@@ -17,9 +17,9 @@ pytest.importorskip("xllamacpp")
 
 from pool.local.engine import EngineError, GenParams, Step  # noqa: E402
 from pool.local.llamacpp import (  # noqa: E402
-    GGUFMetadata, LlamaCppEngine, _cut_char, _split, _StreamDecoder, default_model_path,
-    read_gguf_metadata,
+    GGUFMetadata, LlamaCppEngine, default_model_path, read_gguf_metadata,
 )
+from pool.local.llamacpp_tokens import _cut_char, _split, _StreamDecoder  # noqa: E402
 
 MODEL = default_model_path()
 pytestmark = [

@@ -460,6 +460,26 @@ async def test_health(make: MakeWorker, fake: FakeUpstream, dialect: str) -> Non
     assert worker.capabilities.max_n == 1 and worker.capabilities.images
 
 
+async def test_a_missed_probe_does_not_take_out_a_worker_that_answers(
+        make: MakeWorker, fake: FakeUpstream) -> None:
+    """A probe that times out right after the upstream answered requests (a
+    saturated gateway reads its answer late) leaves the worker ready; a second
+    one with nothing answered in between takes it out; a good probe brings it back."""
+    worker = await make("openai", first_byte_timeout=0.3)
+    await complete(worker, chat("hi"))
+    fake.models_delay = 1.0
+    try:
+        with structlog.testing.capture_logs() as logs:
+            assert await worker.health() is False
+        assert worker.state is WorkerState.READY
+        assert [r["event"] for r in logs] == ["remote.probe_missed"]
+        assert await worker.health() is False
+        assert worker.state is WorkerState.UNHEALTHY
+    finally:
+        fake.models_delay = 0.0
+    assert await worker.health() is True and worker.state is WorkerState.READY
+
+
 async def test_health_follows_the_upstream(make: MakeWorker) -> None:
     other = FakeUpstream().start()
     try:

@@ -221,6 +221,11 @@ def test_busy_key_leased_yet_exact_across_replicas(cluster) -> None:
                 break
             time.sleep(LIFETIME + 0.3)  # idle leases go back
     assert admitted == BUSY_RPM
+    # the operators' view: each replica served some of it from leases, without Redis
+    for replica in (cluster.a, cluster.b):
+        limits = replica.http.get("/internal/stats", headers=ADMIN).json()["limits"]
+        assert limits["lease_hits"] > 0 and limits["round_trips"] > 0, limits
+        assert limits["fallbacks"] == 0, limits
 
 
 def test_redis_killed_then_back(cluster) -> None:

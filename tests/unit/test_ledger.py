@@ -50,6 +50,22 @@ def test_grouped_rows_have_only_their_fields(ledger) -> None:
                                           "cached_tokens": 2, "errors": 2}]
 
 
+def test_a_bounded_ledger_keeps_the_newest_rows() -> None:
+    db = StateDB(None)
+    ledger = UsageLedger(db, flush_interval=3600, max_rows=3)
+    try:
+        _fill(ledger)  # five rows, two days
+        assert ledger.usage(group_by=[])[0]["requests"] == 3
+        assert [(r["key"], r["requests"]) for r in ledger.usage(group_by=["key"])] == [
+            ("a", 1), ("b", 2)]  # the two oldest of key a went
+        ledger.add(DAY2 + 2, "c", "m1", "w", 1, 1, 0, 200, None)
+        assert [(r["key"], r["requests"]) for r in ledger.usage(group_by=["key"])] == [
+            ("b", 2), ("c", 1)]
+    finally:
+        ledger.close()
+        db.close()
+
+
 def test_filters(ledger) -> None:
     assert ledger.usage(group_by=[]) == []  # nothing recorded: no row, not a row of zeros
     _fill(ledger)
@@ -81,3 +97,18 @@ def test_file_survives_reopening_and_keys_are_stored(tmp_path) -> None:
     assert KeyStore(db).delete("team") and not KeyStore(db).delete("team")
     again.close()
     db.close()
+
+
+async def test_the_gateway_bounds_only_an_in_memory_ledger(tmp_path) -> None:
+    import contextlib
+
+    from app.gateway import Gateway
+    from app.state import open_state
+    from sessions.ledger import MEMORY_MAX_ROWS
+
+    for state_dir, bound in ((None, MEMORY_MAX_ROWS), (str(tmp_path), None)):
+        gw = Gateway(settings=None, metrics=None, admin=None, metrics_gate=None,
+                     metrics_public=False, max_body_bytes=1)
+        async with contextlib.AsyncExitStack() as stack:
+            await open_state(gw, state_dir, stack)
+            assert gw.ledger is not None and gw.ledger.max_rows == bound
