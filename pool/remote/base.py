@@ -258,8 +258,15 @@ class RemoteWorker:
             streamed = "event-stream" in resp.headers.get("content-type", "")
             if relay is not None and streamed == relay.stream:
                 if streamed:
+                    content = resp.content
                     while not relay.done:
-                        chunk = await self._read_chunk(resp, watch)
+                        # _read_chunk's read, inline: no frame of ours waits with
+                        # each open stream (its failures are mapped below)
+                        chunk = content.read_nowait()
+                        if not chunk and not content.is_eof():
+                            watch.begin()
+                            chunk = await content.readany()
+                            watch.end()  # (a failure ends the answer, and closes the watch)
                         if chunk:
                             data = relay.feed(chunk)
                         else:
@@ -310,6 +317,8 @@ class RemoteWorker:
             raise
         except GatewayError as exc:  # in-stream texts are the parsers': scrub them here
             raise scrub_error(exc, self.spec.api_key) from None
+        except (TimeoutError, IdleTimeout, aiohttp.ClientError, OSError) as exc:
+            raise self._read_failed(exc) from None  # the relay loop's reads
         finally:
             watch.close()
             if reusable:
@@ -389,13 +398,17 @@ class RemoteWorker:
                     watch.end()
             async with asyncio.timeout(self.spec.idle_timeout):
                 return await content.readany()
-        except (TimeoutError, IdleTimeout):
+        except (TimeoutError, IdleTimeout, aiohttp.ClientError, OSError) as exc:
+            raise self._read_failed(exc) from None
+
+    def _read_failed(self, exc: BaseException) -> GatewayError:
+        """The error of a body read that failed with ``exc`` (logged)."""
+        if isinstance(exc, (TimeoutError, IdleTimeout)):
             log.warning("remote.idle_timeout", worker=self.name)
-            raise UpstreamTimeout(f"upstream {self.name} stalled for more than "
-                                  f"{self.spec.idle_timeout:g}s") from None
-        except (aiohttp.ClientError, OSError):
-            log.warning("remote.stream_broken", worker=self.name)
-            raise UpstreamUnavailable("upstream closed the stream early") from None
+            return UpstreamTimeout(f"upstream {self.name} stalled for more than "
+                                   f"{self.spec.idle_timeout:g}s")
+        log.warning("remote.stream_broken", worker=self.name)
+        return UpstreamUnavailable("upstream closed the stream early")
 
     async def _read_all(self, resp: aiohttp.ClientResponse,
                         watch: IdleWatch | None = None) -> bytes:
