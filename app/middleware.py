@@ -22,6 +22,7 @@ from pool.errors import AuthenticationFailed, GatewayError, NotFound, PayloadToo
 
 from .access import ADMIN, CLIENT, METRICS, PUBLIC, required_credential, route_path
 from .errors import error_body, error_status
+from .hot import Incoming
 from .observability import current_request
 from .record import RequestRecord
 
@@ -81,11 +82,20 @@ class GatewayMiddleware:
 
         try:
             error = self._admit(scope, path, record, content_length)
+            route = self.hot.get((scope["method"], path))
             if error is not None:
                 await self._reject(error, record, send_with_id)
+            elif route is None:
+                await self.app(scope, receive, send_with_id)
             else:
-                app = self.hot.get((scope["method"], path), self.app)
-                await app(scope, receive, send_with_id)
+                # the route's answer is awaited in this frame, not in one of the
+                # route's: a coroutine frame fewer for as long as a stream is open
+                try:
+                    response = await route.handler(route.gateway, Incoming(scope, receive), record)
+                    await response(scope, receive, send_with_id)
+                except Exception as exc:
+                    await route.failed(exc, record, scope, receive, send_with_id)
+                    raise
         finally:
             record.duration = time.perf_counter() - started
             self.on_finish(record)
