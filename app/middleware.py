@@ -33,6 +33,25 @@ _SAFE_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
 _CLOSED = TokenGate(None)
 
 
+class _SendWithId:
+    """``send`` that notes the response's status in the record and adds the
+    request id header (an object, not a closure: less to hold per open stream)."""
+
+    __slots__ = ("send", "record")
+
+    def __init__(self, send: Any, record: RequestRecord) -> None:
+        self.send = send
+        self.record = record
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            record = self.record
+            record.status = message["status"]
+            message["headers"] = [*message.get("headers", ()),
+                                  (b"x-request-id", record.request_id.encode("latin-1"))]
+        await self.send(message)
+
+
 class GatewayMiddleware:
     def __init__(self, app: Any, *, keys: KeyRing, max_body_bytes: int,
                  on_finish: Callable[[RequestRecord], None], admin: TokenGate = _CLOSED,
@@ -72,13 +91,7 @@ class GatewayMiddleware:
         record.anthropic_version = anthropic_version
         scope.setdefault("state", {})["record"] = record
         current_request.set(record)  # its id and key go into every line logged meanwhile
-        rid_header = (b"x-request-id", request_id.encode("latin-1"))
-
-        async def send_with_id(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                record.status = message["status"]
-                message["headers"] = [*message.get("headers", ()), rid_header]
-            await send(message)
+        send_with_id = _SendWithId(send, record)
 
         try:
             error = self._admit(scope, path, record, content_length)
