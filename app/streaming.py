@@ -82,7 +82,7 @@ class EventStreamResponse:
         self.first = first
         self.events = events
         self.encoder = encoder
-        self.headers = SSE_HEADERS + headers
+        self.headers = headers  # after SSE_HEADERS, joined when the response starts
         self.ping_interval = ping_interval
         self.on_done = on_done
         self.after = after  # awaited once the stream ended, unless the client left
@@ -100,7 +100,8 @@ class EventStreamResponse:
         # from the loop's board (a place on it, no timer per stream), which
         # starts a short task only when a ping is due. No task and no timer of
         # its own per open stream: less memory with thousands of them open.
-        await send({"type": "http.response.start", "status": 200, "headers": self.headers})
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": SSE_HEADERS + self.headers})
         task = asyncio.current_task()
         assert task is not None
         self._task = task
