@@ -93,6 +93,8 @@ class EventStreamResponse:
         # a same-dialect stream (pool.remote.relay.Relay): the worker yields the
         # upstream's frames as bytes, and the relay keeps their usage and finish
         self.relay = relay
+        # the encoder's feed() of a list of events at once, when it has one
+        self._feed_batch = getattr(encoder, "feed_batch", None)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         # The pump runs in the request's own task; a watch driven by receive()'s
@@ -177,20 +179,40 @@ class EventStreamResponse:
             return self._frame(item)
         if len(item) == 1:
             return self._frame(item[0])
-        return b"".join([self._frame(event) for event in item])
+        feed_batch = self._feed_batch
+        if feed_batch is None:
+            return b"".join([self._frame(event) for event in item])
+        outcome = self.outcome
+        content = 0
+        for event in item:
+            t = type(event)
+            if t is Usage or t is Finish:
+                self._account(event)
+            else:
+                content += 1
+        if content:
+            outcome.content_events += content
+            if outcome.first_token_at is None:
+                outcome.first_token_at = time.perf_counter()
+        return feed_batch(item)
+
+    def _account(self, event: Usage | Finish) -> None:
+        outcome = self.outcome
+        if type(event) is Finish:
+            outcome.finish = event.reason
+            return
+        if event.input_tokens is not None:
+            outcome.usage_in = event.input_tokens
+        if event.output_tokens is not None:
+            outcome.usage_out = event.output_tokens
+        if event.cached_tokens is not None:
+            outcome.usage_cached = event.cached_tokens
 
     def _frame(self, event: Event) -> bytes:
         outcome = self.outcome
         t = type(event)
-        if t is Usage:
-            if event.input_tokens is not None:
-                outcome.usage_in = event.input_tokens
-            if event.output_tokens is not None:
-                outcome.usage_out = event.output_tokens
-            if event.cached_tokens is not None:
-                outcome.usage_cached = event.cached_tokens
-        elif t is Finish:
-            outcome.finish = event.reason
+        if t is Usage or t is Finish:
+            self._account(event)
         else:
             outcome.content_events += 1
             if outcome.first_token_at is None:

@@ -1,7 +1,10 @@
 """A sans-IO Server-Sent Events decoder (the WHATWG event-stream grammar).
 
 Feed it bytes as they arrive, split anywhere (mid-line, mid-UTF-8 sequence,
-between ``\\r`` and ``\\n``); it returns the complete events so far.
+between ``\\r`` and ``\\n``); it returns the complete events so far
+(:meth:`SSEDecoder.feed`), or only their ``data`` (:meth:`SSEDecoder.feed_data`,
+what the remote workers' parsers read: a fast path for the usual upstream
+read of whole ``data: ...`` events).
 """
 
 from __future__ import annotations
@@ -77,6 +80,62 @@ class SSEDecoder:
         self._scan = len(buf)
         return out
 
+    def feed_data(self, chunk: bytes) -> list[str]:
+        """The ``data`` of each event completed by ``chunk`` (as :meth:`feed`
+        would give them, event names and ids left out).
+
+        The usual read (whole events with ``\\n`` line ends, nothing pending
+        from the last read but the start of a line) is decoded at once and
+        split on blank lines, each one-line ``data:`` event sliced out without
+        a line-by-line parse; anything else goes line by line."""
+        buf = self._buf
+        if (self._data or self._event is not None or self._pending_cr
+                or len(buf) + len(chunk) > self.max_line):
+            return [event.data for event in self.feed(chunk)]
+        whole = bytes(buf) + chunk if buf else chunk  # the buffer never holds a line end
+        # Decoding whole lines at once replaces invalid bytes as decoding them
+        # one by one does; a read that ends within an event is cut after its
+        # last blank line first, so no UTF-8 sequence is cut either.
+        text = whole.decode("utf-8", "replace")
+        rest = b""
+        if not text.endswith("\n\n"):
+            end = whole.rfind(b"\n\n") + 2
+            if end < 2 or b"\r" in whole:
+                return [event.data for event in self.feed(chunk)]
+            text, rest = whole[:end].decode("utf-8", "replace"), whole[end:]
+        if "\r" in text:
+            return [event.data for event in self.feed(chunk)]
+        if buf:
+            del buf[:]
+            self._scan = 0
+        out = None
+        if text.startswith("data: "):
+            # the usual read: events of one data line each (splitting on the
+            # longer separator is the quicker search)
+            out = text[6:-2].split("\n\ndata: ")
+            for data in out:
+                if "\n" in data:  # not one line each after all
+                    out = None
+                    break
+        if out is None:
+            out = []
+            for block in text[:-2].split("\n\n"):
+                if block.startswith("data: ") and "\n" not in block:
+                    out.append(block[6:])
+                else:  # several lines, other fields, comments: a blank line ends each block
+                    events: list[SSEEvent] = []
+                    for line in block.split("\n"):
+                        self._text_line(line, events)
+                    self._text_line("", events)
+                    out += [event.data for event in events]
+        if rest:
+            self.feed(rest)  # no blank line in it: nothing completes
+        return out
+
+    def close_data(self) -> list[str]:
+        """:meth:`close`, as :meth:`feed_data` gives events."""
+        return [event.data for event in self.close()]
+
     def _too_long(self) -> UpstreamUnavailable:
         self._buf = bytearray()
         self._scan = 0
@@ -95,14 +154,16 @@ class SSEDecoder:
         return out
 
     def _line(self, raw: bytes, out: list[SSEEvent]) -> None:
-        if not raw:
+        self._text_line(raw.decode("utf-8", "replace"), out)
+
+    def _text_line(self, line: str, out: list[SSEEvent]) -> None:
+        if not line:
             if self._data or self._event is not None:
                 out.append(SSEEvent(self._event, "\n".join(self._data), self._id))
             self._event = None
             self._data = []
             self._size = 0
             return
-        line = raw.decode("utf-8", "replace")
         if line[0] == ":":
             return
         name, sep, value = line.partition(":")

@@ -229,6 +229,18 @@ class StreamEncoder:
             return self._close_block()
         return b""  # Start, Logprobs
 
+    def feed_batch(self, events: list[Event]) -> bytes:
+        """:meth:`feed` of each event, joined (one upstream read): text deltas
+        into the open text block, the usual run, are written here."""
+        out: list[bytes] = []
+        for event in events:
+            if type(event) is TextDelta and self._open == _TEXT and not self._done:
+                if event.text:
+                    out.append(self._prefix + orjson.dumps(event.text) + _DELTA_END)
+            else:
+                out.append(self.feed(event))
+        return b"".join(out)
+
     def ping(self) -> bytes:
         if self._done:
             return b""

@@ -45,6 +45,9 @@ from .openai_responses_mcp import mcp_call_item, mcp_call_stream
 __all__ = ["encode_completion", "StreamEncoder", "usage_json", "error_json"]
 
 _PING = b": ping\n\n"
+_SEQUENCE_END = b',"sequence_number":%d}\n\n'
+_CREATED = b'event: response.created\ndata: {"type":"response.created","response":'
+_IN_PROGRESS = b'event: response.in_progress\ndata: {"type":"response.in_progress","response":'
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 _ERROR_CODE = {"rate_limit": "rate_limit_exceeded", "overloaded": "rate_limit_exceeded",
                "invalid_request": "invalid_prompt"}
@@ -159,8 +162,12 @@ def encode_completion(completion: Completion, request: ChatRequest, *, response_
                       ) -> dict[str, Any]:
     """The Response object; ``error`` makes it a ``failed`` one (what a stream that
     failed stores)."""
-    names = _Names(request)
-    base = _id_base(response_id)
+    return _response(completion, _Names(request), _id_base(response_id),
+                     _shell(request, response_id, created, model), error)
+
+
+def _response(completion: Completion, names: _Names, base: str, shell: dict[str, Any],
+              error: GatewayError | None) -> dict[str, Any]:
     output: list[dict[str, Any]] = []
     texts: list[str] = []
     for part in completion.parts:
@@ -179,8 +186,7 @@ def encode_completion(completion: Completion, request: ChatRequest, *, response_
             if part.redacted_data is None and (part.text or part.encrypted_content is not None):
                 output.append(_reasoning_item(f"rs_{base}_{len(output)}", part.text,
                                               part.encrypted_content))
-    return _finished(_shell(request, response_id, created, model), output, "".join(texts),
-                     completion.finish, completion.usage, error)
+    return _finished(shell, output, "".join(texts), completion.finish, completion.usage, error)
 
 
 class _Open:
@@ -209,12 +215,11 @@ def _head(kind: bytes, item_id: str, index: int, extra: bytes = b"") -> bytes:
 class StreamEncoder:
     """Sans-IO: canonical events in, ``response.*`` SSE events out."""
 
-    __slots__ = ("_request", "_names", "_base", "_shell", "_acc", "_seq", "_started", "_done",
+    __slots__ = ("_names", "_base", "_shell", "_acc", "_seq", "_started", "_done",
                  "_count", "_msg", "_rs", "_rs_open", "_calls", "_response")
 
     def __init__(self, request: ChatRequest, *, response_id: str, created: int,
                  model: str) -> None:
-        self._request = request
         self._names = _Names(request)
         self._base = _id_base(response_id)
         self._shell = _shell(request, response_id, created, model)
@@ -240,13 +245,15 @@ class StreamEncoder:
     def _delta(self, head: bytes, text: str) -> bytes:
         seq = self._seq
         self._seq += 1
-        return head + orjson.dumps(text) + b',"sequence_number":' + str(seq).encode() + b"}\n\n"
+        return head + orjson.dumps(text) + (_SEQUENCE_END % seq)
 
     def _begin(self) -> bytes:
         self._started = True
-        shell = self._shell
-        return (self._event({"type": "response.created", "response": shell})
-                + self._event({"type": "response.in_progress", "response": shell}))
+        shell = orjson.dumps(self._shell)  # once for both events (what _event would write)
+        seq = self._seq
+        self._seq = seq + 2
+        return (_CREATED + shell + (_SEQUENCE_END % seq)
+                + _IN_PROGRESS + shell + (_SEQUENCE_END % (seq + 1)))
 
     def _added(self, item: dict[str, Any], index: int) -> bytes:
         return self._event({"type": "response.output_item.added", "output_index": index,
@@ -398,6 +405,26 @@ class StreamEncoder:
             return out + self._executed(event)
         return out  # Start, Usage, Finish, Logprobs: folded, nothing on the wire
 
+    def feed_batch(self, events: list[Event]) -> bytes:
+        """:meth:`feed` of each event, joined (one upstream read): text deltas
+        into the open message, the usual run, are written here."""
+        out: list[bytes] = []
+        fold = self._acc.feed
+        dumps = orjson.dumps
+        for event in events:
+            msg = self._msg
+            if type(event) is TextDelta and msg is not None and not self._rs_open \
+                    and not self._done:
+                fold(event)
+                text = event.text
+                msg.chunks.append(text)
+                seq = self._seq
+                self._seq = seq + 1
+                out.append(msg.head + dumps(text) + (_SEQUENCE_END % seq))
+            else:
+                out.append(self.feed(event))
+        return b"".join(out)
+
     def ping(self) -> bytes:
         return _PING
 
@@ -413,9 +440,8 @@ class StreamEncoder:
     def _terminal(self, error: GatewayError | None) -> dict[str, Any]:
         c = self._acc.finish()
         self._done = True
-        self._response = encode_completion(
-            c, self._request, response_id=self._shell["id"], created=self._shell["created_at"],
-            model=self._shell["model"], error=error)
+        # encode_completion of the same request and ids, with what the stream built
+        self._response = _response(c, self._names, self._base, self._shell, error)
         return self._response
 
     def close(self) -> bytes:

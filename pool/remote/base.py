@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, AsyncIterator, Callable, ClassVar, Literal, Mapping, Protocol
 
 import aiohttp
@@ -284,27 +285,26 @@ class RemoteWorker:
                     yield relay.body(await self._read_all(resp, watch))
             elif streamed:
                 parser = type(self).parser_factory(custom)
+                feed_into = getattr(parser, "feed_into", None) or partial(_feed_each, parser)
                 decoder = SSEDecoder()
                 started = False
                 while not parser.done:
                     chunk = await self._read_chunk(resp, watch)
                     batch: list[Event] = []
+                    failure: GatewayError | None = None
                     try:
-                        for frame in decoder.feed(chunk) if chunk else decoder.close():
-                            events = parser.feed(frame.data)
-                            if events and not started:
-                                started = True
-                                if type(events[0]) is not Start:  # a server that skipped it
-                                    batch.append(Start())
-                            batch.extend(events)
-                            if parser.done:
-                                break
-                    except GatewayError:
-                        if batch:  # what came before the failure still goes out
-                            yield batch
-                        raise
+                        feed_into(decoder.feed_data(chunk) if chunk else decoder.close_data(),
+                                  batch)
+                    except GatewayError as exc:
+                        failure = exc  # what came before it still goes out
                     if batch:
+                        if not started:
+                            started = True
+                            if type(batch[0]) is not Start:  # a server that skipped it
+                                batch.insert(0, Start())
                         yield batch
+                    if failure is not None:
+                        raise failure
                     if not chunk and not parser.done:
                         log.warning("remote.stream_truncated", worker=self.name)
                         raise UpstreamUnavailable("upstream closed the stream early")
@@ -431,6 +431,15 @@ class RemoteWorker:
         except (aiohttp.ClientError, OSError, TimeoutError):
             return False
         return True
+
+
+def _feed_each(parser: StreamParser, datas: list[str], out: list[Event]) -> None:
+    """Each of ``datas`` through ``parser`` onto ``out``, up to its terminal event
+    (for a parser without a ``feed_into`` of its own)."""
+    for data in datas:
+        out.extend(parser.feed(data))
+        if parser.done:
+            return
 
 
 def _encrypted_reasoning(request: ChatRequest) -> int:

@@ -41,6 +41,7 @@ from pool.model import (
 )
 
 from .anthropic_messages import CUSTOM_TOOL_SCHEMA, unwrap_custom_input
+from .chunk_shape import TextChunkShape
 from .errors import error_from_object, loads_upstream
 from .policy import OPENAI_CHAT_FIELDS, PassPolicy
 
@@ -256,15 +257,30 @@ class StreamParser:
     """Feed each SSE ``data`` payload; ``done`` turns true at ``[DONE]``.
     ``custom_tools``: the request's custom tool names (see the module notes)."""
 
-    __slots__ = ("done", "_started", "_open", "_pending", "_custom_tools", "_custom")
+    __slots__ = ("done", "_started", "_open", "_pending", "_custom_tools", "_custom", "_shape")
 
     def __init__(self, custom_tools: frozenset[str] = _NO_NAMES) -> None:
         self.done = False
+        self._shape = TextChunkShape()  # plain text chunks are told by their bytes
         self._started = False
         self._open: dict[int, bool] = {}       # tool call index -> started
         self._pending: dict[int, str] = {}     # arguments seen before the call's name
         self._custom_tools = custom_tools
         self._custom: dict[int, list[str]] = {}  # wrapped custom call index -> arguments
+
+    def feed_into(self, datas: list[str], out: list[Event]) -> None:
+        """:meth:`feed` of each of ``datas`` (one upstream read) onto ``out``, up
+        to ``[DONE]``; text chunks of the learnt shape are read here."""
+        text_of = self._shape.text
+        for data in datas:
+            text = text_of(data)
+            if text is not None:
+                if text:
+                    out.append(TextDelta(text))
+                continue
+            out.extend(self.feed(data))
+            if self.done:
+                return
 
     def feed(self, data: str) -> tuple[Event, ...] | list[Event]:
         if data == "[DONE]":
@@ -272,16 +288,31 @@ class StreamParser:
             return self._close_calls([]) if self._open else _NONE
         if not data:
             return _NONE
+        shape = self._shape
+        if shape.prefix is not None:
+            text = shape.text(data)
+            if text is not None:
+                return (TextDelta(text),) if text else _NONE
         chunk = loads_upstream(data)
         if not isinstance(chunk, dict):
             raise UpstreamUnavailable("upstream sent an unexpected stream chunk")
         if chunk.get("error") is not None:
             raise error_from_object(chunk)
+        choices = chunk.get("choices")
+        if self._started and choices and not chunk.get("usage"):
+            # the hot path: a chunk of one choice whose delta is only text
+            choice = choices[0]
+            delta = choice.get("delta")
+            if (delta and len(delta) == 1 and "content" in delta
+                    and not choice.get("finish_reason") and not choice.get("logprobs")):
+                content = delta["content"]
+                if content:
+                    shape.learn(data, chunk, content)
+                return (TextDelta(content),) if content else _NONE
         out: list[Event] = []
         if not self._started:
             self._started = True
             out.append(Start(chunk.get("id"), chunk.get("model")))
-        choices = chunk.get("choices")
         if choices:
             choice = choices[0]
             delta = choice.get("delta")

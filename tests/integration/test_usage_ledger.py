@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -31,7 +32,8 @@ ROW_FIELDS = {"requests", "input_tokens", "output_tokens", "cached_tokens", "err
 def gateway(fake_upstream):
     settings = Settings(
         server=ServerSettings(keys={"a": KeySettings(secret="sk-a"),
-                                    "b": KeySettings(secret="sk-b", models=("claude-*",))},
+                                    "b": KeySettings(secret="sk-b", models=("claude-*",)),
+                                    "c": KeySettings(secret="sk-c")},
                               admin_token=ADMIN_TOKEN, metrics_token=METRICS_TOKEN),
         workers=(WorkerSettings(name="openai-up", dialect="openai", url=fake_upstream.url,
                                 api_key=UPSTREAM_KEY, models=(OPENAI_MODEL,)),
@@ -132,6 +134,33 @@ def test_a_stream_cut_early_is_charged_what_it_used(gateway):
         time.sleep(0.05)
     assert rows[0]["requests"] == 1 and rows[0]["output_tokens"] >= 3
     assert rows[0]["input_tokens"] > 0 and rows[0]["errors"] == 0
+
+
+def test_translated_streams_are_charged_what_their_clients_were_told(gateway):
+    # an Anthropic and a Responses client streaming from the OpenAI upstream: the
+    # gateway encodes all events of one upstream read at once (feed_batch) and
+    # must still keep the usage it told each client
+    url, http = gateway
+    since = time.time()
+    with anthropic.Anthropic(base_url=url, api_key="sk-c", max_retries=0) as client:
+        with client.messages.stream(model=OPENAI_MODEL, max_tokens=64, messages=[
+                {"role": "user", "content": "tell me a few words"}]) as stream:
+            message = stream.get_final_message()
+    with openai.OpenAI(base_url=url + "/v1", api_key="sk-c", max_retries=0) as client:
+        events = list(client.responses.create(model=OPENAI_MODEL, input="a few more words",
+                                              stream=True))
+    told = events[-1].response.usage
+    assert events[-1].type == "response.completed" and message.content[0].text
+    deadline = time.monotonic() + 10
+    while True:  # the last frame may reach the client before the request is recorded
+        rows = _usage(http, since=since, key="c", group_by="key")["rows"]
+        if rows and rows[0]["requests"] == 2:
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert rows[0]["errors"] == 0
+    assert rows[0]["input_tokens"] == message.usage.input_tokens + told.input_tokens > 0
+    assert rows[0]["output_tokens"] == message.usage.output_tokens + told.output_tokens > 0
 
 
 def _start(config: Path, env: dict[str, str], port: int) -> subprocess.Popen:

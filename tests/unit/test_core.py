@@ -66,6 +66,46 @@ def test_sse_event_without_final_blank_line_is_dispatched_at_close():
     assert _decode([b"data: tail"]) == [SSEEvent(None, "tail")]
 
 
+# ``\n`` line ends only (what feed_data's fast path takes), with what must still
+# go line by line: several data lines, other fields, comments, runs of blank
+# lines, a bare ``data``, multi-byte and invalid UTF-8.
+PLAIN = (
+    b'data: {"choices":[{"delta":{"content":"h\xc3\xa9llo \xe2\x98\x83"}}]}\n\n'
+    b"data: {\"a\": 1}\n\n\n\n"
+    b": keep-alive\n\n"
+    b"event: content_block_delta\ndata: one\n\n"
+    b"data: line one\ndata:line two\n\n"
+    b"\ndata: after a blank line\n\n"
+    b"data\n\n"
+    b"id: 7\ndata: bad \xff bytes \xc3\n\n"
+    b"data: [DONE]\n\n"
+)
+PLAIN_DATA = ['{"choices":[{"delta":{"content":"h\u00e9llo \u2603"}}]}', '{"a": 1}', "one",
+              "line one\nline two", "after a blank line", "", "bad \ufffd bytes \ufffd", "[DONE]"]
+
+
+def _decode_data(chunks: list[bytes]) -> list[str]:
+    decoder = SSEDecoder()
+    return [data for chunk in chunks for data in decoder.feed_data(chunk)] + decoder.close_data()
+
+
+@pytest.mark.parametrize("raw", [PLAIN, RECORDED], ids=["lf", "mixed"])
+def test_sse_data_whole_and_split_at_every_byte(raw):
+    expected = [e.data for e in _decode([raw])]
+    if raw is PLAIN:
+        assert expected == PLAIN_DATA
+    assert _decode_data([raw]) == expected
+    for cut in range(1, len(raw)):
+        assert _decode_data([raw[:cut], raw[cut:]]) == expected, cut
+
+
+@given(st.lists(st.integers(min_value=1, max_value=len(PLAIN) - 1), max_size=8))
+def test_sse_data_split_anywhere_many_times(cuts):
+    points = sorted(set(cuts))
+    chunks = [PLAIN[a:b] for a, b in zip([0, *points], [*points, len(PLAIN)])]
+    assert _decode_data(chunks) == PLAIN_DATA
+
+
 # --- accumulator -------------------------------------------------------------------------
 
 def test_accumulator_folds_everything_in_order():

@@ -28,15 +28,17 @@ def test_a_long_line_in_small_chunks_is_not_quadratic():
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 4096, 1 << 20])
-def test_a_line_over_the_bound_is_a_protocol_error(chunk):
+@pytest.mark.parametrize("data_only", [False, True], ids=["feed", "feed_data"])
+def test_a_line_over_the_bound_is_a_protocol_error(chunk, data_only):
     decoder = SSEDecoder(max_line=10_000)
-    got = decoder.feed(b"event: e\ndata: ok\n\n")
+    feed = decoder.feed_data if data_only else decoder.feed
+    got = feed(b"event: e\ndata: ok\n\n")
     body = b"data: " + b"y" * 20_000 + b"\n\n"
     with pytest.raises(UpstreamUnavailable, match="longer than 10000 bytes"):
         for i in range(0, len(body), chunk):
-            got += decoder.feed(body[i:i + chunk])
+            got += feed(body[i:i + chunk])
             assert len(decoder._buf) <= 10_000 + chunk  # never much more than the bound
-    assert got == [SSEEvent("e", "ok")]
+    assert got == (["ok"] if data_only else [SSEEvent("e", "ok")])
 
 
 def test_an_event_whose_data_lines_add_up_past_the_bound_is_refused():
@@ -51,3 +53,4 @@ def test_lines_at_the_bound_pass_and_the_decoder_goes_on():
     assert decoder.feed(line + b"\r\n\r\n" + line[:10]) == [SSEEvent(None, "a" * 994)]
     assert decoder.feed(line[10:] + b"\r") == []
     assert decoder.feed(b"\n\r\n") == [SSEEvent(None, "a" * 994)]
+
