@@ -147,9 +147,11 @@ def build_server(app: Any, settings: Settings) -> Any:
     """The uvicorn server for ``app``, configured from ``settings`` (not started)."""
     import uvicorn  # lazily, so `check-config` and `version` stay quick
 
+    from app.protocol import LeanHttpToolsProtocol
+
     server = settings.server
     config = uvicorn.Config(
-        app, host=server.host, port=server.port, loop="uvloop", http="httptools",
+        app, host=server.host, port=server.port, loop="uvloop", http=LeanHttpToolsProtocol,
         access_log=False, log_config=None, log_level=server.log_level, lifespan="on",
         timeout_graceful_shutdown=server.shutdown_timeout,
         # nothing reads the client's address: no X-Forwarded-* scan on every request

@@ -70,14 +70,22 @@ class HotRoute:
         self.handler = handler
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        # GatewayMiddleware does the same in its own frame (one frame fewer per stream)
         record: RequestRecord = scope["state"]["record"]
         try:
             response = await self.handler(self.gateway, Incoming(scope, receive), record)
             await response(scope, receive, send)
         except Exception as exc:
-            if record.status == 0:  # nothing sent yet: the client still gets an answer
-                await unhandled(exc, record.error_dialect())(scope, receive, send)
+            await self.failed(exc, record, scope, receive, send)
             raise
+
+    @staticmethod
+    async def failed(exc: Exception, record: RequestRecord, scope: dict[str, Any],
+                     receive: Any, send: Any) -> None:
+        """A failure no handler turned into an answer: the 500, if nothing was sent
+        yet (the caller re-raises ``exc``, so the server logs its traceback)."""
+        if record.status == 0:  # nothing sent yet: the client still gets an answer
+            await unhandled(exc, record.error_dialect())(scope, receive, send)
 
 
 def unhandled(exc: Exception, dialect: str) -> Any:

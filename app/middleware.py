@@ -22,6 +22,7 @@ from pool.errors import AuthenticationFailed, GatewayError, NotFound, PayloadToo
 
 from .access import ADMIN, CLIENT, METRICS, PUBLIC, required_credential, route_path
 from .errors import error_body, error_status
+from .hot import Incoming
 from .observability import current_request
 from .record import RequestRecord
 
@@ -30,6 +31,25 @@ __all__ = ["GatewayMiddleware"]
 log = structlog.get_logger("poolgate.access")
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
 _CLOSED = TokenGate(None)
+
+
+class _SendWithId:
+    """``send`` that notes the response's status in the record and adds the
+    request id header (an object, not a closure: less to hold per open stream)."""
+
+    __slots__ = ("send", "record")
+
+    def __init__(self, send: Any, record: RequestRecord) -> None:
+        self.send = send
+        self.record = record
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            record = self.record
+            record.status = message["status"]
+            message["headers"] = [*message.get("headers", ()),
+                                  (b"x-request-id", record.request_id.encode("latin-1"))]
+        await self.send(message)
 
 
 class GatewayMiddleware:
@@ -71,21 +91,24 @@ class GatewayMiddleware:
         record.anthropic_version = anthropic_version
         scope.setdefault("state", {})["record"] = record
         current_request.set(record)  # its id and key go into every line logged meanwhile
-        rid_header = (b"x-request-id", request_id.encode("latin-1"))
-
-        async def send_with_id(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                record.status = message["status"]
-                message["headers"] = [*message.get("headers", ()), rid_header]
-            await send(message)
+        send_with_id = _SendWithId(send, record)
 
         try:
             error = self._admit(scope, path, record, content_length)
+            route = self.hot.get((scope["method"], path))
             if error is not None:
                 await self._reject(error, record, send_with_id)
+            elif route is None:
+                await self.app(scope, receive, send_with_id)
             else:
-                app = self.hot.get((scope["method"], path), self.app)
-                await app(scope, receive, send_with_id)
+                # the route's answer is awaited in this frame, not in one of the
+                # route's: a coroutine frame fewer for as long as a stream is open
+                try:
+                    response = await route.handler(route.gateway, Incoming(scope, receive), record)
+                    await response(scope, receive, send_with_id)
+                except Exception as exc:
+                    await route.failed(exc, record, scope, receive, send_with_id)
+                    raise
         finally:
             record.duration = time.perf_counter() - started
             self.on_finish(record)

@@ -3,10 +3,11 @@
 Two ASGI-level pieces the routes share:
 
 * :class:`EventStreamResponse` sends SSE frames from a dialect encoder: the
-  request's task pumps events, one helper task watches for the client going
-  away (which cancels the pump, and so the worker's upstream request), and a
-  timer sends keep-alive pings while the worker is silent. Every exit path ends the stream with the
-  dialect's terminal frames, and calls ``on_done`` exactly once.
+  request's task pumps events, a :class:`~app.disconnect.DisconnectWatch`
+  (no task of its own) notices the client going away (which cancels the
+  pump, and so the worker's upstream request), and the loop's ping board sends keep-alive pings while the worker is silent.
+  Every exit path ends the stream with the dialect's terminal frames, and
+  calls ``on_done`` exactly once.
 * :func:`until_disconnect` runs a non-streaming request's work and cancels it
   if the client disconnects first.
 """
@@ -19,9 +20,11 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, TypeVar
 
 import structlog
 
+from pool.board import Board, Entry, board
 from pool.errors import GatewayError, InternalError, UpstreamUnavailable
 from pool.model import Event, Finish, Usage
 
+from .disconnect import DisconnectWatch
 from .watch import watch
 
 __all__ = ["EventStreamResponse", "until_disconnect", "Encoder", "StreamOutcome"]
@@ -79,12 +82,13 @@ class EventStreamResponse:
         self.first = first
         self.events = events
         self.encoder = encoder
-        self.headers = SSE_HEADERS + headers
+        self.headers = headers  # after SSE_HEADERS, joined when the response starts
         self.ping_interval = ping_interval
         self.on_done = on_done
         self.after = after  # awaited once the stream ended, unless the client left
         self.outcome = StreamOutcome()
-        self._last_send = 0.0
+        self._pings: _Pinger | None = None
+        self._task: asyncio.Task[Any] | None = None  # the request's, which pumps
         self._pumping = True  # the client leaving now cancels the stream
         # a same-dialect stream (pool.remote.relay.Relay): the worker yields the
         # upstream's frames as bytes, and the relay keeps their usage and finish
@@ -93,19 +97,35 @@ class EventStreamResponse:
         self._feed_batch = getattr(encoder, "feed_batch", None)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        # The pump runs in the request's own task; one helper task watches for
-        # the client leaving (and cancels it); pings come from one timer that
-        # starts a short task only when a ping is due. Fewer tasks per open
-        # stream: less memory with thousands of slow streams open.
-        loop = asyncio.get_running_loop()
-        await send({"type": "http.response.start", "status": 200, "headers": self.headers})
-        self._last_send = loop.time()
+        # The pump runs in the request's own task; a watch driven by receive()'s
+        # own futures notices the client leaving (and cancels it); pings come
+        # from the loop's board (a place on it, no timer per stream), which
+        # starts a short task only when a ping is due. No task and no timer of
+        # its own per open stream: less memory with thousands of them open.
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": SSE_HEADERS + self.headers})
         task = asyncio.current_task()
         assert task is not None
-        watch = asyncio.ensure_future(self._watch_disconnect(receive, task))
-        pings = _Pinger(self, send, loop) if self.ping_interval > 0 else None
+        self._task = task
+        watch = DisconnectWatch(receive, self._client_gone, task.get_loop())
+        pings = self._pings = _Pinger(self, send, task.get_loop()) if self.ping_interval > 0 else None
         try:
-            await self._pump(send, loop)
+            # the pump, in this frame (one coroutine frame fewer per open stream)
+            try:
+                if isinstance(self.first, asyncio.Future):
+                    self.first = await self.first
+                # the first item is taken from self.first by _forward or _encode,
+                # so no frame of the stream holds it once sent
+                if type(self.first) is bytes:
+                    await self._forward(send)
+                else:
+                    await self._encode(send)
+                tail = self.encoder.close()
+            except (asyncio.CancelledError, GeneratorExit):
+                raise
+            except Exception as exc:
+                tail = self._failed(exc)
+            await send({"type": "http.response.body", "body": tail, "more_body": False})
             self._pumping = False
             if self.after is not None:
                 await self.after()
@@ -115,7 +135,7 @@ class EventStreamResponse:
                 raise
         finally:
             self._pumping = False
-            watch.cancel()
+            watch.close()
             if pings is not None:
                 pings.stop()
             first = self.first
@@ -125,41 +145,33 @@ class EventStreamResponse:
             await _aclose_quietly(self.events)
             self.on_done(self.outcome)
 
-    async def _pump(self, send: Any, loop: asyncio.AbstractEventLoop) -> None:
-        enc = self.encoder
-        outcome = self.outcome
-        try:
-            first = self.first
-            if isinstance(first, asyncio.Future):
-                first = await first
-            if type(first) is bytes:
-                await self._forward(first, send, loop)
-            else:
-                await self._encode(first, send, loop)
-            tail = enc.close()
-        except GatewayError as exc:
-            outcome.error = exc
-            tail = enc.fail(exc)
-        except (asyncio.CancelledError, GeneratorExit):
-            raise
-        except Exception as exc:  # a worker bug must still end the stream properly
-            log.exception("stream.worker_crashed")
-            err = InternalError("The worker failed while answering.")
-            outcome.error = err
-            tail = enc.fail(err)
-        await send({"type": "http.response.body", "body": tail, "more_body": False})
+    def _sent(self) -> None:
+        """A frame went out: the next ping is due a ping interval from now."""
+        pings = self._pings
+        if pings is not None:
+            pings.sent()
 
-    async def _encode(self, first: Any, send: Any, loop: asyncio.AbstractEventLoop) -> None:
+    def _failed(self, exc: Exception) -> bytes:
+        """The stream's last frames when the worker failed (called while handling ``exc``)."""
+        if not isinstance(exc, GatewayError):  # a worker bug must still end the stream properly
+            log.exception("stream.worker_crashed")
+            exc = InternalError("The worker failed while answering.")
+        self.outcome.error = exc
+        return self.encoder.fail(exc)
+
+    async def _encode(self, send: Any) -> None:
         """Encode the worker's events in the client's dialect: one write per
         event, or per list of events (a worker's ``stream_batches``: one
         upstream read)."""
+        first, self.first = self.first, None
         frame = self._frames(first)
+        del first
         if frame:
             await send({"type": "http.response.body", "body": frame, "more_body": True})
         async for item in self.events:
             frame = self._frames(item)
             if frame:
-                self._last_send = loop.time()
+                self._sent()
                 await send({"type": "http.response.body", "body": frame, "more_body": True})
 
     def _frames(self, item: Any) -> bytes:
@@ -207,7 +219,7 @@ class EventStreamResponse:
                 outcome.first_token_at = time.perf_counter()
         return self.encoder.feed(event)
 
-    async def _forward(self, data: bytes, send: Any, loop: asyncio.AbstractEventLoop) -> None:
+    async def _forward(self, send: Any) -> None:
         """Send the upstream's frames as the worker yields them: one write per
         upstream read. The relay's account goes into the outcome on every exit."""
         relay = self.relay
@@ -215,13 +227,15 @@ class EventStreamResponse:
         try:
             if relay.content_events:
                 outcome.first_token_at = time.perf_counter()
-            self._last_send = loop.time()
+            data, self.first = self.first, None
+            self._sent()
             await send({"type": "http.response.body", "body": data, "more_body": True})
             async for data in self.events:
                 if outcome.first_token_at is None and relay.content_events:
                     outcome.first_token_at = time.perf_counter()
-                self._last_send = loop.time()
+                self._sent()
                 await send({"type": "http.response.body", "body": data, "more_body": True})
+                del data  # sent: not held while the next read waits
         finally:
             usage = relay.usage
             outcome.usage_in = usage.input_tokens
@@ -230,42 +244,41 @@ class EventStreamResponse:
             outcome.finish = relay.finish
             outcome.content_events = relay.content_events
 
-    async def _watch_disconnect(self, receive: Any, task: asyncio.Task[Any]) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                if self._pumping:
-                    self.outcome.disconnected = True
-                    task.cancel()
-                return
+    def _client_gone(self) -> None:
+        if self._pumping and self._task is not None:
+            self.outcome.disconnected = True
+            self._task.cancel()
 
 
-class _Pinger:
-    """Keep-alive pings while the worker is silent, from one timer per stream.
+class _Pinger(Entry):
+    """Keep-alive pings while the worker is silent: the stream's place on the
+    loop's board for its ping interval (see :mod:`pool.board`), taken again
+    at every frame sent, so a ping goes out once the stream has been silent
+    for the interval (up to a tenth of it, at most a second, later).
 
     Frames are whole SSE events and uvicorn writes each send() before it
     awaits flow control, so a ping can never land inside another frame."""
 
-    __slots__ = ("stream", "send", "loop", "timer", "task")
+    __slots__ = ("stream", "send", "task", "_board")
 
     def __init__(self, stream: EventStreamResponse, send: Any,
                  loop: asyncio.AbstractEventLoop) -> None:
         self.stream = stream
         self.send = send
-        self.loop = loop
         self.task: asyncio.Future[None] | None = None
-        self.timer: asyncio.TimerHandle | None = loop.call_at(
-            stream._last_send + stream.ping_interval, self._due)
+        self._board: Board[_Pinger] | None = board(loop, stream.ping_interval, _ping_due)
+        self._board.join(self)
 
-    def _due(self) -> None:
-        stream = self.stream
-        interval = stream.ping_interval
-        now = self.loop.time()
-        if now - stream._last_send >= interval and self.task is None:
-            stream._last_send = now
+    def sent(self) -> None:
+        found = self._board
+        if found is not None:
+            found.leave(self)
+            found.join(self)
+
+    def due(self) -> None:
+        if self.task is None:
             self.task = asyncio.ensure_future(self._ping())
-        at = stream._last_send + interval
-        self.timer = self.loop.call_at(at if at > now else now + interval, self._due)
+        self._board.join(self)  # type: ignore[union-attr]  (stop() takes it off the board)
 
     async def _ping(self) -> None:
         try:
@@ -275,11 +288,15 @@ class _Pinger:
             self.task = None
 
     def stop(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        if self._board is not None:
+            self._board.leave(self)
+            self._board = None
         if self.task is not None:
             self.task.cancel()
+
+
+def _ping_due(pinger: _Pinger) -> None:
+    pinger.due()
 
 
 async def _aclose_quietly(events: AsyncIterator[Event]) -> None:

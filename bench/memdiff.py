@@ -85,10 +85,17 @@ def main(argv: list[str] | None = None) -> int:
     t_new = json.loads((a.dir / f"{a.after}.types.json").read_text())
     diff = sorted(((t_new.get(k, 0) - t_old.get(k, 0), k) for k in set(t_old) | set(t_new)),
                   reverse=True)
-    print("\nlive gc objects per open stream, by type:")
+    sizes = {}
+    if (a.dir / f"{a.after}.sizes.json").exists():
+        s_old = json.loads((a.dir / f"{a.before}.sizes.json").read_text())
+        s_new = json.loads((a.dir / f"{a.after}.sizes.json").read_text())
+        sizes = {k: s_new.get(k, 0) - s_old.get(k, 0) for k in set(s_old) | set(s_new)}
+        diff.sort(key=lambda dk: -sizes.get(dk[1], 0))
+    print("\nlive gc objects per open stream, by type (coroutines and generators by name), "
+          "and their bytes (sys.getsizeof, not what they point to):")
     for d, k in diff[:a.top]:
         if d > 0:
-            print(f"  {d / n:7.2f}  {k}")
+            print(f"  {d / n:7.2f}  {sizes.get(k, 0) / n:7.0f} B  {k}")
     return 0
 
 

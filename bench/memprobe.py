@@ -30,9 +30,17 @@ def _dump(where: Path) -> None:
     label = (where / "next").read_text().strip() or "snap"
     gc.collect()
     tracemalloc.take_snapshot().dump(str(where / f"{label}.snap"))
-    counts = Counter(f"{getattr(type(o), '__module__', '?')}.{type(o).__qualname__}"
-                     for o in gc.get_objects())
-    (where / f"{label}.types.json").write_text(json.dumps(dict(counts.most_common(400))))
+    counts: Counter[str] = Counter()
+    sizes: Counter[str] = Counter()
+    for o in gc.get_objects():
+        key = f"{getattr(type(o), '__module__', '?')}.{type(o).__qualname__}"
+        code = getattr(o, "cr_code", None) or getattr(o, "ag_code", None) or getattr(o, "gi_code", None)
+        if code is not None:  # which coroutine or generator: their frames are the cost
+            key += f" {code.co_qualname}"
+        counts[key] += 1
+        sizes[key] += sys.getsizeof(o)
+    (where / f"{label}.types.json").write_text(json.dumps(dict(counts.most_common(600))))
+    (where / f"{label}.sizes.json").write_text(json.dumps(dict(sizes.most_common(600))))
     (where / f"{label}.done").write_text("ok")
 
 

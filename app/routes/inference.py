@@ -135,18 +135,10 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: Cha
         if chat.stream:
             iterator = events.__aiter__()
             first = await _begin(gw, request, iterator)
-            def make_encoder() -> Any:
-                return dialect.StreamEncoder(chat, response_id=new_id(ID_PREFIX[chat.dialect]),
-                                             created=now(), model=chat.model)
-
+            end = _StreamEnd(gw, lease, record, routed, chat, dialect)
             # a forwarded stream builds the dialect's encoder only if it needs one
-            encoder = make_encoder() if relay is None else RelayedEncoder(
-                make_encoder, relay, anthropic=chat.dialect == "anthropic")
-
-            def on_done(outcome: StreamOutcome) -> None:
-                gw.release(lease)
-                _record_stream(record, outcome, gw, routed)
-
+            encoder = end.encoder() if relay is None else RelayedEncoder(
+                end.encoder, relay, anthropic=chat.dialect == "anthropic")
             after = None
             if finalize is not None:
                 async def after() -> None:
@@ -156,7 +148,7 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: Cha
             return EventStreamResponse(
                 first, iterator, encoder,
                 headers=[(b"x-poolgate-worker", worker.name.encode())],
-                ping_interval=gw.ping_interval, on_done=on_done, after=after, relay=relay)
+                ping_interval=gw.ping_interval, on_done=end.done, after=after, relay=relay)
         completion = await until_disconnect(request.receive, _fold(events))
         if type(completion) is bytes:  # forwarded as the upstream's body
             record_body(record, relay)
@@ -174,6 +166,33 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: Cha
     finally:
         if not handed_over:
             gw.release(lease)
+
+
+class _StreamEnd:
+    """What a stream needs once it is handed over: the dialect's encoder when
+    it needs one, and at its end the lease given back and the record filled in.
+    One object, not closures over the attempt's variables: it lives as long as
+    the stream."""
+
+    __slots__ = ("gw", "lease", "record", "routed", "chat", "dialect")
+
+    def __init__(self, gw: Gateway, lease: Any, record: RequestRecord, routed: ChatRequest,
+                 chat: ChatRequest, dialect: ModuleType) -> None:
+        self.gw = gw
+        self.lease = lease
+        self.record = record
+        self.routed = routed
+        self.chat = chat
+        self.dialect = dialect
+
+    def encoder(self) -> Any:
+        chat = self.chat
+        return self.dialect.StreamEncoder(chat, response_id=new_id(ID_PREFIX[chat.dialect]),
+                                          created=now(), model=chat.model)
+
+    def done(self, outcome: StreamOutcome) -> None:
+        self.gw.release(self.lease)
+        _record_stream(self.record, outcome, self.gw, self.routed)
 
 
 async def _begin(gw: Gateway, request: Request, iterator: Any) -> Event | asyncio.Future[Event]:

@@ -34,6 +34,7 @@ from pool.worker import Capabilities, WorkerState, flatten
 from .errors import error_from_body, scrub_error
 from .idle import IdleTimeout, IdleWatch
 from .images import vet_images
+from .lean import lean_response
 from .policy import PassPolicy
 from .relay import Relay, relay_for
 
@@ -44,6 +45,7 @@ log = structlog.get_logger("pool.remote")
 _HEALTH_TIMEOUT = 5.0
 _DRAIN_TIMEOUT = 0.5         # wait for the end of a finished body, to reuse the connection
 _MAX_ERROR_BODY = 64 * 1024  # read at most this much of a refusal
+_NO_TOOLS: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,8 +247,11 @@ class RemoteWorker:
             dropped = _encrypted_reasoning(request)
             if dropped:  # neither upstream API has a slot for OpenAI's encrypted reasoning
                 log.info("remote.reasoning_dropped", worker=self.name, parts=dropped)
-        custom = frozenset(t.name for t in request.tools if t.kind == "custom")
+        # no empty frozenset per answer (216 bytes each, for as long as a stream is open)
+        custom = (frozenset(t.name for t in request.tools if t.kind == "custom")
+                  if request.tools else _NO_TOOLS)
         resp = await self._post(orjson.dumps(body, default=_json_default), headers)
+        del body, headers  # sent: not held (a whole conversation) while the answer streams
         reusable = False
         watch = IdleWatch(self.spec.idle_timeout, resp.content)
         try:
@@ -254,8 +259,15 @@ class RemoteWorker:
             streamed = "event-stream" in resp.headers.get("content-type", "")
             if relay is not None and streamed == relay.stream:
                 if streamed:
+                    content = resp.content
                     while not relay.done:
-                        chunk = await self._read_chunk(resp, watch)
+                        # _read_chunk's read, inline: no frame of ours waits with
+                        # each open stream (its failures are mapped below)
+                        chunk = content.read_nowait()
+                        if not chunk and not content.is_eof():
+                            watch.begin()
+                            chunk = await content.readany()
+                            watch.end()  # (a failure ends the answer, and closes the watch)
                         if chunk:
                             data = relay.feed(chunk)
                         else:
@@ -268,6 +280,7 @@ class RemoteWorker:
                             yield data
                         if relay.error is not None:
                             raise relay.error
+                        del chunk, data  # not held while the next read waits
                 else:
                     yield relay.body(await self._read_all(resp, watch))
             elif streamed:
@@ -304,6 +317,8 @@ class RemoteWorker:
             raise
         except GatewayError as exc:  # in-stream texts are the parsers': scrub them here
             raise scrub_error(exc, self.spec.api_key) from None
+        except (TimeoutError, IdleTimeout, aiohttp.ClientError, OSError) as exc:
+            raise self._read_failed(exc) from None  # the relay loop's reads
         finally:
             watch.close()
             if reusable:
@@ -339,6 +354,7 @@ class RemoteWorker:
             raise UpstreamUnavailable(f"upstream {self.name} failed before answering") from None
         if 200 <= resp.status < 300:
             self._answered = True
+            lean_response(resp)  # ≈ 2 KiB less for as long as it streams
             return resp
         try:
             refusal = await self._refusal(resp)
@@ -382,13 +398,17 @@ class RemoteWorker:
                     watch.end()
             async with asyncio.timeout(self.spec.idle_timeout):
                 return await content.readany()
-        except (TimeoutError, IdleTimeout):
+        except (TimeoutError, IdleTimeout, aiohttp.ClientError, OSError) as exc:
+            raise self._read_failed(exc) from None
+
+    def _read_failed(self, exc: BaseException) -> GatewayError:
+        """The error of a body read that failed with ``exc`` (logged)."""
+        if isinstance(exc, (TimeoutError, IdleTimeout)):
             log.warning("remote.idle_timeout", worker=self.name)
-            raise UpstreamTimeout(f"upstream {self.name} stalled for more than "
-                                  f"{self.spec.idle_timeout:g}s") from None
-        except (aiohttp.ClientError, OSError):
-            log.warning("remote.stream_broken", worker=self.name)
-            raise UpstreamUnavailable("upstream closed the stream early") from None
+            return UpstreamTimeout(f"upstream {self.name} stalled for more than "
+                                   f"{self.spec.idle_timeout:g}s")
+        log.warning("remote.stream_broken", worker=self.name)
+        return UpstreamUnavailable("upstream closed the stream early")
 
     async def _read_all(self, resp: aiohttp.ClientResponse,
                         watch: IdleWatch | None = None) -> bytes:

@@ -1,17 +1,22 @@
-"""The idle timeout of one upstream answer, with one timer for the whole answer.
+"""The idle timeout of one upstream answer, without a timer of its own.
 
 ``asyncio.timeout`` around every body read costs a timer handle, a context
-object and a task lookup per read: for a paced stream that waits for every
-chunk, that is a visible part of the gateway's CPU per stream. An
-:class:`IdleWatch` keeps one timer per answer instead; each read only notes
-when it began waiting. When a wait reaches the limit, the watch fails the
-response's stream reader, so the pending read raises :class:`IdleTimeout`.
+object and a task lookup per read; even one timer per answer costs a timer
+handle and a libuv timer (≈ 0.5 KiB) for as long as the answer streams, which
+adds up with thousands of slow streams open. An :class:`IdleWatch` instead
+joins its loop's board for this timeout (see :mod:`pool.board`) while a read
+waits, and leaves it when the read returns: a dict insert and delete per
+waiting read. A wait that reaches the limit (up to a tenth of it, at most a
+second, late: the board's sweep) fails the response's stream reader, so the
+pending read raises :class:`IdleTimeout`.
 """
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
+
+from pool.board import Board, Entry, board
 
 __all__ = ["IdleWatch", "IdleTimeout"]
 
@@ -20,39 +25,29 @@ class IdleTimeout(Exception):
     """A read waited longer than the idle timeout."""
 
 
-class IdleWatch:
+class IdleWatch(Entry):
     """``begin()`` before a read that waits, ``end()`` after it; ``close()`` once."""
 
-    __slots__ = ("_loop", "_limit", "_content", "_since", "_handle")
+    __slots__ = ("_limit", "_content", "_board")
 
     def __init__(self, limit: float, content: Any) -> None:
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._limit = limit
         self._content = content  # the aiohttp StreamReader of the response body
-        self._since: float | None = None  # when the pending read began waiting
-        self._handle: asyncio.TimerHandle | None = None  # set by the first wait
+        self._board: Board[IdleWatch] | None = None  # found by the first wait
 
     def begin(self) -> None:
-        loop = self._loop
-        if loop is None:
-            self._loop = loop = asyncio.get_running_loop()
-        self._since = since = loop.time()
-        if self._handle is None:
-            self._handle = loop.call_at(since + self._limit, self._check)
+        found = self._board
+        if found is None:
+            found = self._board = board(asyncio.get_running_loop(), self._limit, _expire)
+        found.join(self)
 
     def end(self) -> None:
-        self._since = None
+        self._board.leave(self)  # type: ignore[union-attr]  (begin() came first)
 
     def close(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
+        if self._board is not None:
+            self._board.leave(self)
 
-    def _check(self) -> None:
-        assert self._loop is not None
-        now = self._loop.time()
-        since = self._since
-        if since is not None and now - since >= self._limit:
-            self._content.set_exception(IdleTimeout())
-            return
-        due = (since if since is not None else now) + self._limit
-        self._handle = self._loop.call_at(due, self._check)
+
+def _expire(watch: IdleWatch) -> None:
+    watch._content.set_exception(IdleTimeout())

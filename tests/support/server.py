@@ -8,6 +8,8 @@ from typing import Any
 
 import uvicorn
 
+from app.protocol import LeanHttpToolsProtocol
+
 
 class ServerThread:
     """``with ServerThread(app) as srv: srv.url`` — a real uvicorn server with
@@ -19,7 +21,7 @@ class ServerThread:
         # log_config=None: leave logging as the process has it (no dictConfig per server)
         self.config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan=lifespan, log_config=None,
                                      log_level="warning", access_log=False,
-                                     loop="asyncio", http="httptools",
+                                     loop="asyncio", http=LeanHttpToolsProtocol,
                                      timeout_graceful_shutdown=5, **options)
         self.server = uvicorn.Server(self.config)
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)

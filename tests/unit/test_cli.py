@@ -15,6 +15,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from app.cli import build_parser, build_server, insecure_refusal, main, serve_overrides
+from app.protocol import LeanHttpToolsProtocol
 from app.settings import ServerSettings, Settings, load_settings
 
 GOOD = """
@@ -146,7 +147,8 @@ def test_insecure_refusal(case: str, server: ServerSettings, refused: bool) -> N
 async def test_built_server_announces_the_bound_address() -> None:
     app = Starlette(routes=[Route("/ping", lambda request: PlainTextResponse("pong"))])
     server = build_server(app, Settings(server=ServerSettings(host="127.0.0.1", port=0, shutdown_timeout=1)))
-    assert (server.config.access_log, server.config.lifespan, server.config.http) == (False, "on", "httptools")
+    assert (server.config.access_log, server.config.lifespan, server.config.http) == (
+        False, "on", LeanHttpToolsProtocol)
     with structlog.testing.capture_logs() as logs:
         task = asyncio.create_task(server.serve())
         try:
