@@ -105,7 +105,14 @@ def test_console_format(restore_logging: None) -> None:
     stream = io.StringIO()
     configure_logging("debug", "console", stream=stream)
     structlog.get_logger().debug("server.listening", url="http://127.0.0.1:1", token="t0ken")
-    logging.getLogger("uvicorn.error").info("hello from stdlib")
+    # a server started by an earlier test leaves uvicorn's own level on this logger
+    uvicorn_error = logging.getLogger("uvicorn.error")
+    saved_level = uvicorn_error.level
+    uvicorn_error.setLevel(logging.NOTSET)
+    try:
+        uvicorn_error.info("hello from stdlib")
+    finally:
+        uvicorn_error.setLevel(saved_level)
     out = stream.getvalue()
     assert "server.listening" in out and "url=http://127.0.0.1:1" in out
     assert "hello from stdlib" in out and "t0ken" not in out
