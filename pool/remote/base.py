@@ -257,6 +257,8 @@ class RemoteWorker:
         try:
             # by what came, not what was asked: some servers stream regardless
             streamed = "event-stream" in resp.headers.get("content-type", "")
+            if streamed:
+                lean_response(resp)  # ≈ 2 KiB less for as long as it streams
             if relay is not None and streamed == relay.stream:
                 if streamed:
                     content = resp.content
@@ -354,7 +356,6 @@ class RemoteWorker:
             raise UpstreamUnavailable(f"upstream {self.name} failed before answering") from None
         if 200 <= resp.status < 300:
             self._answered = True
-            lean_response(resp)  # ≈ 2 KiB less for as long as it streams
             return resp
         try:
             refusal = await self._refusal(resp)
