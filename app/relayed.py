@@ -46,15 +46,22 @@ class RelayedEncoder:
     __slots__ = ("_make", "_inner", "relay", "anthropic")
 
     def __init__(self, make: Callable[[], Any], relay: Any, *, anthropic: bool) -> None:
-        self._make = make  # the dialect's encoder, built when first needed
+        self._make: Callable[[], Any] | None = make  # the dialect's encoder, built when needed
         self._inner: Any = None
         self.relay = relay
         self.anthropic = anthropic
 
+    def forwarding(self) -> None:
+        """The stream is forwarded (its first frames went through): the
+        dialect's encoder will not be needed, so what would build it (the
+        decoded request) is let go of."""
+        if self.relay.forwarded:
+            self._make = None
+
     @property
     def inner(self) -> Any:
         if self._inner is None:
-            self._inner = self._make()
+            self._inner = self._make()  # type: ignore[misc]  (None only once forwarded)
         return self._inner
 
     def feed(self, event: Event) -> bytes:

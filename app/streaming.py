@@ -73,6 +73,9 @@ class EventStreamResponse:
     follow while it works; a failure then ends the stream with the dialect's
     error frame."""
 
+    __slots__ = ("first", "events", "encoder", "headers", "ping_interval", "on_done", "after",
+                 "outcome", "relay", "_pings", "_task", "_pumping", "_feed_batch")
+
     def __init__(self, first: Event | asyncio.Future[Event], events: AsyncIterator[Event],
                  encoder: Encoder, *,
                  headers: list[tuple[bytes, bytes]], ping_interval: float,
@@ -91,7 +94,8 @@ class EventStreamResponse:
         self._task: asyncio.Task[Any] | None = None  # the request's, which pumps
         self._pumping = True  # the client leaving now cancels the stream
         # a same-dialect stream (pool.remote.relay.Relay): the worker yields the
-        # upstream's frames as bytes, and the relay keeps their usage and finish
+        # upstream's frames as bytes, and the relay keeps their usage and finish;
+        # its encoder is an app.relayed.RelayedEncoder
         self.relay = relay
         # the encoder's feed() of a list of events at once, when it has one
         self._feed_batch = getattr(encoder, "feed_batch", None)
@@ -104,20 +108,46 @@ class EventStreamResponse:
         # its own per open stream: less memory with thousands of them open.
         await send({"type": "http.response.start", "status": 200,
                     "headers": SSE_HEADERS + self.headers})
+        # The request's headers were read (auth, routing, decoding; a retry
+        # happens before a stream starts): emptied, so neither the scope nor
+        # uvicorn's protocol (the same list, until the connection's next
+        # request) holds them for as long as the stream is open.
+        request_headers = scope.get("headers")
+        if type(request_headers) is list:
+            request_headers.clear()
+        del request_headers
         task = asyncio.current_task()
         assert task is not None
         self._task = task
         watch = DisconnectWatch(receive, self._client_gone, task.get_loop())
         pings = self._pings = _Pinger(self, send, task.get_loop()) if self.ping_interval > 0 else None
+        relay = None  # the relay, once the upstream's frames are forwarded
         try:
             # the pump, in this frame (one coroutine frame fewer per open stream)
             try:
                 if isinstance(self.first, asyncio.Future):
                     self.first = await self.first
-                # the first item is taken from self.first by _forward or _encode,
-                # so no frame of the stream holds it once sent
+                # the first item is taken from self.first as it is sent, so
+                # no frame of the stream holds it afterwards
                 if type(self.first) is bytes:
-                    await self._forward(send)
+                    # forwarded: the upstream's frames as the worker yields them,
+                    # one write per upstream read (in this frame too); the
+                    # relay's account goes into the outcome on every exit
+                    relay = self.relay
+                    self.encoder.forwarding()  # type: ignore[attr-defined]
+                    outcome = self.outcome
+                    if relay.content_events:
+                        outcome.first_token_at = time.perf_counter()
+                    data, self.first = self.first, None
+                    self._sent()
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
+                    async for data in self.events:
+                        if outcome.first_token_at is None and relay.content_events:
+                            outcome.first_token_at = time.perf_counter()
+                        self._sent()
+                        await send({"type": "http.response.body", "body": data,
+                                    "more_body": True})
+                        del data  # sent: not held while the next read waits
                 else:
                     await self._encode(send)
                 tail = self.encoder.close()
@@ -143,6 +173,8 @@ class EventStreamResponse:
                 first.cancel()  # the client left before the worker began: stop it
                 await asyncio.wait({first})
             await _aclose_quietly(self.events)
+            if relay is not None:
+                self._relayed(relay)
             self.on_done(self.outcome)
 
     def _sent(self) -> None:
@@ -219,30 +251,15 @@ class EventStreamResponse:
                 outcome.first_token_at = time.perf_counter()
         return self.encoder.feed(event)
 
-    async def _forward(self, send: Any) -> None:
-        """Send the upstream's frames as the worker yields them: one write per
-        upstream read. The relay's account goes into the outcome on every exit."""
-        relay = self.relay
+    def _relayed(self, relay: Any) -> None:
+        """A forwarded stream's account, kept by its relay, into the outcome."""
         outcome = self.outcome
-        try:
-            if relay.content_events:
-                outcome.first_token_at = time.perf_counter()
-            data, self.first = self.first, None
-            self._sent()
-            await send({"type": "http.response.body", "body": data, "more_body": True})
-            async for data in self.events:
-                if outcome.first_token_at is None and relay.content_events:
-                    outcome.first_token_at = time.perf_counter()
-                self._sent()
-                await send({"type": "http.response.body", "body": data, "more_body": True})
-                del data  # sent: not held while the next read waits
-        finally:
-            usage = relay.usage
-            outcome.usage_in = usage.input_tokens
-            outcome.usage_out = usage.output_tokens
-            outcome.usage_cached = usage.cached_tokens
-            outcome.finish = relay.finish
-            outcome.content_events = relay.content_events
+        usage = relay.usage
+        outcome.usage_in = usage.input_tokens
+        outcome.usage_out = usage.output_tokens
+        outcome.usage_cached = usage.cached_tokens
+        outcome.finish = relay.finish
+        outcome.content_events = relay.content_events
 
     def _client_gone(self) -> None:
         if self._pumping and self._task is not None:

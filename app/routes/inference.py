@@ -8,6 +8,7 @@ SSE frames of the client's dialect or fold the events into one body.
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from types import ModuleType
 from typing import Any, Awaitable, Callable, TypeVar
 
@@ -135,10 +136,12 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: Cha
         if chat.stream:
             iterator = events.__aiter__()
             first = await _begin(gw, request, iterator)
-            end = _StreamEnd(gw, lease, record, routed, chat, dialect)
+            end = _StreamEnd(gw, lease, record, routed)
             # a forwarded stream builds the dialect's encoder only if it needs one
-            encoder = end.encoder() if relay is None else RelayedEncoder(
-                end.encoder, relay, anthropic=chat.dialect == "anthropic")
+            # (the upstream answered with a body, or failed before its first frame);
+            # what would build it, with the decoded request, goes once it forwards
+            encoder = _encoder(dialect, chat) if relay is None else RelayedEncoder(
+                partial(_encoder, dialect, chat), relay, anthropic=chat.dialect == "anthropic")
             after = None
             if finalize is not None:
                 async def after() -> None:
@@ -169,30 +172,31 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: Cha
 
 
 class _StreamEnd:
-    """What a stream needs once it is handed over: the dialect's encoder when
-    it needs one, and at its end the lease given back and the record filled in.
-    One object, not closures over the attempt's variables: it lives as long as
-    the stream."""
+    """What a stream needs at its end: the lease given back and the record
+    filled in. One object, not closures over the attempt's variables: it lives
+    as long as the stream. It does not hold the request (a whole conversation,
+    for as long as the stream is open): only its input estimate, what a stream
+    cut before the worker reported usage is charged, taken now (about 1 µs for
+    a short request, 30 µs for a hundred messages)."""
 
-    __slots__ = ("gw", "lease", "record", "routed", "chat", "dialect")
+    __slots__ = ("gw", "lease", "record", "estimate")
 
-    def __init__(self, gw: Gateway, lease: Any, record: RequestRecord, routed: ChatRequest,
-                 chat: ChatRequest, dialect: ModuleType) -> None:
+    def __init__(self, gw: Gateway, lease: Any, record: RequestRecord,
+                 routed: ChatRequest) -> None:
         self.gw = gw
         self.lease = lease
         self.record = record
-        self.routed = routed
-        self.chat = chat
-        self.dialect = dialect
-
-    def encoder(self) -> Any:
-        chat = self.chat
-        return self.dialect.StreamEncoder(chat, response_id=new_id(ID_PREFIX[chat.dialect]),
-                                          created=now(), model=chat.model)
+        self.estimate = estimate_tokens(routed)
 
     def done(self, outcome: StreamOutcome) -> None:
         self.gw.release(self.lease)
-        _record_stream(self.record, outcome, self.gw, self.routed)
+        _record_stream(self.record, outcome, self.gw, self.estimate)
+
+
+def _encoder(dialect: ModuleType, chat: ChatRequest) -> Any:
+    """The dialect's stream encoder for ``chat`` (it keeps none of the request)."""
+    return dialect.StreamEncoder(chat, response_id=new_id(ID_PREFIX[chat.dialect]),
+                                 created=now(), model=chat.model)
 
 
 async def _begin(gw: Gateway, request: Request, iterator: Any) -> Event | asyncio.Future[Event]:
@@ -239,7 +243,7 @@ async def _fold(events: Any) -> Any:
 
 
 def _record_stream(record: RequestRecord, outcome: StreamOutcome, gw: Gateway,
-                   chat: ChatRequest) -> None:
+                   estimate: int) -> None:
     record.tokens_in = outcome.usage_in
     record.tokens_out = outcome.usage_out
     record.tokens_cached = outcome.usage_cached
@@ -247,7 +251,7 @@ def _record_stream(record: RequestRecord, outcome: StreamOutcome, gw: Gateway,
         # cut before the worker reported usage: charge what was sent
         record.tokens_out = outcome.content_events
         if outcome.usage_in is None:
-            record.tokens_in = estimate_tokens(chat)
+            record.tokens_in = estimate
     record.disconnected = outcome.disconnected
     if outcome.error is not None:
         record.error = outcome.error.kind

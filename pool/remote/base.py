@@ -250,8 +250,9 @@ class RemoteWorker:
         # no empty frozenset per answer (216 bytes each, for as long as a stream is open)
         custom = (frozenset(t.name for t in request.tools if t.kind == "custom")
                   if request.tools else _NO_TOOLS)
+        del request  # not held (a whole conversation) while the answer streams
         resp = await self._post(orjson.dumps(body, default=_json_default), headers)
-        del body, headers  # sent: not held (a whole conversation) while the answer streams
+        del body, headers  # sent: not held while the answer streams
         reusable = False
         watch = IdleWatch(self.spec.idle_timeout, resp.content)
         try:

@@ -35,8 +35,8 @@ def rough_tokens(obj: Any) -> int:
 
 # --- the script ------------------------------------------------------------------
 
-_MARK = re.compile(r"(tools|tool|think|error|sleep|die-after|hang-after|truncate-after|fail-after)"
-                   r"(:|\]\])")
+_MARK = re.compile(r"(tools|tool|think|error|sleep|die-after|hang-after|truncate-after|fail-after"
+                   r"|no-stream)(:|\]\])")
 _NAME = re.compile(r"\s*([A-Za-z0-9_.\-]+)\s*")
 _JSON = json.JSONDecoder()
 
@@ -53,6 +53,7 @@ class Script:
     hang_after: int | None = None
     truncate_after: int | None = None
     fail_after: int | None = None
+    no_stream: bool = False
 
 
 def parse_script(text: str, script: Script) -> str:
@@ -70,6 +71,8 @@ def parse_script(text: str, script: Script) -> str:
         if m.group(2) == "]]":
             if name == "think":
                 script.think = True
+            elif name == "no-stream":
+                script.no_stream = True
             i = k
             continue
         if name in ("tool", "tools"):

@@ -32,7 +32,9 @@ What it answers is scripted by the text of the last user message:
 * ``[[hang-after:N]]``: stream N frames, then hang until the client leaves
   (counted in ``disconnects``);
 * ``[[fail-after:N]]``: stream N frames, then the dialect's in-stream error
-  frame (an overload whose message quotes the upstream key) and the end.
+  frame (an overload whose message quotes the upstream key) and the end;
+* ``[[no-stream]]``: a stream request answered with the JSON body, as some
+  servers do.
 
 ``fake.answers`` holds the bytes of each answer's body as sent (for a stream,
 its frames joined).
@@ -299,12 +301,12 @@ class FakeUpstream:
         if dialect == "openai":
             plan = make_plan(script, body, id_prefix="call_")
             rid = f"chatcmpl-fake{n}"
-            if body.get("stream"):
+            if body.get("stream") and not script.no_stream:
                 return _Frames(self, openai_frames(plan, body, rid), script, dialect)
             return self._body(openai_body(plan, body, rid))
         plan = make_plan(script, body, id_prefix="toolu_")
         rid = f"msg_fake{n}"
-        if body.get("stream"):
+        if body.get("stream") and not script.no_stream:
             return _Frames(self, anthropic_frames(plan, body, rid), script, dialect)
         return self._body(anthropic_body(plan, body, rid))
 

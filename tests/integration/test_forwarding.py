@@ -13,19 +13,23 @@ import openai
 import orjson
 import pytest
 
+from app.dialects import anthropic_messages as anthropic_dialect
+from app.dialects import openai_chat as openai_dialect
 from app.factory import create_app
 from app.key_settings import KeySettings
 from app.settings import ServerSettings, Settings, WorkerSettings
 from pool.accumulate import Accumulator
 from pool.remote import anthropic_messages, openai_chat
 from pool.sse import SSEDecoder
+from pool.tokens import estimate_tokens
 from tests.fakes.upstreams import FakeUpstream
 from tests.support.server import ServerThread
 
 from .conftest import ADMIN_TOKEN, ANTHROPIC_MODEL, OPENAI_MODEL, UPSTREAM_KEY
 
 KEYS = ("body", "stream", "astream", "abody", "sdk", "err",
-        *(f"u-{d}-{s}" for d in ("openai", "anthropic") for s in (False, True)))
+        *(f"u-{d}-{s}" for d in ("openai", "anthropic") for s in (False, True)),
+        *(f"{case}-{d}" for case in ("nostream", "cut") for d in ("openai", "anthropic")))
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
 VERSION = {"anthropic-version": "2023-06-01"}
 
@@ -236,3 +240,80 @@ def test_anthropic_error_mid_stream(gw: tuple[str, FakeUpstream]) -> None:
                     model="claude-fast", max_tokens=50,
                     messages=[{"role": "user", "content": "[[fail-after:4]] one two"}]) as s:
                 s.get_final_message()
+
+
+@pytest.mark.parametrize("dialect", ["openai", "anthropic"])
+def test_a_stream_answered_with_a_body_is_encoded(gw: tuple[str, FakeUpstream],
+                                                  dialect: str) -> None:
+    """An upstream that answers a stream request with its JSON body (as some
+    servers do): the forwarded path builds the dialect's encoder then, and the
+    client gets the dialect's stream of that body, charged its usage."""
+    url, fake = gw
+    key = f"nostream-{dialect}"
+    words = "[[no-stream]] one two three four"
+    if dialect == "openai":
+        with openai.OpenAI(base_url=url + "/v1", api_key=f"sk-{key}", max_retries=0) as client:
+            chunks = list(client.chat.completions.create(
+                model="fast", stream=True, stream_options={"include_usage": True},
+                messages=[{"role": "user", "content": words}]))
+        answer = orjson.loads(fake.answers[-1])
+        assert answer["object"] == "chat.completion"  # a body, not frames
+        assert {c.model for c in chunks} == {"fast"}
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == answer["choices"][0]["message"]["content"]
+        assert chunks[-1].usage.completion_tokens == answer["usage"]["completion_tokens"]
+    else:
+        with anthropic.Anthropic(base_url=url, api_key=f"sk-{key}", max_retries=0) as client:
+            with client.messages.stream(model="claude-fast", max_tokens=50,
+                                        messages=[{"role": "user", "content": words}]) as s:
+                events = [event.type for event in s]
+                final = s.get_final_message()
+        answer = orjson.loads(fake.answers[-1])
+        assert answer["type"] == "message"  # a body, not frames
+        assert events[0] == "message_start" and "content_block_delta" in events
+        assert final.model == "claude-fast"
+        assert final.content[0].text == answer["content"][0]["text"]
+        assert final.usage.output_tokens == answer["usage"]["output_tokens"]
+    assert fake.requests[-1].body["stream"] is True
+    assert "four" in text if dialect == "openai" else "four" in final.content[0].text
+    assert _charged(url, key) == _canonical_usage(fake.answers[-1], dialect, False)
+
+
+@pytest.mark.parametrize("client", ["openai", "anthropic"],
+                         ids=["forwarded", "translated"])
+def test_a_cut_stream_is_charged_what_it_used(gw: tuple[str, FakeUpstream],
+                                              client: str) -> None:
+    """A stream the client leaves before the upstream reported usage (OpenAI
+    reports it last) is charged the content it was sent, and the estimate of
+    the request's input: forwarded (OpenAI client) and translated (Anthropic
+    client) alike, though the gateway no longer holds the request by then."""
+    url, fake = gw
+    key = f"cut-{client}"
+    words = "[[hang-after:4]] one two three four five six"
+    if client == "openai":
+        path, body = "/v1/chat/completions", {
+            "model": "fast", "stream": True, "messages": [{"role": "user", "content": words}]}
+        estimate = estimate_tokens(openai_dialect.decode(body, {}))
+    else:
+        path, body = "/v1/messages", {
+            "model": "fast", "stream": True, "max_tokens": 50,
+            "system": "Answer in words.", "messages": [{"role": "user", "content": words}]}
+        estimate = estimate_tokens(anthropic_dialect.decode(body, VERSION))
+    before = fake.disconnects
+    headers = {"authorization": f"Bearer sk-{key}", **VERSION}
+    got = b""
+    with httpx.stream("POST", url + path, json=body, headers=headers, timeout=30) as r:
+        assert r.status_code == 200
+        for chunk in r.iter_raw():  # the upstream's four frames: a role, then three words
+            got += chunk
+            if b'"two ' in got and got.endswith(b"\n\n"):
+                break
+    deadline = time.monotonic() + 10
+    while fake.disconnects == before:  # the gateway dropped the upstream when the client left
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert b'"one ' in got and b'"three' not in got
+    # forwarded: the frames with content ("echo: ", "one ", "two "); translated:
+    # every event encoded, the stream's Start included (as before this test)
+    sent = 3 if client == "openai" else 4
+    assert _charged(url, key) == (estimate, sent, 0)
