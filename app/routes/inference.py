@@ -8,7 +8,7 @@ SSE frames of the client's dialect or fold the events into one body.
 from __future__ import annotations
 
 import asyncio
-from functools import partial
+from functools import lru_cache, partial
 from types import ModuleType
 from typing import Any, Awaitable, Callable, TypeVar
 
@@ -150,7 +150,7 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: Cha
             handed_over = True
             return EventStreamResponse(
                 first, iterator, encoder,
-                headers=[(b"x-poolgate-worker", worker.name.encode())],
+                headers=_worker_header(worker.name),
                 ping_interval=gw.ping_interval, on_done=end.done, after=after, relay=relay)
         completion = await until_disconnect(request.receive, _fold(events))
         if type(completion) is bytes:  # forwarded as the upstream's body
@@ -191,6 +191,13 @@ class _StreamEnd:
     def done(self, outcome: StreamOutcome) -> None:
         self.gw.release(self.lease)
         _record_stream(self.record, outcome, self.gw, self.estimate)
+
+
+@lru_cache(maxsize=1024)
+def _worker_header(name: str) -> list[tuple[bytes, bytes]]:
+    """A stream's ``x-poolgate-worker`` header: one list per worker, shared by its
+    streams (never changed: it is copied when the response starts)."""
+    return [(b"x-poolgate-worker", name.encode())]
 
 
 def _encoder(dialect: ModuleType, chat: ChatRequest) -> Any:
