@@ -127,13 +127,8 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: Cha
     handed_over = False
     try:
         relay = relay_for(worker, routed, chat, finalize)
-        if relay is not None:
-            events = worker.forward(routed, relay)
-        else:  # lists of events, one per upstream read, from workers that can
-            batches = getattr(worker, "stream_batches", None)
-            events = worker.stream(routed) if batches is None else batches(routed)
         if chat.stream:
-            iterator = events.__aiter__()
+            iterator = _events(worker, routed, relay).__aiter__()
             first = await _begin(gw, request, iterator)
             end = _StreamEnd(gw, lease, record, routed, chat, dialect)
             # a forwarded stream builds the dialect's encoder only if it needs one
@@ -149,7 +144,9 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: Cha
                 first, iterator, encoder,
                 headers=[(b"x-poolgate-worker", worker.name.encode())],
                 ping_interval=gw.ping_interval, on_done=end.done, after=after, relay=relay)
-        completion = await until_disconnect(request.receive, _fold(events))
+        whole = getattr(worker, "complete", None)  # one coroutine, where the worker has it
+        answer = whole(routed, relay) if whole is not None else _fold(_events(worker, routed, relay))
+        completion = await until_disconnect(request.receive, answer)
         if type(completion) is bytes:  # forwarded as the upstream's body
             record_body(record, relay)
             return BodyResponse(completion, worker.name)
@@ -166,6 +163,16 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: Cha
     finally:
         if not handed_over:
             gw.release(lease)
+
+
+def _events(worker: Any, routed: ChatRequest, relay: Any) -> Any:
+    """The worker's answer as it comes: the client's bytes when ``relay``
+    forwards it, else lists of events (one per upstream read) from workers
+    that can, else events."""
+    if relay is not None:
+        return worker.forward(routed, relay)
+    batches = getattr(worker, "stream_batches", None)
+    return worker.stream(routed) if batches is None else batches(routed)
 
 
 class _StreamEnd:

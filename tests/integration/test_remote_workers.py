@@ -460,6 +460,36 @@ async def test_health(make: MakeWorker, fake: FakeUpstream, dialect: str) -> Non
     assert worker.capabilities.max_n == 1 and worker.capabilities.images
 
 
+@pytest.mark.parametrize("forwarded", [False, True])
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_complete_reads_a_stream_sent_for_a_body(make: MakeWorker, fake: FakeUpstream,
+                                                       dialect: str, forwarded: bool) -> None:
+    """complete() of a non-stream request: the upstream's body (forwarded) or the
+    folded answer; an upstream that streams anyway is read and folded all the same."""
+    worker = await make(dialect)
+    request = chat("hello world", dialect="openai_chat" if dialect == "openai" else "anthropic",
+                   raw={"model": "fake-model", "max_tokens": 32,
+                        "messages": [{"role": "user", "content": "hello world"}]})
+    relay = worker.relay(request, "fake-model") if forwarded else None
+    assert (relay is not None) is forwarded
+    whole = await worker.complete(request, relay)
+    if forwarded:
+        assert type(whole) is bytes and orjson.loads(whole)["model"] == "fake-model"
+        assert whole == fake.answers[-1]  # the upstream's bytes (the model name was the same)
+    else:
+        assert whole.text == "echo: hello world" and whole.usage.output_tokens == 3
+    fake.always_stream = True
+    try:
+        whole = await worker.complete(request, worker.relay(request, "fake-model")
+                                      if forwarded else None)
+    finally:
+        fake.always_stream = False
+    assert whole.text == "echo: hello world"
+    assert whole.finish is not None and whole.finish.reason == "stop"
+    # an OpenAI stream carries usage only when asked (stream_options), which a body request is not
+    assert whole.usage.output_tokens == (3 if dialect == "anthropic" else None)
+
+
 async def test_a_missed_probe_does_not_take_out_a_worker_that_answers(
         make: MakeWorker, fake: FakeUpstream) -> None:
     """A probe that times out right after the upstream answered requests (a
