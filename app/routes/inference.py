@@ -8,6 +8,7 @@ SSE frames of the client's dialect or fold the events into one body.
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from types import ModuleType
 from typing import Any, Awaitable, Callable, TypeVar
 
@@ -56,9 +57,8 @@ async def serve(gw: Gateway, request: Request, chat: ChatRequest, dialect: Modul
     record.model = chat.model
     record.stream = chat.stream
 
-    async def attempt(lease: Any, routed: ChatRequest) -> Response | EventStreamResponse:
-        return await _attempt(gw, request, chat, routed, lease, dialect, record, finalize)
-
+    # _attempt(lease, routed) with the rest bound (a partial: no coroutine of its own)
+    attempt = partial(_attempt, gw, request, chat, dialect, record, finalize)
     try:
         return await _with_retry(gw, request, chat, record, prefer, attempt)
     except GatewayError as exc:
@@ -93,7 +93,8 @@ async def _with_retry(gw: Gateway, request: Request, chat: ChatRequest, record: 
     """Admit and route ``chat``, run ``attempt(lease, routed)``; on a retryable
     failure try once more on another eligible worker. Raises the GatewayError
     the client must see, with ``.worker`` naming the last worker tried."""
-    await gw.teams.admit(record.key, chat.model)  # the key's models, rate and budget
+    if record.key in gw.teams.policies:  # the key's models, rate and budget
+        await gw.teams.admit(record.key, chat.model)
     tried: list[str] = []
     failure: GatewayError | None = None
     while True:
@@ -118,9 +119,9 @@ async def _with_retry(gw: Gateway, request: Request, chat: ChatRequest, record: 
             log.info("request.retry", failed_worker=worker.name, error=exc.kind)
 
 
-async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: ChatRequest,
-                   lease: Any, dialect: ModuleType, record: RequestRecord,
-                   finalize: Finalize | None) -> Response | EventStreamResponse:
+async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, dialect: ModuleType,
+                   record: RequestRecord, finalize: Finalize | None, lease: Any,
+                   routed: ChatRequest) -> Response | EventStreamResponse:
     """One try on the leased worker; raises GatewayError while nothing was sent.
     The lease is released on every path: here, or when the stream ends."""
     worker = lease.worker

@@ -258,7 +258,7 @@ class RemoteWorker:
                 answer: bytes | Completion = relay.body(raw)
             else:
                 answer = fold(type(self).body_events(_loads_body(raw), custom))
-            reusable = await self._drained(resp)
+            reusable = resp.content.is_eof() or await self._drained(resp)
             return answer
         except (GatewayError, TimeoutError, IdleTimeout, aiohttp.ClientError, OSError) as exc:
             raise self._failed(exc) from None
@@ -348,7 +348,7 @@ class RemoteWorker:
             else:
                 raw = await self._read_all(resp, watch)
                 yield type(self).body_events(_loads_body(raw), custom)
-            reusable = await self._drained(resp)
+            reusable = resp.content.is_eof() or await self._drained(resp)
         except (GatewayError, TimeoutError, IdleTimeout, aiohttp.ClientError, OSError) as exc:
             raise self._failed(exc) from None
         finally:
