@@ -251,9 +251,13 @@ class RemoteWorker:
         if "event-stream" in resp.headers.get("content-type", ""):
             return await _folded(self._run(request, relay, resp, custom))
         reusable = False
-        watch = IdleWatch(self.spec.idle_timeout, resp.content)
+        watch = None
+        content = resp.content
         try:
-            raw = await self._read_all(resp, watch)
+            raw = content.read_nowait()  # most bodies come with the headers: no timer then
+            if not content.is_eof():
+                watch = IdleWatch(self.spec.idle_timeout, content)
+                raw += await self._read_all(resp, watch)
             if relay is not None and not relay.stream:
                 answer: bytes | Completion = relay.body(raw)
             else:
@@ -364,8 +368,9 @@ class RemoteWorker:
         return self._read_failed(exc)  # the relay loop's reads
 
     @staticmethod
-    def _settle(resp: aiohttp.ClientResponse, watch: IdleWatch, reusable: bool) -> None:
-        watch.close()
+    def _settle(resp: aiohttp.ClientResponse, watch: IdleWatch | None, reusable: bool) -> None:
+        if watch is not None:
+            watch.close()
         if reusable:
             resp.release()
         else:

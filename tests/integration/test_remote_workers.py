@@ -319,6 +319,84 @@ async def test_idle_timeout_mid_stream(make: MakeWorker, dialect: str) -> None:
     assert type(events[0]) is Start
 
 
+class _Trickling:
+    """An OpenAI-compatible server (a fake of someone else's) that sends a JSON
+    answer's headers and first half, pauses ``pause`` seconds, then the rest."""
+
+    def __init__(self, body: bytes, pause: float) -> None:
+        self.body, self.pause = body, pause
+        self.handlers: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/v1"
+
+    async def close(self) -> None:
+        self.server.close()
+        for task in self.handlers:
+            task.cancel()
+        await asyncio.gather(*self.handlers, return_exceptions=True)
+        await self.server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.handlers.add(task)
+        body = self.body
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                if head.startswith(b"GET "):  # the health probe
+                    listing = b'{"object":"list","data":[]}'
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                                 b"content-length: %d\r\n\r\n%s" % (len(listing), listing))
+                    continue
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length:")))
+                await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\n\r\n" % len(body) + body[:len(body) // 2])
+                await writer.drain()
+                await asyncio.sleep(self.pause)
+                writer.write(body[len(body) // 2:])
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+@pytest.mark.parametrize("pause", [0.05, 2.0])
+async def test_a_body_that_comes_in_pieces_is_waited_for_within_the_idle_timeout(
+        make: MakeWorker, pause: float) -> None:
+    """A non-stream answer whose body is still coming after the headers: read
+    to its end (a short pause), or a 504 once it stalls past idle_timeout."""
+    answer = orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion", "created": 1,
+                           "model": "fake-model", "choices": [{"index": 0, "finish_reason": "stop",
+                           "message": {"role": "assistant", "content": "in two pieces"}}],
+                           "usage": {"prompt_tokens": 3, "completion_tokens": 3}})
+    upstream = _Trickling(answer, pause)
+    url = await upstream.start()
+    try:
+        worker = await make("openai", url=url, idle_timeout=0.5)
+        request = chat("hi", dialect="openai_chat", raw={
+            "model": "fake-model", "messages": [{"role": "user", "content": "hi"}]})
+        for relay in (None, worker.relay(request, "fake-model")):
+            if pause < 0.5:
+                whole = await worker.complete(request, relay)
+                if relay is None:
+                    assert whole.text == "in two pieces" and whole.usage.output_tokens == 3
+                else:
+                    assert whole == answer
+            else:
+                started = time.monotonic()
+                with pytest.raises(UpstreamTimeout) as info:
+                    await worker.complete(request, relay)
+                assert "stalled" in info.value.message and time.monotonic() - started < 1.9
+    finally:
+        await upstream.close()
+
+
 @pytest.mark.parametrize("marker", ["die-after", "truncate-after"])
 @pytest.mark.parametrize("dialect", DIALECTS)
 async def test_stream_ending_early_is_a_failure(make: MakeWorker, dialect: str,
