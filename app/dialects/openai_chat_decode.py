@@ -349,6 +349,10 @@ def token_ids(body: Mapping[str, Any], key: str) -> tuple[int, ...]:
     return tuple(value)
 
 
+# a body of only these (most requests) has no optional field to validate
+_SIMPLE_FIELDS = frozenset(("model", "messages", "max_tokens", "max_completion_tokens", "stream"))
+
+
 def decode(body: object, headers: Mapping[str, str] | None = None) -> ChatRequest:
     """Validate and translate a Chat Completions body (``headers``: lower-case names)."""
     if type(body) is not dict:
@@ -357,6 +361,10 @@ def decode(body: object, headers: Mapping[str, str] | None = None) -> ChatReques
     if not model:
         raise bad_value("model", "must not be empty")
     messages = _messages(body.get("messages"))
+    if body.keys() <= _SIMPLE_FIELDS:  # what the general path gives for the absent fields
+        return ChatRequest(model=model, messages=messages, dialect="openai_chat",
+                           stream=bool(opt_bool(body, "stream")), sampling=_sampling(body),
+                           session_id=first_header(headers, _SESSION_HEADERS), raw=body)
     logprobs = bool(opt_bool(body, "logprobs"))
     top_logprobs = opt_int(body, "top_logprobs", 0, 20)
     if top_logprobs is not None and not logprobs:
