@@ -48,7 +48,7 @@ from pool.model import (
     Sampling, TextPart, Tool, ToolCallPart, ToolChoice, ToolResultPart,
 )
 
-from .validate import Validators
+from .validate import Validators, limit_only
 
 __all__ = ["decode", "decode_count_tokens"]
 
@@ -389,7 +389,7 @@ def _decode(body: object, headers: Mapping[str, str] | None, *,
     if body.keys() <= _SIMPLE_FIELDS:  # what the general path gives for the absent fields
         return ChatRequest(model=model, messages=tuple(messages), dialect="anthropic",
                            stream=bool(_opt_bool(body, "stream", "")),
-                           sampling=Sampling(max_tokens=max_tokens), raw=body,
+                           sampling=limit_only(max_tokens), raw=body,
                            **_from_headers(headers, None))
     system = _system(body.get("system"))
     if system is not None:

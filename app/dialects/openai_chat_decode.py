@@ -22,7 +22,7 @@ from pool.model import (
 )
 
 from .validate import (
-    bad_type, bad_value, first_header, image_url, missing, opt_bool, opt_dict, opt_int,
+    bad_type, bad_value, first_header, image_url, limit_only, missing, opt_bool, opt_dict, opt_int,
     opt_number, opt_str, req_dict, req_str, string_list,
 )
 
@@ -304,17 +304,6 @@ def _response_format(value: object) -> ResponseFormat | None:
 _SAMPLING_REST = frozenset(("top_k", "temperature", "top_p", "stop", "seed", "n",
                             "stop_token_ids", "ignore_eos"))
 _NO_SAMPLING = Sampling()
-# a token limit and nothing else (most requests): one frozen Sampling per limit, shared
-_LIMIT_ONLY: dict[int, Sampling] = {}
-
-
-def _limit_only(max_tokens: int) -> Sampling:
-    sampling = _LIMIT_ONLY.get(max_tokens)
-    if sampling is None:
-        if len(_LIMIT_ONLY) >= 1024:  # clients use a handful; a scanner must not grow it
-            _LIMIT_ONLY.clear()
-        sampling = _LIMIT_ONLY[max_tokens] = Sampling(max_tokens=max_tokens)
-    return sampling
 
 
 def _sampling(body: dict[str, Any]) -> Sampling:
@@ -323,7 +312,7 @@ def _sampling(body: dict[str, Any]) -> Sampling:
     if _SAMPLING_REST.isdisjoint(body):  # what the general path gives when they are absent
         if max_tokens is None and legacy_max is None:
             return _NO_SAMPLING
-        return _limit_only(max_tokens if max_tokens is not None else legacy_max)
+        return limit_only(max_tokens if max_tokens is not None else legacy_max)
     top_k = opt_int(body, "top_k", -1)
     return Sampling(
         max_tokens=max_tokens if max_tokens is not None else legacy_max,
