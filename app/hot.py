@@ -27,32 +27,42 @@ from pool.errors import InternalError
 from .http import error_response
 from .record import RequestRecord
 
-__all__ = ["Incoming", "HotRoute", "Handler", "hot_table", "GatewayApp", "unhandled"]
+__all__ = ["Incoming", "HotRoute", "Handler", "hot_table", "GatewayApp", "unhandled", "raw_headers"]
 
 log = structlog.get_logger("poolgate")
 
 Handler = Callable[[Any, "Incoming", RequestRecord], Awaitable[Any]]
 
 
+def raw_headers(scope: dict[str, Any]) -> dict[bytes, bytes]:
+    """The request's headers as a dict of lower-case byte names; reversed: a
+    repeated header's first value is the one kept, as Starlette's
+    ``Headers.get`` gives it."""
+    return dict(reversed(scope["headers"]))
+
+
 class Incoming:
     """What a hot route reads of its request: ``receive``, and ``headers`` as
-    a plain dict of lower-case names (the first value of a repeated header,
-    as Starlette's ``Headers.get`` gives it), built on first use."""
+    a plain dict of lower-case names (the first value of a repeated header),
+    decoded on first use from ``raw`` (:func:`raw_headers`, when the caller
+    has it already)."""
 
-    __slots__ = ("scope", "receive", "_headers")
+    __slots__ = ("scope", "receive", "_raw", "_headers")
 
-    def __init__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[Any]]) -> None:
+    def __init__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[Any]],
+                 raw: dict[bytes, bytes] | None = None) -> None:
         self.scope = scope
         self.receive = receive
+        self._raw = raw
         self._headers: dict[str, str] | None = None
 
     @property
     def headers(self) -> dict[str, str]:
         headers = self._headers
         if headers is None:
-            # reversed: a repeated header's first value is the one kept
+            raw = self._raw if self._raw is not None else raw_headers(self.scope)
             headers = self._headers = {name.decode("latin-1"): value.decode("latin-1")
-                                       for name, value in reversed(self.scope["headers"])}
+                                       for name, value in raw.items()}
         return headers
 
 

@@ -17,12 +17,12 @@ from typing import Any, Callable, Mapping
 import orjson
 import structlog
 
-from auth.keys import KeyRing, TokenGate, extract_key_from_scope
+from auth.keys import KeyRing, TokenGate, extract_key_from_raw, extract_key_from_scope
 from pool.errors import AuthenticationFailed, GatewayError, NotFound, PayloadTooLarge
 
 from .access import ADMIN, CLIENT, METRICS, PUBLIC, required_credential, route_path
 from .errors import error_body, error_status
-from .hot import Incoming
+from .hot import Incoming, raw_headers
 from .observability import current_request
 from .record import RequestRecord
 
@@ -71,30 +71,20 @@ class GatewayMiddleware:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        headers = scope["headers"]
-        request_id = None
-        content_length = None
-        anthropic_version = False
-        for name, value in headers:
-            if name == b"x-request-id":
-                candidate = value.decode("latin-1")
-                if _SAFE_ID.match(candidate):
-                    request_id = candidate
-            elif name == b"content-length":
-                content_length = value
-            elif name == b"anthropic-version":
-                anthropic_version = True
-        if request_id is None:  # unique, not secret: no system call for it
-            request_id = f"{getrandbits(128):032x}"
+        raw = raw_headers(scope)  # one dict for the id, the limit, the key and the route
+        given = raw.get(b"x-request-id")
+        request_id = given.decode("latin-1") if given is not None else None
+        if request_id is None or not _SAFE_ID.match(request_id):
+            request_id = f"{getrandbits(128):032x}"  # unique, not secret: no system call
         path = route_path(scope)
         record = RequestRecord(request_id, scope["method"], path, started)
-        record.anthropic_version = anthropic_version
+        record.anthropic_version = b"anthropic-version" in raw
         scope.setdefault("state", {})["record"] = record
         current_request.set(record)  # its id and key go into every line logged meanwhile
         send_with_id = _SendWithId(send, record)
 
         try:
-            error = self._admit(scope, path, record, content_length)
+            error = self._admit(scope, path, record, raw)
             route = self.hot.get((scope["method"], path))
             if error is not None:
                 await self._reject(error, record, send_with_id)
@@ -104,7 +94,9 @@ class GatewayMiddleware:
                 # the route's answer is awaited in this frame, not in one of the
                 # route's: a coroutine frame fewer for as long as a stream is open
                 try:
-                    response = await route.handler(route.gateway, Incoming(scope, receive), record)
+                    response = await route.handler(route.gateway, Incoming(scope, receive, raw),
+                                                   record)
+                    del raw  # read: not held by this frame for as long as a stream is open
                     await response(scope, receive, send_with_id)
                 except Exception as exc:
                     await route.failed(exc, record, scope, receive, send_with_id)
@@ -114,7 +106,7 @@ class GatewayMiddleware:
             self.on_finish(record)
 
     def _admit(self, scope: dict[str, Any], path: str, record: RequestRecord,
-               content_length: bytes | None) -> GatewayError | None:
+               raw: dict[bytes, bytes]) -> GatewayError | None:
         needed = required_credential(scope["method"], path)
         if needed == PUBLIC:
             return None
@@ -129,12 +121,13 @@ class GatewayMiddleware:
                 return AuthenticationFailed(
                     "/metrics needs the metrics token as 'Authorization: Bearer <token>'.")
         elif needed == CLIENT and self.keys.enabled:
-            name = self.keys.identify(extract_key_from_scope(scope))
+            name = self.keys.identify(extract_key_from_raw(raw))
             if name is None:
                 return AuthenticationFailed(
                     "Invalid or missing API key. Send it as 'Authorization: Bearer <key>' "
                     "or 'x-api-key: <key>'.")
             record.key = name
+        content_length = raw.get(b"content-length")
         if content_length is not None:
             try:
                 too_big = int(content_length) > self.max_body_bytes

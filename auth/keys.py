@@ -14,8 +14,8 @@ import hmac
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["ANONYMOUS", "extract_key", "extract_key_from_scope", "KeyRing", "TokenGate",
-           "digest"]
+__all__ = ["ANONYMOUS", "extract_key", "extract_key_from_scope", "extract_key_from_raw",
+           "KeyRing", "TokenGate", "digest"]
 
 ANONYMOUS = "anonymous"
 
@@ -39,6 +39,18 @@ def extract_key(headers: Mapping[str, str] | Iterable[tuple[bytes, bytes]]) -> s
     key = _from_authorization(headers.get("authorization"))
     if key is None:
         key = (headers.get("x-api-key") or "").strip() or None
+    return key
+
+
+def extract_key_from_raw(raw: Mapping[bytes, bytes]) -> str | None:
+    """``extract_key`` from the raw headers as a dict (lower-case byte names,
+    the first value of a repeated header)."""
+    value = raw.get(b"authorization")
+    key = _from_authorization(value.decode("latin-1")) if value is not None else None
+    if key is None:
+        value = raw.get(b"x-api-key")
+        if value is not None:
+            key = value.decode("latin-1").strip() or None
     return key
 
 

@@ -119,7 +119,8 @@ class AdmissionGuard:
         if isinstance(hold, str):
             hold, waited = await self._wait(key, workers, hold)
         try:
-            chosen = await choose(self._free_for(workers, hold))
+            free = self._free_for(workers, hold)
+            chosen = free[0] if len(free) == 1 else await choose(free)  # one: nothing to choose
             name = chosen.name
             if name != hold.name:
                 counts = self._by_worker

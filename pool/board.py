@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from typing import Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, TypeVar
 
 __all__ = ["Board", "Entry", "board"]
 
@@ -70,13 +70,26 @@ _BOARDS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, Board]
     weakref.WeakKeyDictionary())
 
 
+def _no_loop() -> None:
+    return None
+
+
+# the loop of the last call and its boards: a weak reference's call, not the weak
+# dictionary's lookup (which makes a weak reference each time), on every request
+_last: tuple[Callable[[], Any], dict[tuple, Board]] = (_no_loop, {})
+
+
 def board(loop: asyncio.AbstractEventLoop, after: float, fire: Callable[[E], None],
           every: float | None = None) -> Board[E]:
     """The board of ``loop`` whose entries ``fire`` once ``after`` seconds old
     (looked at every ``every`` seconds: a tenth of ``after``, at most one)."""
-    boards = _BOARDS.get(loop)
-    if boards is None:
-        boards = _BOARDS[loop] = {}
+    global _last
+    seen, boards = _last
+    if seen() is not loop:  # another loop than last time (tests run many): look it up
+        boards = _BOARDS.get(loop)
+        if boards is None:
+            boards = _BOARDS[loop] = {}
+        _last = (weakref.ref(loop), boards)
     key = (after, fire)
     found = boards.get(key)
     if found is None:

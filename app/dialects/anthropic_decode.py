@@ -48,7 +48,7 @@ from pool.model import (
     Sampling, TextPart, Tool, ToolCallPart, ToolChoice, ToolResultPart,
 )
 
-from .validate import Validators
+from .validate import Validators, limit_only
 
 __all__ = ["decode", "decode_count_tokens"]
 
@@ -373,6 +373,10 @@ def decode_count_tokens(body: object, headers: Mapping[str, str] | None = None) 
     return _decode(body, headers, require_max_tokens=False)
 
 
+# a body of only these (most requests) has no optional field to validate
+_SIMPLE_FIELDS = frozenset(("model", "max_tokens", "messages", "stream"))
+
+
 def _decode(body: object, headers: Mapping[str, str] | None, *,
             require_max_tokens: bool) -> ChatRequest:
     if type(body) is not dict:
@@ -382,6 +386,11 @@ def _decode(body: object, headers: Mapping[str, str] | None, *,
     if max_tokens is None and require_max_tokens:
         raise _missing("max_tokens")
     messages = _messages(body.get("messages"))
+    if body.keys() <= _SIMPLE_FIELDS:  # what the general path gives for the absent fields
+        return ChatRequest(model=model, messages=tuple(messages), dialect="anthropic",
+                           stream=bool(_opt_bool(body, "stream", "")),
+                           sampling=limit_only(max_tokens), raw=body,
+                           **_from_headers(headers, None))
     system = _system(body.get("system"))
     if system is not None:
         messages.insert(0, system)
@@ -405,15 +414,7 @@ def _decode(body: object, headers: Mapping[str, str] | None, *,
         session_id = explicit
         body = {k: v for k, v in body.items() if k != "session_id"}
 
-    passthrough: dict[str, str] = {}
-    if headers:
-        for name in _PASSTHROUGH_HEADERS:
-            value = headers.get(name)
-            if value is not None:
-                passthrough[name] = value
-        if session_id is None:
-            session_id = headers.get(_SESSION_HEADER) or None
-
+    from_headers = _from_headers(headers, session_id)
     output_config = _opt_dict(body, "output_config", "")
     effort = None
     response_format = _response_format(body.get("output_format"), "output_format")
@@ -440,8 +441,21 @@ def _decode(body: object, headers: Mapping[str, str] | None, *,
         reasoning_effort=effort,
         thinking_budget=_thinking_budget(body.get("thinking")),
         user=user,
-        session_id=session_id,
         metadata=metadata,
         raw=body,
-        passthrough_headers=passthrough,
+        **from_headers,
     )
+
+
+def _from_headers(headers: Mapping[str, str] | None, session_id: str | None) -> dict[str, Any]:
+    """``passthrough_headers`` (the client's ``anthropic-version`` and betas) and
+    ``session_id`` (the body's, else the session header's)."""
+    passthrough: dict[str, str] = {}
+    if headers:
+        for name in _PASSTHROUGH_HEADERS:
+            value = headers.get(name)
+            if value is not None:
+                passthrough[name] = value
+        if session_id is None:
+            session_id = headers.get(_SESSION_HEADER) or None
+    return {"passthrough_headers": passthrough, "session_id": session_id}

@@ -22,7 +22,7 @@ from pool.model import (
 )
 
 from .validate import (
-    bad_type, bad_value, first_header, image_url, missing, opt_bool, opt_dict, opt_int,
+    bad_type, bad_value, first_header, image_url, limit_only, missing, opt_bool, opt_dict, opt_int,
     opt_number, opt_str, req_dict, req_str, string_list,
 )
 
@@ -312,7 +312,7 @@ def _sampling(body: dict[str, Any]) -> Sampling:
     if _SAMPLING_REST.isdisjoint(body):  # what the general path gives when they are absent
         if max_tokens is None and legacy_max is None:
             return _NO_SAMPLING
-        return Sampling(max_tokens=max_tokens if max_tokens is not None else legacy_max)
+        return limit_only(max_tokens if max_tokens is not None else legacy_max)
     top_k = opt_int(body, "top_k", -1)
     return Sampling(
         max_tokens=max_tokens if max_tokens is not None else legacy_max,
@@ -338,6 +338,10 @@ def token_ids(body: Mapping[str, Any], key: str) -> tuple[int, ...]:
     return tuple(value)
 
 
+# a body of only these (most requests) has no optional field to validate
+_SIMPLE_FIELDS = frozenset(("model", "messages", "max_tokens", "max_completion_tokens", "stream"))
+
+
 def decode(body: object, headers: Mapping[str, str] | None = None) -> ChatRequest:
     """Validate and translate a Chat Completions body (``headers``: lower-case names)."""
     if type(body) is not dict:
@@ -346,6 +350,10 @@ def decode(body: object, headers: Mapping[str, str] | None = None) -> ChatReques
     if not model:
         raise bad_value("model", "must not be empty")
     messages = _messages(body.get("messages"))
+    if body.keys() <= _SIMPLE_FIELDS:  # what the general path gives for the absent fields
+        return ChatRequest(model=model, messages=messages, dialect="openai_chat",
+                           stream=bool(opt_bool(body, "stream")), sampling=_sampling(body),
+                           session_id=first_header(headers, _SESSION_HEADERS), raw=body)
     logprobs = bool(opt_bool(body, "logprobs"))
     top_logprobs = opt_int(body, "top_logprobs", 0, 20)
     if top_logprobs is not None and not logprobs:

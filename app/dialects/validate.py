@@ -17,13 +17,13 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from pool.errors import BadRequest
-from pool.model import ImagePart
+from pool.model import ImagePart, Sampling
 
 __all__ = [
     "Validators", "OPENAI",
     "missing", "bad_type", "bad_value", "req_str", "opt_str", "opt_bool", "req_dict",
     "opt_dict", "opt_list", "opt_int", "opt_number", "string_list", "image_url",
-    "first_header",
+    "first_header", "limit_only",
 ]
 
 _NUMBER = (int, float)
@@ -201,3 +201,17 @@ opt_int = OPENAI.opt_int
 opt_number = OPENAI.opt_number
 string_list = OPENAI.string_list
 image_url = OPENAI.image_url
+
+
+# a token limit and nothing else (most requests): one frozen Sampling per limit, shared
+_LIMIT_ONLY: dict[int | None, Sampling] = {}
+
+
+def limit_only(max_tokens: int | None) -> Sampling:
+    """``Sampling(max_tokens=max_tokens)``, one shared instance per limit."""
+    sampling = _LIMIT_ONLY.get(max_tokens)
+    if sampling is None:
+        if len(_LIMIT_ONLY) >= 1024:  # clients use a handful; a scanner must not grow it
+            _LIMIT_ONLY.clear()
+        sampling = _LIMIT_ONLY[max_tokens] = Sampling(max_tokens=max_tokens)
+    return sampling

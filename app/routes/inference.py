@@ -57,9 +57,8 @@ async def serve(gw: Gateway, request: Request, chat: ChatRequest, dialect: Modul
     record.model = chat.model
     record.stream = chat.stream
 
-    async def attempt(lease: Any, routed: ChatRequest) -> Response | EventStreamResponse:
-        return await _attempt(gw, request, chat, routed, lease, dialect, record, finalize)
-
+    # _attempt(lease, routed) with the rest bound (a partial: no coroutine of its own)
+    attempt = partial(_attempt, gw, request, chat, dialect, record, finalize)
     try:
         return await _with_retry(gw, request, chat, record, prefer, attempt)
     except GatewayError as exc:
@@ -94,7 +93,8 @@ async def _with_retry(gw: Gateway, request: Request, chat: ChatRequest, record: 
     """Admit and route ``chat``, run ``attempt(lease, routed)``; on a retryable
     failure try once more on another eligible worker. Raises the GatewayError
     the client must see, with ``.worker`` naming the last worker tried."""
-    await gw.teams.admit(record.key, chat.model)  # the key's models, rate and budget
+    if record.key in gw.teams.policies:  # the key's models, rate and budget
+        await gw.teams.admit(record.key, chat.model)
     tried: list[str] = []
     failure: GatewayError | None = None
     while True:
@@ -119,22 +119,17 @@ async def _with_retry(gw: Gateway, request: Request, chat: ChatRequest, record: 
             log.info("request.retry", failed_worker=worker.name, error=exc.kind)
 
 
-async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: ChatRequest,
-                   lease: Any, dialect: ModuleType, record: RequestRecord,
-                   finalize: Finalize | None) -> Response | EventStreamResponse:
+async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, dialect: ModuleType,
+                   record: RequestRecord, finalize: Finalize | None, lease: Any,
+                   routed: ChatRequest) -> Response | EventStreamResponse:
     """One try on the leased worker; raises GatewayError while nothing was sent.
     The lease is released on every path: here, or when the stream ends."""
     worker = lease.worker
     handed_over = False
     try:
         relay = relay_for(worker, routed, chat, finalize)
-        if relay is not None:
-            events = worker.forward(routed, relay)
-        else:  # lists of events, one per upstream read, from workers that can
-            batches = getattr(worker, "stream_batches", None)
-            events = worker.stream(routed) if batches is None else batches(routed)
         if chat.stream:
-            iterator = events.__aiter__()
+            iterator = _events(worker, routed, relay).__aiter__()
             first = await _begin(gw, request, iterator)
             end = _StreamEnd(gw, lease, record, routed)
             # a forwarded stream builds the dialect's encoder only if it needs one
@@ -152,7 +147,9 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: Cha
                 first, iterator, encoder,
                 headers=_worker_header(worker.name),
                 ping_interval=gw.ping_interval, on_done=end.done, after=after, relay=relay)
-        completion = await until_disconnect(request.receive, _fold(events))
+        whole = getattr(worker, "complete", None)  # one coroutine, where the worker has it
+        answer = whole(routed, relay) if whole is not None else _fold(_events(worker, routed, relay))
+        completion = await until_disconnect(request.receive, answer)
         if type(completion) is bytes:  # forwarded as the upstream's body
             record_body(record, relay)
             return BodyResponse(completion, worker.name)
@@ -169,6 +166,16 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, routed: Cha
     finally:
         if not handed_over:
             gw.release(lease)
+
+
+def _events(worker: Any, routed: ChatRequest, relay: Any) -> Any:
+    """The worker's answer as it comes: the client's bytes when ``relay``
+    forwards it, else lists of events (one per upstream read) from workers
+    that can, else events."""
+    if relay is not None:
+        return worker.forward(routed, relay)
+    batches = getattr(worker, "stream_batches", None)
+    return worker.stream(routed) if batches is None else batches(routed)
 
 
 class _StreamEnd:

@@ -27,7 +27,8 @@ from pool.deadline import Deadline
 from pool.errors import (
     GatewayError, UpstreamCredentialsRefused, UpstreamTimeout, UpstreamUnavailable,
 )
-from pool.model import ChatRequest, Event, ReasoningPart, Start
+from pool.accumulate import Accumulator, fold
+from pool.model import ChatRequest, Completion, Event, ReasoningPart, Start
 from pool.sse import SSEDecoder
 from pool.worker import Capabilities, WorkerState, flatten
 
@@ -240,7 +241,37 @@ class RemoteWorker:
         events instead (as :meth:`stream_batches`), from the first item on."""
         return self._run(request, relay)
 
-    async def _run(self, request: ChatRequest, relay: Relay | None) -> AsyncIterator[Any]:
+    async def complete(self, request: ChatRequest,
+                       relay: Relay | None = None) -> bytes | Completion:
+        """A request's whole answer in one coroutine (no async generator to
+        build, step and close per request): the upstream's body as the client
+        gets it when ``relay`` forwards it, else the folded Completion. An
+        upstream that streams anyway is read through :meth:`_run`."""
+        resp, custom = await self._send(request)
+        if "event-stream" in resp.headers.get("content-type", ""):
+            return await _folded(self._run(request, relay, resp, custom))
+        reusable = False
+        watch = None
+        content = resp.content
+        try:
+            raw = content.read_nowait()  # most bodies come with the headers: no timer then
+            if not content.is_eof():
+                watch = IdleWatch(self.spec.idle_timeout, content)
+                raw += await self._read_all(resp, watch)
+            if relay is not None and not relay.stream:
+                answer: bytes | Completion = relay.body(raw)
+            else:
+                answer = fold(type(self).body_events(_loads_body(raw), custom))
+            reusable = resp.content.is_eof() or await self._drained(resp)
+            return answer
+        except (GatewayError, TimeoutError, IdleTimeout, aiohttp.ClientError, OSError) as exc:
+            raise self._failed(exc) from None
+        finally:
+            self._settle(resp, watch, reusable)
+
+    async def _send(self, request: ChatRequest) -> tuple[aiohttp.ClientResponse, frozenset[str]]:
+        """POST ``request`` (its images vetted, its body built): the 2xx
+        response, and the names of the request's custom tools."""
         request = await vet_images(request, self.spec.policy)
         body, headers = self.prepare(request)
         if request.dialect == "openai_responses":
@@ -250,9 +281,17 @@ class RemoteWorker:
         # no empty frozenset per answer (216 bytes each, for as long as a stream is open)
         custom = (frozenset(t.name for t in request.tools if t.kind == "custom")
                   if request.tools else _NO_TOOLS)
+        # the body is not held (a whole conversation) while the answer streams
+        return await self._post(orjson.dumps(body, default=_json_default), headers), custom
+
+    async def _run(self, request: ChatRequest, relay: Relay | None,
+                   resp: aiohttp.ClientResponse | None = None,
+                   custom: frozenset[str] = _NO_TOOLS) -> AsyncIterator[Any]:
+        """The answer item by item (see :meth:`forward`); ``resp``: the
+        response when it was already asked for (by :meth:`complete`)."""
+        if resp is None:
+            resp, custom = await self._send(request)
         del request  # not held (a whole conversation) while the answer streams
-        resp = await self._post(orjson.dumps(body, default=_json_default), headers)
-        del body, headers  # sent: not held while the answer streams
         reusable = False
         watch = IdleWatch(self.spec.idle_timeout, resp.content)
         try:
@@ -314,22 +353,31 @@ class RemoteWorker:
             else:
                 raw = await self._read_all(resp, watch)
                 yield type(self).body_events(_loads_body(raw), custom)
-            reusable = await self._drained(resp)
-        except UpstreamCredentialsRefused as exc:  # reported in-stream
-            self._credentials_refused(exc)
-            raise
-        except GatewayError as exc:  # in-stream texts are the parsers': scrub them here
-            raise scrub_error(exc, self.spec.api_key) from None
-        except (TimeoutError, IdleTimeout, aiohttp.ClientError, OSError) as exc:
-            raise self._read_failed(exc) from None  # the relay loop's reads
+            reusable = resp.content.is_eof() or await self._drained(resp)
+        except (GatewayError, TimeoutError, IdleTimeout, aiohttp.ClientError, OSError) as exc:
+            raise self._failed(exc) from None
         finally:
+            self._settle(resp, watch, reusable)
+
+    def _failed(self, exc: BaseException) -> GatewayError:
+        """What the client is told of an answer that failed with ``exc``."""
+        if isinstance(exc, UpstreamCredentialsRefused):  # reported in-stream
+            self._credentials_refused(exc)
+            return exc
+        if isinstance(exc, GatewayError):  # in-stream texts are the parsers': scrub them
+            return scrub_error(exc, self.spec.api_key)
+        return self._read_failed(exc)  # the relay loop's reads
+
+    @staticmethod
+    def _settle(resp: aiohttp.ClientResponse, watch: IdleWatch | None, reusable: bool) -> None:
+        if watch is not None:
             watch.close()
-            if reusable:
-                resp.release()
-            else:
-                # the client went away or the answer broke: drop the connection
-                # now so the upstream sees the disconnect and stops generating
-                resp.close()
+        if reusable:
+            resp.release()
+        else:
+            # the client went away or the answer broke: drop the connection
+            # now so the upstream sees the disconnect and stops generating
+            resp.close()
 
     async def _post(self, body: bytes, headers: Mapping[str, str],
                     url: str | URL | None = None) -> aiohttp.ClientResponse:
@@ -450,6 +498,18 @@ def _encrypted_reasoning(request: ChatRequest) -> int:
     return sum(1 for m in request.messages if m.role == "assistant" for p in m.parts
                if type(p) is ReasoningPart and p.encrypted_content is not None
                and p.signature is None)
+
+
+async def _folded(batches: AsyncIterator[list[Event]]) -> Completion:
+    """The lists of events of a streamed answer folded into one Completion."""
+    acc = Accumulator()
+    try:
+        async for batch in batches:
+            for event in batch:
+                acc.feed(event)
+    finally:
+        await batches.aclose()  # type: ignore[attr-defined]
+    return acc.finish()
 
 
 def _loads_body(raw: bytes) -> Any:

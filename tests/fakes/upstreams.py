@@ -174,6 +174,7 @@ class FakeUpstream:
         self.disconnects = 0
         self.answers: list[bytes] = []  # each answer's body bytes as sent
         self.models_delay = 0.0  # seconds /v1/models (the health probe) takes to answer
+        self.always_stream = False  # answer with SSE even when the request did not ask
         self.port = 0
         self._ids = itertools.count(1)
         self._server: uvicorn.Server | None = None
@@ -301,12 +302,12 @@ class FakeUpstream:
         if dialect == "openai":
             plan = make_plan(script, body, id_prefix="call_")
             rid = f"chatcmpl-fake{n}"
-            if body.get("stream") and not script.no_stream:
+            if (body.get("stream") and not script.no_stream) or self.always_stream:
                 return _Frames(self, openai_frames(plan, body, rid), script, dialect)
             return self._body(openai_body(plan, body, rid))
         plan = make_plan(script, body, id_prefix="toolu_")
         rid = f"msg_fake{n}"
-        if body.get("stream") and not script.no_stream:
+        if (body.get("stream") and not script.no_stream) or self.always_stream:
             return _Frames(self, anthropic_frames(plan, body, rid), script, dialect)
         return self._body(anthropic_body(plan, body, rid))
 

@@ -319,6 +319,84 @@ async def test_idle_timeout_mid_stream(make: MakeWorker, dialect: str) -> None:
     assert type(events[0]) is Start
 
 
+class _Trickling:
+    """An OpenAI-compatible server (a fake of someone else's) that sends a JSON
+    answer's headers and first half, pauses ``pause`` seconds, then the rest."""
+
+    def __init__(self, body: bytes, pause: float) -> None:
+        self.body, self.pause = body, pause
+        self.handlers: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/v1"
+
+    async def close(self) -> None:
+        self.server.close()
+        for task in self.handlers:
+            task.cancel()
+        await asyncio.gather(*self.handlers, return_exceptions=True)
+        await self.server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.handlers.add(task)
+        body = self.body
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                if head.startswith(b"GET "):  # the health probe
+                    listing = b'{"object":"list","data":[]}'
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                                 b"content-length: %d\r\n\r\n%s" % (len(listing), listing))
+                    continue
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length:")))
+                await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\n\r\n" % len(body) + body[:len(body) // 2])
+                await writer.drain()
+                await asyncio.sleep(self.pause)
+                writer.write(body[len(body) // 2:])
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+@pytest.mark.parametrize("pause", [0.05, 2.0])
+async def test_a_body_that_comes_in_pieces_is_waited_for_within_the_idle_timeout(
+        make: MakeWorker, pause: float) -> None:
+    """A non-stream answer whose body is still coming after the headers: read
+    to its end (a short pause), or a 504 once it stalls past idle_timeout."""
+    answer = orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion", "created": 1,
+                           "model": "fake-model", "choices": [{"index": 0, "finish_reason": "stop",
+                           "message": {"role": "assistant", "content": "in two pieces"}}],
+                           "usage": {"prompt_tokens": 3, "completion_tokens": 3}})
+    upstream = _Trickling(answer, pause)
+    url = await upstream.start()
+    try:
+        worker = await make("openai", url=url, idle_timeout=0.5)
+        request = chat("hi", dialect="openai_chat", raw={
+            "model": "fake-model", "messages": [{"role": "user", "content": "hi"}]})
+        for relay in (None, worker.relay(request, "fake-model")):
+            if pause < 0.5:
+                whole = await worker.complete(request, relay)
+                if relay is None:
+                    assert whole.text == "in two pieces" and whole.usage.output_tokens == 3
+                else:
+                    assert whole == answer
+            else:
+                started = time.monotonic()
+                with pytest.raises(UpstreamTimeout) as info:
+                    await worker.complete(request, relay)
+                assert "stalled" in info.value.message and time.monotonic() - started < 1.9
+    finally:
+        await upstream.close()
+
+
 @pytest.mark.parametrize("marker", ["die-after", "truncate-after"])
 @pytest.mark.parametrize("dialect", DIALECTS)
 async def test_stream_ending_early_is_a_failure(make: MakeWorker, dialect: str,
@@ -458,6 +536,36 @@ async def test_health(make: MakeWorker, fake: FakeUpstream, dialect: str) -> Non
     assert fake.requests[-1].path == "/v1/models"
     assert worker.capabilities.logprobs is (dialect == "openai")
     assert worker.capabilities.max_n == 1 and worker.capabilities.images
+
+
+@pytest.mark.parametrize("forwarded", [False, True])
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_complete_reads_a_stream_sent_for_a_body(make: MakeWorker, fake: FakeUpstream,
+                                                       dialect: str, forwarded: bool) -> None:
+    """complete() of a non-stream request: the upstream's body (forwarded) or the
+    folded answer; an upstream that streams anyway is read and folded all the same."""
+    worker = await make(dialect)
+    request = chat("hello world", dialect="openai_chat" if dialect == "openai" else "anthropic",
+                   raw={"model": "fake-model", "max_tokens": 32,
+                        "messages": [{"role": "user", "content": "hello world"}]})
+    relay = worker.relay(request, "fake-model") if forwarded else None
+    assert (relay is not None) is forwarded
+    whole = await worker.complete(request, relay)
+    if forwarded:
+        assert type(whole) is bytes and orjson.loads(whole)["model"] == "fake-model"
+        assert whole == fake.answers[-1]  # the upstream's bytes (the model name was the same)
+    else:
+        assert whole.text == "echo: hello world" and whole.usage.output_tokens == 3
+    fake.always_stream = True
+    try:
+        whole = await worker.complete(request, worker.relay(request, "fake-model")
+                                      if forwarded else None)
+    finally:
+        fake.always_stream = False
+    assert whole.text == "echo: hello world"
+    assert whole.finish is not None and whole.finish.reason == "stop"
+    # an OpenAI stream carries usage only when asked (stream_options), which a body request is not
+    assert whole.usage.output_tokens == (3 if dialect == "anthropic" else None)
 
 
 async def test_a_missed_probe_does_not_take_out_a_worker_that_answers(

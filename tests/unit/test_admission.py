@@ -90,15 +90,16 @@ async def test_admits_up_to_the_tightest_limit_then_refuses_at_once(limits, work
 
 
 async def test_choose_is_offered_only_workers_with_room():
+    """... and is not asked when only one has room (nothing to choose)."""
     a, b, c = W("a", 1), W("b", 2), W("c", 1)
     g, choose = guard(), Recorder()
     leases = [await g.acquire(key="k", workers=[a, b, c], choose=choose) for _ in range(4)]
-    assert choose.offered == [["a", "b", "c"], ["b", "c"], ["b", "c"], ["c"]]
+    assert choose.offered == [["a", "b", "c"], ["b", "c"], ["b", "c"]]
     assert [lease.worker.name for lease in leases] == ["a", "b", "b", "c"]
     assert {n: g.in_flight(n) for n in "abc"} == {"a": 1, "b": 2, "c": 1}
     leases[1].release()
-    await g.acquire(key="k", workers=[a, b, c], choose=choose)
-    assert choose.offered[-1] == ["b"]
+    lease = await g.acquire(key="k", workers=[a, b, c], choose=choose)
+    assert lease.worker is b and len(choose.offered) == 3
 
 
 async def test_the_chosen_worker_takes_the_slot():
@@ -316,7 +317,7 @@ async def test_a_waiter_cancelled_after_its_grant_passes_the_slot_on():
 @pytest.mark.parametrize("failure", ["raise", "cancel"])
 async def test_a_failing_choose_gives_every_slot_back(failure):
     g = guard(global_limit=1, max_wait=60)
-    worker = W("a")
+    workers = [W("a"), W("b")]  # two with room once released: choose is asked
     stuck = asyncio.Event()
 
     async def broken(workers):
@@ -325,9 +326,9 @@ async def test_a_failing_choose_gives_every_slot_back(failure):
         await stuck.wait()
         return workers[0]
 
-    holder = await g.acquire(key="k", workers=[worker], choose=first)
-    failing = asyncio.create_task(g.acquire(key="k", workers=[worker], choose=broken))
-    behind = asyncio.create_task(g.acquire(key="k", workers=[worker], choose=first))
+    holder = await g.acquire(key="k", workers=workers, choose=first)
+    failing = asyncio.create_task(g.acquire(key="k", workers=workers, choose=broken))
+    behind = asyncio.create_task(g.acquire(key="k", workers=workers, choose=first))
     await until_waiting(g, 2)
     holder.release()
     if failure == "cancel":

@@ -8,7 +8,9 @@ import pytest
 from pydantic import SecretStr
 from starlette.datastructures import Headers
 
-from auth.keys import ANONYMOUS, KeyRing, TokenGate, digest, extract_key, extract_key_from_scope
+from auth.keys import (
+    ANONYMOUS, KeyRing, TokenGate, digest, extract_key, extract_key_from_raw, extract_key_from_scope,
+)
 
 EXTRACT = [
     ("bearer", [("Authorization", "Bearer sk-1")], "sk-1"),
@@ -37,6 +39,7 @@ def test_extract_key(case: str, pairs: list[tuple[str, str]], expected: str | No
     assert extract_key(Headers(raw=raw(pairs))) == expected
     assert extract_key(raw(pairs)) == expected
     assert extract_key_from_scope({"type": "http", "headers": raw(pairs)}) == expected
+    assert extract_key_from_raw(dict(reversed(raw(pairs)))) == expected  # the gateway's way
 
 
 def test_keyring_identifies_by_name() -> None:
