@@ -22,7 +22,7 @@ import structlog
 
 from pool.board import Board, Entry, board
 from pool.errors import GatewayError, InternalError, UpstreamUnavailable
-from pool.model import Event, Finish, Usage
+from pool.model import Event, Finish, Start, Usage
 
 from .disconnect import DisconnectWatch
 from .watch import watch
@@ -220,7 +220,7 @@ class EventStreamResponse:
             t = type(event)
             if t is Usage or t is Finish:
                 self._account(event)
-            else:
+            elif t is not Start:  # the stream's start is no content (nor its first token)
                 content += 1
         if content:
             outcome.content_events += content
@@ -245,7 +245,7 @@ class EventStreamResponse:
         t = type(event)
         if t is Usage or t is Finish:
             self._account(event)
-        else:
+        elif t is not Start:  # the stream's start is no content (nor its first token)
             outcome.content_events += 1
             if outcome.first_token_at is None:
                 outcome.first_token_at = time.perf_counter()
