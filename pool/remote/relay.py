@@ -168,6 +168,8 @@ class Relay:
             rest = bytes(self._buf).rstrip(b"\n") + b"\n\n"
             self._buf = bytearray()
             out = self._frames(rest)
+            if out:
+                self.forwarded = True
         if not self.done and self.error is None:
             raise UpstreamUnavailable("upstream closed the stream early")
         return out

@@ -87,6 +87,19 @@ def test_openai_error_frame_ends_the_stream() -> None:
     assert relay.feed(b"data: [DONE]\n\n") == b""
 
 
+def test_frames_taken_at_the_end_count_as_forwarded() -> None:
+    """A stream whose frames all come at the end, the last without its blank
+    line: they go out at close(), and count as forwarded (so the gateway adds no
+    closing frames of its own after them)."""
+    last = _openai_chunk({"content": "a"}) + b"data: [DONE]"
+    relay = OpenAIRelay("up-model", True, usage_wanted=True)
+    assert relay.feed(last) == _openai_chunk({"content": "a"}) and relay.forwarded
+    relay = OpenAIRelay("up-model", True, usage_wanted=True)
+    assert relay.feed(b"data: [DONE]") == b"" and not relay.forwarded
+    assert relay.close() == b"data: [DONE]\n\n"
+    assert relay.done and relay.forwarded
+
+
 def test_openai_truncated_stream_is_an_error() -> None:
     relay = OpenAIRelay("up-model", True, usage_wanted=True)
     assert relay.feed(_openai_chunk({"content": "a"})[:-1]) == b""
