@@ -74,6 +74,40 @@ def verdict(name: str, f: dict, p: dict) -> tuple[str, float | None]:
     return f"{text}: **{'met' if ok else 'missed'}**", ratio
 
 
+_SUMMED = ("ok_requests", "requests", "gateway_cpu_s", "upstream_cpu_s", "upstream_seen",
+           "errors", "chunk_mismatch")
+
+
+def _pool_target(runs: list[dict]) -> dict:
+    """One target's rounds as one run: counts and CPU summed, rates averaged,
+    medians the median of the rounds' medians, foreign load the largest."""
+    if len(runs) == 1:
+        return runs[0]
+    out = dict(runs[-1])
+    for key in _SUMMED:
+        values = [r[key] for r in runs if isinstance(r.get(key), (int, float))]
+        if values:
+            out[key] = round(sum(values), 3)
+    for key in ("rps", "chunks_per_s"):
+        values = [r[key] for r in runs if isinstance(r.get(key), (int, float))]
+        if values:
+            out[key] = sum(values) / len(values)
+    for key in ("latency_ms", "ttft_ms"):
+        p50s = sorted(r[key]["p50"] for r in runs if (r.get(key) or {}).get("p50") is not None)
+        if p50s:
+            out[key] = {**(out.get(key) or {}), "p50": p50s[len(p50s) // 2]}
+    out["foreign_load"] = max((r.get("foreign_load") or 0.0) for r in runs)
+    return out
+
+
+def pooled(name: str, rounds: list[dict[str, dict]]) -> dict:
+    """A scenario's rounds (target -> run, each) as one row's runs, with
+    ``round_ratios``: the ratio its target is judged on, round by round."""
+    out: dict = {t: _pool_target([r[t] for r in rounds]) for t in rounds[0]}
+    out["round_ratios"] = [verdict(name, r.get("floor") or {}, r["poolgate"])[1] for r in rounds]
+    return out
+
+
 def _added(k: str, a: dict | None, b: dict | None) -> float | None:
     return b[k] - a[k] if a and b and k in a and k in b else None
 

@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from configs import API_KEY, SLOW_MODEL, config_toml, teams_config  # noqa: E402,F401 (re-exported)
 from machine import ForeignLoad  # noqa: E402
 from report import (HEAD, LEGEND, OPEN_STREAMS_KIB, OPEN_STREAMS_TTFT_MS, fmt,  # noqa: E402
-                    open_streams_table, row)
+                    open_streams_table, pooled, row)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -190,9 +190,12 @@ def upstream_requests(upstream_url: str) -> int:
     return sum(stats[k] for k in ("chat", "chat_stream", "messages", "messages_stream"))
 
 
-def measure(name: str, sc: Scenario, target: str, url: str, args, ctx: dict) -> dict:
+def measure(name: str, sc: Scenario, target: str, url: str, args, ctx: dict,
+            round_no: int = 0) -> dict:
     """One load run of ``sc`` at ``target`` ("direct", "floor" or "poolgate")."""
     out_dir: Path = ctx["out"]
+    if round_no:
+        name = f"{name}-r{round_no + 1}"
     if target != "poolgate" and sc.api == "responses":
         sc = replace(sc, api="openai")  # the upstream's nearest equivalent
     if args.warmup > 0:
@@ -227,6 +230,12 @@ def report(results: dict, meta: dict, open_streams: dict | None = None) -> str:
     for name, r in results.items():
         sc = SCENARIOS[name]
         lines.append(row(name, sc.what, sc.mode == "stream", sc.c, r))
+    spread = [f"`{name}` {', '.join(fmt(x, 2) for x in r['round_ratios'])}"
+              for name, r in results.items() if len(r.get("round_ratios") or ()) > 1]
+    if spread:
+        lines += ["", f"Each row pools {meta['repeat']} interleaved rounds (CPU and requests "
+                  "summed). The ratio its target is judged on, round by round: "
+                  + "; ".join(spread) + "."]
     if open_streams:
         n = max(r["n"] for r in open_streams.values())
         lines += ["", f"{n:,} slow streams open at once (bench/open_streams.py; target for poolgate: "
@@ -244,6 +253,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("-d", "--duration", type=float, default=5.0, help="seconds per run (≤ 120)")
     ap.add_argument("--warmup", type=float, default=1.0, help="seconds before each run (0: none)")
     ap.add_argument("--quick", action="store_true", help="-d 2 --warmup 0.5")
+    ap.add_argument("--repeat", type=int, default=1, metavar="N",
+                    help="N interleaved rounds per scenario, pooled in the table (CPU and "
+                         "requests summed), each round's ratio listed below it")
     ap.add_argument("--poolgate", default="",
                     help="a poolgate executable (default: python -m app.cli from this checkout)")
     ap.add_argument("--python", default=str(VENV / "python") if (VENV / "python").exists()
@@ -278,6 +290,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"unknown scenarios: {', '.join(unknown)}")
     if not 0 < a.duration <= 120:
         ap.error("--duration must be in (0, 120]")
+    if not 1 <= a.repeat <= 10:
+        ap.error("--repeat must be in [1, 10]")
     return a
 
 
@@ -358,7 +372,10 @@ def main(argv: list[str] | None = None) -> int:
         results = {}
         for name in a.scenarios.split(","):
             sc = SCENARIOS[name]
-            results[name] = {t: measure(name, sc, t, urls[t], a, ctx) for t in a.targets}
+            # rounds interleaved (direct, floor, poolgate, direct, ...): a noisy spell hits both
+            rounds = [{t: measure(name, sc, t, urls[t], a, ctx, i) for t in a.targets}
+                      for i in range(a.repeat)]
+            results[name] = pooled(name, rounds)
             for proc in procs:
                 if not proc.alive():
                     raise RuntimeError(f"{proc.name} died during {name}; see {proc.log_path}")
@@ -376,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
                 proc.stop()           # the bench's gateways: the open streams start fresh ones
             open_streams = holder.run(opts, os_ctx, cpus["load"])
         meta = {"when": time.strftime("%Y-%m-%d %H:%M"), "duration_s": a.duration,
+                "repeat": a.repeat,
                 "pinning": pinning, "nproc": os.cpu_count(), "startup_s": startup,
                 "commit": git_commit(), "targets": a.targets,
                 "scenarios": {n: asdict(SCENARIOS[n]) for n in results}}

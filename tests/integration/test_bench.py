@@ -10,6 +10,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,6 +31,19 @@ def upstream() -> Iterator[DemoUpstream]:
     loop.call_soon_threadsafe(loop.stop)
     thread.join(5)
     loop.close()
+
+
+def _load(name: str, file: str) -> Any:
+    """A module of bench/ (they import each other as top-level modules)."""
+    spec = importlib.util.spec_from_file_location(name, BENCH / file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module                     # dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[name]
+    return module
 
 
 def loadgen(*args: str) -> dict:
@@ -68,13 +82,7 @@ def test_loadgen_reports_failures(upstream: DemoUpstream) -> None:
 
 
 def test_runner_config_is_accepted_by_the_gateway_settings(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("bench_run", BENCH / "run.py")
-    run = importlib.util.module_from_spec(spec)
-    sys.modules["bench_run"] = run                 # dataclasses look their module up
-    try:
-        spec.loader.exec_module(run)
-    finally:
-        del sys.modules["bench_run"]
+    run = _load("bench_run", "run.py")
     path = tmp_path / "poolgate.toml"
     path.write_text(run.config_toml(18000, 18001, "warning"))
     settings = load_settings(str(path), {})
@@ -144,3 +152,28 @@ def test_inproc_bench_serves_both_routes_through_the_asgi_app() -> None:
     rows = [line.split() for line in done.stdout.splitlines() if "us CPU/request" in line]
     assert [r[0] for r in rows] == ["chat", "messages"]
     assert all(float(r[3]) > 0 for r in rows)  # "min <us>"
+
+
+def test_repeated_rounds_are_pooled_and_listed() -> None:
+    """bench/run.py --repeat: a row pools its rounds (CPU and requests summed,
+    so the ratio is total against total) and lists each round's ratio."""
+    report = _load("bench_report", "report.py")
+
+    def run(ok: int, cpu: float, p50: float, foreign: float = 0.0) -> dict:
+        return {"ok_requests": ok, "requests": ok, "gateway_cpu_s": cpu, "rps": ok / 5,
+                "latency_ms": {"p50": p50}, "foreign_load": foreign, "errors": 0}
+
+    rounds = [{"direct": run(100, 0.0, 0.1), "floor": run(1000, 1.0, 1.0),
+               "poolgate": run(900, 0.5, 2.0, 0.3)},
+              {"direct": run(100, 0.0, 0.1), "floor": run(1000, 1.0, 3.0),
+               "poolgate": run(1000, 1.0, 4.0)},
+              {"direct": run(100, 0.0, 0.1), "floor": run(1000, 2.0, 2.0),
+               "poolgate": run(1100, 2.0, 3.0)}]
+    row = report.pooled("ns_c16", rounds)
+    assert [round(x, 3) for x in row["round_ratios"]] == [1.8, 1.0, 1.1]
+    assert row["poolgate"]["ok_requests"] == 3000 and row["poolgate"]["gateway_cpu_s"] == 3.5
+    assert row["poolgate"]["latency_ms"]["p50"] == 3.0  # the median round's
+    assert row["poolgate"]["foreign_load"] == 0.3       # the worst round's
+    text, ratio = report.verdict("ns_c16", row["floor"], row["poolgate"])
+    # total against total (3000 in 3.5 s against 3000 in 4 s), not the rounds' mean (1.3)
+    assert round(ratio, 3) == 1.143 and "met" in text
