@@ -45,8 +45,11 @@ def _holding(marker: str, *theirs: Any) -> list[str]:
     for obj in gc.get_objects():
         if type(obj) is ChatRequest and marker in repr(obj.messages):
             found.append("ChatRequest")
-        frame = (obj.cr_frame if isinstance(obj, types.CoroutineType)
-                 else obj.ag_frame if isinstance(obj, types.AsyncGeneratorType) else None)
+        # exact types: isinstance() would read __class__ of every live object, and
+        # some (torch's deprecated module attributes) warn when touched
+        kind = type(obj)
+        frame = (obj.cr_frame if kind is types.CoroutineType
+                 else obj.ag_frame if kind is types.AsyncGeneratorType else None)
         if frame is not None:  # a dict of bytes only is not tracked by gc: look in frames
             held = [v for v in frame.f_locals.values() if type(v) is dict and id(v) not in skip]
             if any(w in note for v in held for w in v.values() if type(w) in (str, bytes)):
