@@ -231,7 +231,8 @@ def report(results: dict, meta: dict, open_streams: dict | None = None) -> str:
         sc = SCENARIOS[name]
         lines.append(row(name, sc.what, sc.mode == "stream", sc.c, r))
     spread = [f"`{name}` {', '.join(fmt(x, 2) for x in r['round_ratios'])}"
-              for name, r in results.items() if len(r.get("round_ratios") or ()) > 1]
+              for name, r in results.items()
+              if len(r.get("round_ratios") or ()) > 1 and None not in r["round_ratios"]]
     if spread:
         lines += ["", f"Each row pools {meta['repeat']} interleaved rounds (CPU and requests "
                   "summed). The ratio its target is judged on, round by round: "
