@@ -7,14 +7,14 @@ client would see through this one accumulator, so the two paths cannot drift.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import AsyncIterable, Iterable
+from typing import Any, AsyncIterable, Iterable
 
 from .model import (
     Completion, Event, ExecutedTool, ExecutedToolPart, Finish, Logprobs, ReasoningDelta, ReasoningEnd, ReasoningPart, Start,
     TextDelta, TextPart, ToolCallDelta, ToolCallEnd, ToolCallPart, ToolCallStart, Usage,
 )
 
-__all__ = ["Accumulator", "accumulate", "merge_usage"]
+__all__ = ["Accumulator", "accumulate", "fold", "fold_answer", "merge_usage"]
 
 
 def merge_usage(old: Usage, new: Usage) -> Usage:
@@ -140,3 +140,26 @@ async def accumulate(events: AsyncIterable[Event]) -> Completion:
     async for event in events:
         acc.feed(event)
     return acc.finish()
+
+
+async def fold_answer(items: AsyncIterable[Any]) -> Completion | bytes:
+    """A worker's whole answer: its events (or lists of events, one per
+    upstream read) folded into a Completion, or the body a forwarding worker
+    yielded; read to the end and closed, so an upstream connection is reused."""
+    acc = Accumulator()
+    body = None
+    try:
+        async for item in items:
+            t = type(item)
+            if t is list:
+                for event in item:
+                    acc.feed(event)
+            elif t is bytes:
+                body = item
+            else:
+                acc.feed(item)
+    finally:
+        aclose = getattr(items, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    return body if body is not None else acc.finish()

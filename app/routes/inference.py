@@ -16,7 +16,7 @@ import structlog
 from starlette.requests import Request
 from starlette.responses import Response
 
-from pool.accumulate import Accumulator
+from pool.accumulate import fold_answer
 from pool.errors import GatewayError, UpstreamUnavailable
 from pool.model import ChatRequest, Completion, Event
 from pool.tokens import estimate_tokens
@@ -74,7 +74,7 @@ async def complete(gw: Gateway, request: Request, chat: ChatRequest,
     retried like :func:`serve`); raises GatewayError."""
     async def attempt(lease: Any, routed: ChatRequest) -> Completion:
         try:
-            answer = await until_disconnect(request.receive, _fold(lease.worker.stream(routed)))
+            answer = await until_disconnect(request.receive, fold_answer(lease.worker.stream(routed)))
         except BaseException:
             # In a fan-out (a list prompt) this failure ends the whole request: give the slot
             # back one loop tick later, once the task group has cancelled the siblings queued
@@ -148,7 +148,7 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, dialect: Mo
                 headers=_worker_header(worker.name),
                 ping_interval=gw.ping_interval, on_done=end.done, after=after, relay=relay)
         whole = getattr(worker, "complete", None)  # one coroutine, where the worker has it
-        answer = whole(routed, relay) if whole is not None else _fold(_events(worker, routed, relay))
+        answer = whole(routed, relay) if whole is not None else fold_answer(_events(worker, routed, relay))
         completion = await until_disconnect(request.receive, answer)
         if type(completion) is bytes:  # forwarded as the upstream's body
             record_body(record, relay)
@@ -232,28 +232,6 @@ async def _first_event(iterator: Any) -> Event:
         return await iterator.__anext__()
     except StopAsyncIteration:
         raise UpstreamUnavailable("The worker ended its answer before it began.") from None
-
-
-async def _fold(events: Any) -> Any:
-    """The events (or lists of events) folded into a Completion; or the body a forwarding worker
-    yielded (read to the end, so the upstream connection is reused)."""
-    acc = Accumulator()
-    body = None
-    try:
-        async for event in events:
-            t = type(event)
-            if t is list:
-                for e in event:
-                    acc.feed(e)
-            elif t is bytes:
-                body = event
-            else:
-                acc.feed(event)
-    finally:
-        aclose = getattr(events, "aclose", None)
-        if aclose is not None:
-            await aclose()
-    return body if body is not None else acc.finish()
 
 
 def _record_stream(record: RequestRecord, outcome: StreamOutcome, gw: Gateway,

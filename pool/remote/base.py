@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, AsyncIterator, Callable, ClassVar, Literal, Mapping, Protocol
+from typing import Any, AsyncIterator, Callable, ClassVar, Mapping
 
 import aiohttp
 import orjson
@@ -27,7 +26,7 @@ from pool.deadline import Deadline
 from pool.errors import (
     GatewayError, UpstreamCredentialsRefused, UpstreamTimeout, UpstreamUnavailable,
 )
-from pool.accumulate import Accumulator, fold
+from pool.accumulate import fold, fold_answer
 from pool.model import ChatRequest, Completion, Event, ReasoningPart, Start
 from pool.sse import SSEDecoder
 from pool.worker import Capabilities, WorkerState, flatten
@@ -36,7 +35,7 @@ from .errors import error_from_body, scrub_error
 from .idle import IdleTimeout, IdleWatch
 from .images import vet_images
 from .lean import lean_response
-from .policy import PassPolicy
+from .spec import RemoteSpec, StreamParser
 from .relay import Relay, relay_for
 
 __all__ = ["RemoteSpec", "RemoteWorker", "StreamParser"]
@@ -47,32 +46,6 @@ _HEALTH_TIMEOUT = 5.0
 _DRAIN_TIMEOUT = 0.5         # wait for the end of a finished body, to reuse the connection
 _MAX_ERROR_BODY = 64 * 1024  # read at most this much of a refusal
 _NO_TOOLS: frozenset[str] = frozenset()
-
-
-@dataclass(frozen=True, slots=True)
-class RemoteSpec:
-    """One upstream, as configured. ``url``: OpenAI base URL including ``/v1``
-    (as the openai SDK takes it); Anthropic root without ``/v1``."""
-
-    name: str
-    dialect: Literal["openai", "anthropic"]
-    url: str
-    api_key: str | None = field(default=None, repr=False)
-    models: tuple[str, ...] = ()
-    aliases: Mapping[str, str] = field(default_factory=dict)
-    connect_timeout: float = 10.0
-    first_byte_timeout: float = 300.0
-    idle_timeout: float = 300.0
-    max_connections: int = 0
-    max_in_flight: int = 256            # the admission guard's per-worker capacity
-    headers: Mapping[str, str] = field(default_factory=dict)
-    policy: PassPolicy = field(default_factory=PassPolicy)  # what a pass-through may carry
-
-
-class StreamParser(Protocol):
-    done: bool
-
-    def feed(self, data: str) -> tuple[Event, ...] | list[Event]: ...
 
 
 def _json_default(obj: Any) -> Any:
@@ -249,7 +222,7 @@ class RemoteWorker:
         upstream that streams anyway is read through :meth:`_run`."""
         resp, custom = await self._send(request)
         if "event-stream" in resp.headers.get("content-type", ""):
-            return await _folded(self._run(request, relay, resp, custom))
+            return await fold_answer(self._run(request, relay, resp, custom))
         reusable = False
         watch = None
         content = resp.content
@@ -498,18 +471,6 @@ def _encrypted_reasoning(request: ChatRequest) -> int:
     return sum(1 for m in request.messages if m.role == "assistant" for p in m.parts
                if type(p) is ReasoningPart and p.encrypted_content is not None
                and p.signature is None)
-
-
-async def _folded(batches: AsyncIterator[list[Event]]) -> Completion:
-    """The lists of events of a streamed answer folded into one Completion."""
-    acc = Accumulator()
-    try:
-        async for batch in batches:
-            for event in batch:
-                acc.feed(event)
-    finally:
-        await batches.aclose()  # type: ignore[attr-defined]
-    return acc.finish()
 
 
 def _loads_body(raw: bytes) -> Any:
