@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from pool.cli.private import private_dir
+
 __all__ = ["BUNDLE_FILES", "CREDENTIAL_FILES", "MAX_FILES", "MAX_BYTES", "BundleError",
            "Manifest", "export_bundle", "read_bundle", "import_bundle", "has_credentials",
            "fingerprint"]
@@ -138,7 +140,7 @@ def import_bundle(data: bytes, cli: str, home: str | os.PathLike[str]) -> Manife
     """Check ``data`` and write its files 0600 into ``home``; all or nothing."""
     manifest, members = read_bundle(data, cli)
     root = Path(home)
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_dir(root)
     real = root.resolve()
     for name in members:
         parent = (root / name).parent
@@ -151,13 +153,14 @@ def import_bundle(data: bytes, cli: str, home: str | os.PathLike[str]) -> Manife
         for index, (name, content) in enumerate(members.items()):
             tmp = staging / str(index)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            os.fchmod(fd, 0o600)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(content)
                 fh.flush()
                 os.fsync(fh.fileno())
         for index, name in enumerate(members):
             target = real / name
-            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            private_dir(real, *Path(name).parts[:-1])
             os.replace(staging / str(index), target)
     finally:
         for leftover in staging.iterdir():

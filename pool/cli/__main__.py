@@ -20,6 +20,7 @@ import orjson
 from .. import worker_main
 from .driver import DriverConfig
 from .host import CliHost
+from .private import private_dir
 from .registry import make_driver
 
 ENV_CONFIG = "POOLGATE_CLI_CONFIG"
@@ -37,7 +38,11 @@ def driver_config(data: dict[str, Any]) -> DriverConfig:
 
 async def _main(data: dict[str, Any]) -> None:
     config = driver_config(data)
-    os.makedirs(config.cwd, exist_ok=True)
+    # what the vendor CLI writes into the account's home (credentials, sessions) is
+    # private too, whatever umask the gateway was started with
+    os.umask(0o077)
+    private_dir(config.home)
+    private_dir(config.cwd)
     driver = make_driver(config)
     if hasattr(driver, "on_process_exit"):
         # one vendor process serves every conversation (Codex): when it dies, so does

@@ -15,16 +15,18 @@ import itertools
 import os
 import re
 import uuid
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 import orjson
 import structlog
 
 from .claude_events import ClaudeStream
-from .claude_transcript import MCP_PREFIX, content_blocks, write_transcript
+from .claude_transcript import (MCP_PREFIX, content_blocks, forget_session, forget_sessions,
+                                write_transcript)
 from .driver import DriverConfig, DriverError, credentials_stamp
 from .events import (TERMINAL, CliEvent, CliHealth, ConversationSetup, ToolAnswer, Turn,
                      TurnFailed)
+from .private import private_dir
 from .proc import JsonLineProcess, find_binary
 
 __all__ = ["ClaudeDriver", "ClaudeConversation"]
@@ -59,7 +61,9 @@ class ClaudeDriver:
 
     async def start(self) -> CliHealth:
         self._argv0 = find_binary(self.config.command, "claude", self.config.env)
-        os.makedirs(self.config.home, exist_ok=True)
+        private_dir(self.config.home)
+        private_dir(self.config.cwd)
+        forget_sessions(self.config.home, self.config.cwd)  # left by a worker that died
         try:
             proc = await asyncio.create_subprocess_exec(
                 *self._argv0, "--version", stdout=asyncio.subprocess.PIPE,
@@ -110,8 +114,14 @@ class ClaudeDriver:
             env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(setup.max_tokens)
         if setup.thinking_budget:
             env["MAX_THINKING_TOKENS"] = str(setup.thinking_budget)
-        proc = await JsonLineProcess.spawn(argv, env=env, cwd=self.config.cwd, label="claude")
+        try:
+            proc = await JsonLineProcess.spawn(argv, env=env, cwd=self.config.cwd, label="claude")
+        except BaseException:
+            forget_session(self.config.home, self.config.cwd, session_id)
+            raise
         conversation = ClaudeConversation(proc, setup, session_id, self.idle_timeout)
+        conversation.on_closed = lambda: forget_session(self.config.home, self.config.cwd,
+                                                        session_id)
         try:
             await conversation.initialize()
         except BaseException:
@@ -139,6 +149,7 @@ class ClaudeConversation:
         self._held: dict[str, tuple[str, Any]] = {}      # tool_use id -> (request id, mcp id)
         self._answers: dict[str, ToolAnswer] = {}        # answered before the CLI asked
         self._reader = asyncio.ensure_future(self._read())
+        self.on_closed: Callable[[], None] | None = None  # deletes the session's transcript
 
     @property
     def session_id(self) -> str | None:
@@ -175,10 +186,14 @@ class ClaudeConversation:
                 await self._control({"subtype": "interrupt"}, timeout=5)
 
     async def close(self) -> None:
-        await self.proc.close()
-        self._reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
+        try:
+            await self.proc.close()
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        finally:  # the process is gone (or being killed): it writes no more
+            if self.on_closed is not None:
+                self.on_closed()
 
     # --- the process's output -----------------------------------------------------------
 

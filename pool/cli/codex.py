@@ -27,7 +27,6 @@ import asyncio
 import os
 import re
 import signal
-from pathlib import Path
 from typing import Any, Callable
 
 import structlog
@@ -40,6 +39,7 @@ from .codex_rpc import CodexRpc, RpcClosed, RpcError
 from .codex_thread import CodexThread
 from .driver import DriverConfig, DriverError, credentials_stamp
 from .events import CliHealth, ConversationSetup
+from .private import private_dir
 from .proc import JsonLineProcess, find_binary
 
 __all__ = ["CodexDriver"]
@@ -84,8 +84,8 @@ class CodexDriver:
     async def start(self) -> CliHealth:
         env = {**self.config.env, "CODEX_HOME": self.config.home}
         binary = native_binary(find_binary(self.config.command, "codex", env), env)
-        Path(self.config.home).mkdir(parents=True, exist_ok=True)
-        Path(self.config.cwd).mkdir(parents=True, exist_ok=True)
+        private_dir(self.config.home)
+        private_dir(self.config.cwd)
         argv = app_server_argv(binary, chat=self.config.mode == "chat", options=self.options)
         self.process = await JsonLineProcess.spawn(argv, env=env, cwd=self.config.cwd,
                                                    label="codex app-server")

@@ -32,6 +32,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, Sequence
 
+from .private import private_dir
 from .proc import JsonLineProcess, find_binary
 
 __all__ = ["LoginChallenge", "LoginFailed", "LoginUnsupported", "CliLogin", "ClaudeLogin",
@@ -109,7 +110,7 @@ class ClaudeLogin:
         self._code = ""
 
     async def begin(self, timeout: float) -> LoginChallenge:
-        os.makedirs(self.home, exist_ok=True)
+        private_dir(self.home)
         master, slave = os.openpty()
         # wide enough that the URL is never wrapped across lines
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 4000, 0, 0))
@@ -204,7 +205,7 @@ class CodexLogin:
         self._reader: asyncio.Task[None] | None = None
 
     async def begin(self, timeout: float) -> LoginChallenge:
-        os.makedirs(self.home, exist_ok=True)
+        private_dir(self.home)
         loop = asyncio.get_running_loop()
         self._done = loop.create_future()
         self.proc = await JsonLineProcess.spawn(self.argv, env=self.env, cwd=self.home,

@@ -40,7 +40,8 @@ from .events import (
 from .qwen_events import QwenTurnParser, UsageTotals, is_login_error
 from .qwen_home import QwenHome
 from .qwen_tools import PREFIX, SdkToolServer
-from .qwen_transcript import write_transcript
+from .qwen_transcript import forget_session, forget_sessions, write_transcript
+from .private import private_dir
 from .proc import JsonLineProcess, find_binary
 from .turns import guarded
 
@@ -97,8 +98,9 @@ class QwenDriver:
 
     async def start(self) -> CliHealth:
         self.command = find_binary(self.config.command, "qwen", self.config.env)
-        self.home.mkdir(parents=True, exist_ok=True)
-        Path(self.config.cwd).mkdir(parents=True, exist_ok=True)
+        private_dir(self.home)
+        private_dir(self.config.cwd)
+        forget_sessions(self.home, self.config.cwd)  # left by a worker that died
         self.account.write()
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -161,6 +163,7 @@ class QwenConversation:
         self._resumable = True   # false after a crash: the session on disk is suspect
         self._interrupted = False
         self._requests = 0
+        self._sessions: set[str] = set()  # every session id it had: deleted on close
 
     @property
     def session_id(self) -> str | None:
@@ -169,6 +172,7 @@ class QwenConversation:
     def resume_from(self, session_id: str) -> None:
         """Start the process with ``--resume session_id`` (a written transcript)."""
         self._session_id = session_id
+        self._sessions.add(session_id)
 
     async def _read(self, timeout: float) -> dict[str, Any] | None:
         """The CLI's next JSON line; None at EOF. TimeoutError after ``timeout`` s of silence."""
@@ -240,6 +244,8 @@ class QwenConversation:
                     if response.get("request_id") == request_id:
                         sid = (response.get("response") or {}).get("session_id")
                         self._session_id = str(sid) if sid else self._session_id
+                        if sid:
+                            self._sessions.add(str(sid))
                         initialized = True
                 elif obj.get("type") == "control_request":
                     await self._answer_control(obj)
@@ -341,6 +347,7 @@ class QwenConversation:
                     if event.session_id == self._session_id:
                         continue
                     self._session_id = event.session_id
+                    self._sessions.add(event.session_id)
                 elif isinstance(event, PendingToolCall) and self._tools is not None:
                     self._tools.called(event)
                 yield event
@@ -373,5 +380,10 @@ class QwenConversation:
 
     async def close(self) -> None:
         self._closed = True
-        if self._proc is not None:
-            await self._proc.close()
+        try:
+            if self._proc is not None:
+                await self._proc.close()
+        finally:  # the process is gone: the conversation's text leaves the disk with it
+            config = self.driver.config
+            for session_id in self._sessions:
+                forget_session(config.home, config.cwd, session_id)

@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from .private import FILE_MODE, private_dir, write_private
+
 __all__ = ["QwenHome"]
 
 _SETTINGS: dict[str, Any] = {
@@ -63,12 +65,11 @@ class QwenHome:
         defaults: dict[str, Any] = dict(_SETTINGS)
         if not isinstance(settings.get("security", {}).get("auth", {}).get("selectedType"), str):
             defaults["security"] = {"auth": {"selectedType": self.auth_type}}
+        private_dir(self.home, ".qwen")
         if _merge(settings, defaults) or not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(settings, indent=2))
-            os.chmod(tmp, 0o600)
-            tmp.replace(path)
+            write_private(path, json.dumps(settings, indent=2).encode())
+        else:
+            os.chmod(path, FILE_MODE)
 
     def has_credentials(self) -> bool:
         """For ``openai`` auth: a key in the environment, settings.json or an .env file."""
