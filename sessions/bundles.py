@@ -32,8 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from pool.cli.private import private_dir
-
 __all__ = ["BUNDLE_FILES", "CREDENTIAL_FILES", "MAX_FILES", "MAX_BYTES", "BundleError",
            "Manifest", "export_bundle", "read_bundle", "import_bundle", "has_credentials",
            "fingerprint"]
@@ -140,7 +138,7 @@ def import_bundle(data: bytes, cli: str, home: str | os.PathLike[str]) -> Manife
     """Check ``data`` and write its files 0600 into ``home``; all or nothing."""
     manifest, members = read_bundle(data, cli)
     root = Path(home)
-    private_dir(root)
+    _private_dirs(root)
     real = root.resolve()
     for name in members:
         parent = (root / name).parent
@@ -160,13 +158,25 @@ def import_bundle(data: bytes, cli: str, home: str | os.PathLike[str]) -> Manife
                 os.fsync(fh.fileno())
         for index, name in enumerate(members):
             target = real / name
-            private_dir(real, *Path(name).parts[:-1])
+            _private_dirs(real, *Path(name).parts[:-1])
             os.replace(staging / str(index), target)
     finally:
         for leftover in staging.iterdir():
             leftover.unlink()
         staging.rmdir()
     return manifest
+
+
+def _private_dirs(root: Path, *parts: str) -> None:
+    """``root`` and each level of ``parts`` under it, created or made 0700 one
+    at a time (modes set again with chmod: the umask is not trusted either way)."""
+    level = root
+    for step in ("", *parts):
+        level = level / step if step else level
+        if not level.is_dir():
+            level.parent.mkdir(parents=True, exist_ok=True)  # above the home: not ours
+            level.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(level, 0o700)
 
 
 # --- checking an archive ---------------------------------------------------------------
