@@ -16,14 +16,17 @@ import sys
 from typing import Any
 
 import orjson
+import structlog
 
 from .. import worker_main
-from .driver import DriverConfig
+from .driver import DriverConfig, DriverError
 from .host import CliHost
 from .private import private_dir
 from .registry import make_driver
 
 ENV_CONFIG = "POOLGATE_CLI_CONFIG"
+EXIT_REFUSED = 78  # EX_CONFIG: the driver refused to start (the log says why)
+log = structlog.get_logger("pool.cli")
 
 
 def driver_config(data: dict[str, Any]) -> DriverConfig:
@@ -53,6 +56,11 @@ async def _main(data: dict[str, Any]) -> None:
                    login_recheck=float(data.get("login_recheck", 5)))
     try:
         await worker_main.serve(host.answer, setup=host.start, calls={"status": host.status})
+    except DriverError as exc:
+        # the account cannot run as it is on disk or configured: say why, once, and
+        # exit with EX_CONFIG (the supervisor backs off; /internal/workers shows the code)
+        log.error("cli.start_refused", worker=config.name, cli=config.cli, reason=str(exc))
+        raise SystemExit(EXIT_REFUSED) from None
     finally:
         await host.aclose()
 

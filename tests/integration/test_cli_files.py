@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from pathlib import Path
 
 import httpx
@@ -102,3 +103,24 @@ def test_qwen_transcripts_and_settings_are_private_and_transcripts_go(tmp_path, 
             wait_for(lambda: not any(p.exists() for p in first), timeout=10)
             http.post("/internal/workers/qwen-a/stop", headers=ADMIN).raise_for_status()
             wait_for(lambda: not _transcripts(home / ".qwen" / "projects"), timeout=15)
+
+
+NOT_STRICT = b'{\n  // the account\'s key\n  "security": {"auth": {"apiKey": "sk-keep-me"}},\n}\n'
+
+
+def test_qwen_settings_that_are_not_strict_json_are_refused_never_rewritten(tmp_path, capfd):
+    settings = tmp_path / "q" / ".qwen" / "settings.json"
+    settings.parent.mkdir(parents=True)
+    settings.write_bytes(NOT_STRICT)
+    with FakeUpstream(api_key=KEY, models=("qwen-coder",)) as upstream:
+        worker = fake_cli_worker("qwen", "qwen-a", tmp_path / "q", upstream.url,
+                                 tmp_path / "qwen.log", api_key=KEY)
+        with _gateway(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
+            said: list[str] = []
+            wait_for(lambda: said.extend(capfd.readouterr()) or "cli.start_refused" in "".join(said),
+                     timeout=15)
+            time.sleep(1)  # restarts with backoff, refused again each time
+            assert worker_info(http)["qwen-a"]["state"] != "ready"
+    assert settings.read_bytes() == NOT_STRICT
+    text = "".join(said) + "".join(capfd.readouterr())
+    assert "is not strict JSON (line 2, column 3" in text and "sk-keep-me" not in text
