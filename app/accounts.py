@@ -159,6 +159,6 @@ def _marker(home: str) -> str | None:
 
 def _write_marker(home: str, digest: str) -> None:
     path = Path(home, MARKER)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as fh:
         json.dump({"sha256": digest}, fh)
