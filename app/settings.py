@@ -28,7 +28,7 @@ from .account_settings import missing_account_secrets, resolve_account
 from .key_settings import KeySettings, missing_key_secrets, resolve_key_secrets
 from .worker_settings import (
     DEFAULT_LOCAL_MODEL, DEFAULT_WORKER, EMBEDDED_SAMPLING, SamplingDefaultsSettings, WorkerSettings,
-    default_model_name,
+    check_homes, default_model_name,
 )
 
 __all__ = [
@@ -135,10 +135,14 @@ class ServerSettings(BaseModel):
                 raise ValueError(f"key name {name!r} must be letters, digits, '.', '_' or '-'")
             if name in self.api_keys:
                 raise ValueError(f"key {name!r} is both in api_keys and in keys")
-        secrets = [s.get_secret_value() for s in self.api_keys.values()]
-        secrets += [k.secret.get_secret_value() for k in self.keys.values() if k.secret]
-        if len(set(secrets)) != len(secrets):
-            raise ValueError("two api keys have the same secret")
+        owners: dict[str, str] = {}  # secret -> the first key name holding it
+        named = [(n, s.get_secret_value()) for n, s in self.api_keys.items()]
+        named += [(n, k.secret.get_secret_value()) for n, k in self.keys.items() if k.secret]
+        for name, secret in named:
+            first = owners.setdefault(secret, name)
+            if first != name:  # the operator's own config: naming both keys reveals nothing
+                raise ValueError(f"keys {first!r} and {name!r} have the same secret: each key "
+                                 "name needs its own")
         return self
 
     def plain_api_keys(self) -> dict[str, str]:
@@ -244,6 +248,7 @@ class Settings(BaseSettings):
                     raise ValueError(
                         f"workers[{i}] serves {name!r} as {target!r} but workers[{first[1]}] serves it as {first[0]!r}"
                     )
+        check_homes(workers)
         return workers
 
     @model_validator(mode="after")

@@ -112,7 +112,12 @@ class KeyRing:
         self._required = True
 
     def add(self, name: str, secret_digest: bytes) -> None:
-        """Accept the key whose secret has ``secret_digest`` as ``name`` (replacing its old secret)."""
+        """Accept the key whose secret has ``secret_digest`` as ``name`` (replacing its old
+        secret). A secret another name holds is refused (ValueError naming only ``name``):
+        one secret would otherwise identify as whichever name came last."""
+        holder = self._by_digest.get(secret_digest)
+        if holder is not None and holder != name:
+            raise ValueError(f"key {name!r}: its secret is already another key's")
         self.remove(name)
         self._by_digest[secret_digest] = name
         self._by_name[name] = secret_digest

@@ -109,7 +109,7 @@ async def create_key(request: Request) -> Response:
         if name in gw.config_keys or name in gw.keyring.names:
             raise Conflict(f"A key named '{name}' already exists.", param="name",
                            code="key_exists")
-        secret = SECRET_PREFIX + secrets.token_urlsafe(32)
+        secret = _new_secret(gw)
         assert gw.keystore is not None
         try:
             await asyncio.to_thread(gw.keystore.create, name, digest(secret), fields)
@@ -123,6 +123,17 @@ async def create_key(request: Request) -> Response:
     apply_policy(gw, policy_from_mapping(name, fields))
     log.info("admin.key_created", name=name)
     return json_response({**_entry(gw, name, {}), "secret": secret}, status=201)
+
+
+def _new_secret(gw: Gateway) -> str:
+    """A secret no key holds. The gateway draws it (a client never chooses one), so a
+    clash can only be a CSPRNG collision: a new secret is drawn, silently. Answering
+    409 instead would tell the caller that some other key has that secret."""
+    for _ in range(3):
+        secret = SECRET_PREFIX + secrets.token_urlsafe(32)
+        if not gw.keyring.knows_secret(digest(secret)):
+            return secret
+    raise GatewayError("Could not draw a fresh key secret; try again.")
 
 
 def _runtime_key(gw: Gateway, request: Request) -> Response | None:
