@@ -27,7 +27,7 @@ from .driver import DriverConfig, DriverError, credentials_stamp
 from .events import (TERMINAL, CliEvent, CliHealth, ConversationSetup, ToolAnswer, Turn,
                      TurnFailed)
 from .private import private_dir
-from .proc import JsonLineProcess, find_binary
+from .proc import JsonLineProcess, find_binary, run_probe
 
 __all__ = ["ClaudeDriver", "ClaudeConversation"]
 
@@ -41,6 +41,7 @@ _QUIET_ENV = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDA
               "MCP_TOOL_TIMEOUT": "100000000"}  # a held client tool call may take long
 _AUTH_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN")
 _SERVER = "gw"
+_PROBE_TIMEOUT = 30.0  # seconds for ``claude --version``
 
 
 class ClaudeDriver:
@@ -64,13 +65,10 @@ class ClaudeDriver:
         private_dir(self.config.home)
         private_dir(self.config.cwd)
         forget_sessions(self.config.home, self.config.cwd)  # left by a worker that died
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *self._argv0, "--version", stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL, stdin=asyncio.subprocess.DEVNULL,
-                env=self.env, cwd=self.config.cwd)
-            async with asyncio.timeout(30):
-                out, _ = await proc.communicate()
+        try:  # a probe that hangs is killed (idle_timeout: silence that counts as hung)
+            _, out, _ = await run_probe([*self._argv0, "--version"], env=self.env,
+                                        cwd=self.config.cwd,
+                                        timeout=min(_PROBE_TIMEOUT, self.config.idle_timeout))
         except (OSError, TimeoutError) as exc:
             raise DriverError(f"cannot run {self._argv0[0]} --version ({type(exc).__name__})") from None
         match = re.search(rb"\d+\.\d+\.\d+", out or b"")

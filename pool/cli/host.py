@@ -40,6 +40,9 @@ DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 _STOP = {"end_turn": "stop", "max_tokens": "length", "stop_sequence": "stop_sequence",
          "refusal": "content_filter"}
 _RATE_LIMIT_DEFAULT = 60.0  # seconds of cooldown when the CLI does not say when the limit resets
+#: a discarded conversation is dead within this (interrupt, EOF, SIGTERM, SIGKILL, reap)
+DISCARD_DEADLINE = 10.0
+_INTERRUPT_SHARE = 0.3  # of the deadline, at most, for a polite interrupt before closing
 
 
 @dataclass(eq=False)
@@ -71,6 +74,10 @@ class CliHost:
         # the credentials stamp a turn was refused with (a tuple: the stamp may be None)
         self._refused: tuple[object] | None = None
         self._closing: set[asyncio.Future[None]] = set()
+        # max_conversations counts what is live, being opened and being killed
+        self._opening = 0
+        self._dying: set[_Slot] = set()
+        self._freed = asyncio.Event()  # set (and replaced) whenever room may have been freed
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -198,7 +205,7 @@ class CliHost:
             history=history if loads else (), max_tokens=request.sampling.max_tokens,
             effort=request.reasoning_effort, thinking_budget=request.thinking_budget)
         turn = new if loads or not history else (flatten(history, new),)
-        await self._make_room()
+        await self._make_room()  # reserves the room: from here on it is counted as opening
         try:
             conv = await self.driver.open(setup)
         except GatewayError:
@@ -208,17 +215,41 @@ class CliHost:
                         detail=str(exc)[:300])
             raise UpstreamUnavailable(f"worker {self.config.name} could not start a "
                                       f"{self.config.cli} conversation") from None
+        finally:
+            self._opening -= 1
+            self._notify_freed()
         slot = _Slot(conv, setup)
         self._slots.append(slot)
         return slot, conv.send(Turn(turn))
 
+    def _in_use(self) -> int:
+        return len(self._slots) + self._opening + len(self._dying)
+
+    def _notify_freed(self) -> None:
+        self._freed.set()
+        self._freed = asyncio.Event()
+
     async def _make_room(self) -> None:
-        if len(self._slots) < self.config.max_conversations:
-            return
-        idle = [s for s in self._slots if not s.busy]
-        if not idle:
-            raise Overloaded(f"worker {self.config.name} has no free conversation", retry_after=1)
-        await self._discard(min(idle, key=lambda s: s.last_used))
+        """Reserve room for one more conversation: live, opening and dying ones all
+        count, so concurrent first turns never run more than ``max_conversations``
+        CLI processes. The least recently used idle one makes way (and is dead
+        before its room is taken); with none idle, a dying one is waited for."""
+        while self._in_use() >= self.config.max_conversations:
+            idle = [s for s in self._slots if not s.busy]
+            if idle:
+                await self._discard(min(idle, key=lambda s: s.last_used))
+                continue
+            if not self._dying:
+                raise Overloaded(f"worker {self.config.name} has no free conversation",
+                                 retry_after=1)
+            freed = self._freed  # taken before any await: no wake-up is lost
+            try:
+                async with asyncio.timeout(DISCARD_DEADLINE + 5):
+                    await freed.wait()
+            except TimeoutError:
+                raise Overloaded(f"worker {self.config.name} has no free conversation",
+                                 retry_after=1) from None
+        self._opening += 1
 
     async def _translate(self, steps: AsyncIterator[Any], answer: list[Any]) -> AsyncIterator[Event]:
         """The driver's events as canonical ones; ``answer`` collects the parts a
@@ -313,17 +344,27 @@ class CliHost:
             task.add_done_callback(self._closing.discard)
 
     async def _discard(self, slot: _Slot, *, interrupt: bool = False) -> None:
+        """Close ``slot``'s conversation within :data:`DISCARD_DEADLINE`; its room
+        stays taken (``_dying``) until the close returned, i.e. until the CLI
+        process is reaped (a close cut short by the deadline SIGKILLs and reaps
+        on its way out, see :meth:`pool.cli.proc.JsonLineProcess.close`)."""
         with contextlib.suppress(ValueError):
             self._slots.remove(slot)
         if slot.release is not None:
             slot.release.cancel()
+        self._dying.add(slot)
         try:
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(DISCARD_DEADLINE):
                 if interrupt and slot.conv.alive:
-                    await slot.conv.interrupt()
+                    with contextlib.suppress(TimeoutError):  # the close below is what counts
+                        async with asyncio.timeout(DISCARD_DEADLINE * _INTERRUPT_SHARE):
+                            await slot.conv.interrupt()
                 await slot.conv.close()
         except Exception as exc:  # noqa: BLE001 - closing must not fail the request path
             log.warning("cli.close_failed", worker=self.config.name, error=type(exc).__name__)
+        finally:
+            self._dying.discard(slot)
+            self._notify_freed()
 
     async def _reap_forever(self) -> None:
         interval = max(1.0, min(30.0, self.conversation_idle / 4))

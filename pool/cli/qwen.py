@@ -42,7 +42,7 @@ from .qwen_home import QwenHome
 from .qwen_tools import PREFIX, SdkToolServer
 from .qwen_transcript import forget_session, forget_sessions, write_transcript
 from .private import private_dir
-from .proc import JsonLineProcess, find_binary
+from .proc import JsonLineProcess, find_binary, run_probe
 from .turns import guarded
 
 __all__ = ["QwenDriver", "QwenConversation", "CHAT_EXCLUDED_TOOLS"]
@@ -102,16 +102,14 @@ class QwenDriver:
         private_dir(self.config.cwd)
         forget_sessions(self.home, self.config.cwd)  # left by a worker that died
         self.account.write()
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *self.command, "--version", env=self.env(), cwd=self.config.cwd,
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE)
-            out, err = await asyncio.wait_for(proc.communicate(), _HANDSHAKE_TIMEOUT)
-        except (OSError, asyncio.TimeoutError) as exc:
+        try:  # a probe that hangs is killed (idle_timeout: silence that counts as hung)
+            code, out, err = await run_probe(
+                [*self.command, "--version"], env=self.env(), cwd=self.config.cwd,
+                timeout=min(_HANDSHAKE_TIMEOUT, self.config.idle_timeout))
+        except (OSError, TimeoutError) as exc:
             raise DriverError(f"qwen: cannot run {self.command[0]}: {exc!r}") from None
-        if proc.returncode != 0:
-            raise DriverError(f"qwen --version exited {proc.returncode}: "
+        if code != 0:
+            raise DriverError(f"qwen --version exited {code}: "
                               f"{err.decode(errors='replace').strip()[-300:]}")
         self.version = out.decode(errors="replace").strip().splitlines()[-1] if out.strip() else None
         log.info("cli.qwen.started", worker=self.config.name, version=self.version)
