@@ -57,8 +57,8 @@ async def _main(data: dict[str, Any]) -> None:
     try:
         await worker_main.serve(host.answer, setup=host.start, calls={"status": host.status})
     except DriverError as exc:
-        # the account cannot run as it is on disk or configured: say why, once, and
-        # exit with EX_CONFIG (the supervisor backs off; /internal/workers shows the code)
+        # the account cannot run as it is on disk or configured: say why (the log is
+        # where an operator sees it) and exit with EX_CONFIG; the supervisor backs off
         log.error("cli.start_refused", worker=config.name, cli=config.cli, reason=str(exc))
         raise SystemExit(EXIT_REFUSED) from None
     finally:
