@@ -210,6 +210,7 @@ def _write_members(home_fd: int, members: Mapping[str, bytes]) -> None:
     os.mkdir(staging, 0o700, dir_fd=home_fd)
     staging_fd = _open_dir(home_fd, staging, "the staging directory")
     try:
+        os.fchmod(staging_fd, 0o700)  # whatever the umask left of mkdir's mode
         for index, content in enumerate(members.values()):
             fd = os.open(str(index), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
                          dir_fd=staging_fd)
