@@ -1,0 +1,88 @@
+"""The hot path fails loudly, never silently (issue 21, section 5): a stream
+whose response start fails or is cancelled gives its admission slot and its
+upstream request back; a client that leaves mid-upload is a 499, not a 500;
+a server whose ``receive()`` cannot be driven without a task still has its
+departed clients noticed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any, Iterator
+
+import httpx
+import pytest
+
+from app.factory import create_app
+from tests.fakes.upstreams import FakeUpstream
+from tests.support.server import ServerThread
+
+from .conftest import ADMIN_TOKEN, CLIENT_KEY, OPENAI_MODEL, gateway_settings
+
+AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
+ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+IDLE = {"openai-up": 0, "anthropic-up": 0, "slow-up": 0}
+
+
+def _wait(predicate: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def _in_flight(url: str) -> dict[str, int]:
+    return httpx.get(url + "/internal/stats", headers=ADMIN).json()["in_flight"]
+
+
+def _hanging_stream(first_after: int = 2) -> dict[str, Any]:
+    return {"model": OPENAI_MODEL, "stream": True,
+            "messages": [{"role": "user", "content": f"[[hang-after:{first_after}]] a b c d"}]}
+
+
+class FailingStart:
+    """The gateway app behind a server whose ``send`` of a stream's response
+    start fails (``raise``) or is cancelled (``cancel``): what a client gone at
+    that instant, or a server shutting down, does to the response."""
+
+    def __init__(self, app: Any, mode: str) -> None:
+        self.app = app
+        self.mode = mode
+        self.state = app.state
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] != "/v1/chat/completions":
+            await self.app(scope, receive, send)
+            return
+
+        async def failing_send(message: dict[str, Any]) -> None:
+            headers = dict(message.get("headers", ()))
+            if (message["type"] == "http.response.start"
+                    and headers.get(b"content-type", b"").startswith(b"text/event-stream")):
+                if self.mode == "raise":
+                    raise ConnectionResetError("the client left as the response started")
+                task = asyncio.current_task()
+                assert task is not None
+                task.cancel()
+                await asyncio.sleep(0)  # cancelled here, inside send()
+            await send(message)
+
+        await self.app(scope, receive, failing_send)
+
+
+@pytest.mark.parametrize("mode", ["raise", "cancel"])
+@pytest.mark.parametrize("first_after", [0, 2], ids=["worker-pending", "first-event-in"])
+def test_a_failed_response_start_gives_back_the_slot_and_the_upstream(
+        fake_upstream: FakeUpstream, mode: str, first_after: int) -> None:
+    app = create_app(gateway_settings(fake_upstream))
+    before = fake_upstream.disconnects
+    with ServerThread(FailingStart(app, mode)) as srv:
+        with httpx.Client(base_url=srv.url, timeout=30) as client:
+            # uvicorn answers the failed start with its own 500
+            r = client.post("/v1/chat/completions", json=_hanging_stream(first_after),
+                            headers=AUTH)
+            assert r.status_code == 500
+        # the slot is back and the fake upstream saw its request closed
+        _wait(lambda: _in_flight(srv.url) == IDLE)
+        _wait(lambda: fake_upstream.disconnects > before)
