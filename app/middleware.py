@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 
 import orjson
 import structlog
+from starlette.requests import ClientDisconnect
 
 from auth.keys import KeyRing, TokenGate, extract_key_from_raw, extract_key_from_scope
 from pool.errors import AuthenticationFailed, GatewayError, NotFound, PayloadTooLarge
@@ -98,9 +99,18 @@ class GatewayMiddleware:
                                                    record)
                     del raw  # read: not held by this frame for as long as a stream is open
                     await response(scope, receive, send_with_id)
+                except ClientDisconnect:
+                    raise  # no answer to give, nothing of ours failed: see below
                 except Exception as exc:
                     await route.failed(exc, record, scope, receive, send_with_id)
                     raise
+        except ClientDisconnect:
+            # the client left before its request was read (mid-upload): a
+            # client disconnect (499 in the log and the metrics), not a 500
+            # with a traceback; there is nobody to answer
+            record.status = 499
+            record.error = "client_disconnected"
+            record.disconnected = True
         finally:
             record.duration = time.perf_counter() - started
             self.on_finish(record)

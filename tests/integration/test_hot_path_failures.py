@@ -86,3 +86,53 @@ def test_a_failed_response_start_gives_back_the_slot_and_the_upstream(
         # the slot is back and the fake upstream saw its request closed
         _wait(lambda: _in_flight(srv.url) == IDLE)
         _wait(lambda: fake_upstream.disconnects > before)
+
+
+# --- a client that leaves mid-upload ------------------------------------------
+
+@pytest.fixture(scope="module")
+def served(fake_upstream: FakeUpstream) -> Iterator[ServerThread]:
+    with ServerThread(create_app(gateway_settings(fake_upstream))) as srv:
+        yield srv
+
+
+def _requests_counted(url: str, path_dialect: str, status: int) -> float:
+    text = httpx.get(url + "/metrics", headers={"authorization": "Bearer metrics-secret-token"}).text
+    total = 0.0
+    for line in text.splitlines():
+        if (line.startswith("poolgate_requests_total{") and f'dialect="{path_dialect}"' in line
+                and f'status="{status}"' in line):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+@pytest.mark.parametrize("path,dialect", [("/v1/chat/completions", "openai_chat"),
+                                          ("/v1/messages", "anthropic"),
+                                          ("/v1/responses", "openai_responses"),
+                                          ("/internal/workers", None)])
+def test_a_client_gone_mid_upload_is_a_499_without_a_traceback(
+        served: ServerThread, caplog: pytest.LogCaptureFixture, path: str,
+        dialect: str | None) -> None:
+    import socket
+
+    import structlog
+
+    before_499 = _requests_counted(served.url, dialect, 499)
+    before_500 = _requests_counted(served.url, dialect, 500)
+    body = json.dumps({"model": OPENAI_MODEL, "messages": [{"role": "user", "content": "x" * 500}]})
+    token = CLIENT_KEY if dialect is not None else ADMIN_TOKEN  # an operator route on Starlette
+    head = (f"POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n").encode()
+    with structlog.testing.capture_logs() as logs:
+        with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+            sock.sendall(head + body[:100].encode())  # part of the body, then gone
+            time.sleep(0.2)
+        _wait(lambda: any(e["event"] == "http.request" and e.get("path") == path for e in logs))
+    [line] = [e for e in logs if e["event"] == "http.request" and e.get("path") == path]
+    assert line["status"] == 499 and line["error"] == "client_disconnected"
+    assert line["log_level"] == "info"
+    assert not [e for e in logs if e["log_level"] in ("error", "critical")]
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL") or r.exc_info]
+    if dialect is not None:  # requests of the API are counted by dialect
+        assert _requests_counted(served.url, dialect, 499) == before_499 + 1
+        assert _requests_counted(served.url, dialect, 500) == before_500
