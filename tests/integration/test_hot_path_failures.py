@@ -136,3 +136,44 @@ def test_a_client_gone_mid_upload_is_a_499_without_a_traceback(
     if dialect is not None:  # requests of the API are counted by dialect
         assert _requests_counted(served.url, dialect, 499) == before_499 + 1
         assert _requests_counted(served.url, dialect, 500) == before_500
+
+
+# --- a server whose receive() needs a task ------------------------------------
+
+class ScopedReceive:
+    """The gateway app behind a server whose ``receive()`` opens an anyio cancel
+    scope (as anyio-based servers and middlewares do): it needs a task to run
+    in, so the task-less watch of open streams cannot drive it."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.state = app.state
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        import anyio
+
+        async def scoped_receive() -> Any:
+            with anyio.CancelScope():
+                return await receive()
+
+        await self.app(scope, scoped_receive if scope["type"] == "http" else receive, send)
+
+
+def test_a_receive_that_needs_a_task_is_still_watched(fake_upstream: FakeUpstream) -> None:
+    import structlog
+
+    app = create_app(gateway_settings(fake_upstream))
+    before = fake_upstream.disconnects
+    with structlog.testing.capture_logs() as logs:
+        with ServerThread(ScopedReceive(app)) as srv:
+            for _ in range(2):  # the second stream on the task watcher from the start
+                with httpx.Client(base_url=srv.url, timeout=30) as client:
+                    with client.stream("POST", "/v1/chat/completions", json=_hanging_stream(),
+                                       headers=AUTH) as r:
+                        assert r.status_code == 200
+                        next(line for line in r.iter_lines() if line.startswith("data: "))
+                # the client left: its slot and its upstream request are given back
+                _wait(lambda: _in_flight(srv.url) == IDLE)
+            _wait(lambda: fake_upstream.disconnects >= before + 2)
+    warnings = [e for e in logs if e["event"] == "stream.watch_fallback"]
+    assert len(warnings) == 1 and warnings[0]["log_level"] == "warning"
