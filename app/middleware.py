@@ -5,6 +5,8 @@ Pure ASGI rather than ``BaseHTTPMiddleware`` because it sits on every request
 of the hot path and must not buffer streamed responses. It is the outermost
 layer of the app, and hands an admitted inference request straight to its
 plain-ASGI route (:mod:`app.hot`); everything else goes on to Starlette.
+A client that leaves before its request was read (``ClientDisconnect``, from
+any route) is recorded as a 499 ``client_disconnected``: no 500, no traceback.
 """
 
 from __future__ import annotations
