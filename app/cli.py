@@ -147,7 +147,7 @@ def build_server(app: Any, settings: Settings) -> Any:
     """The uvicorn server for ``app``, configured from ``settings`` (not started)."""
     import uvicorn  # lazily, so `check-config` and `version` stay quick
 
-    from app.protocol import lean_protocol
+    from app.protocol_check import lean_protocol
 
     server = settings.server
     config = uvicorn.Config(

@@ -15,7 +15,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.cli import build_server
 from app.factory import create_app
-from app.protocol import LeanHttpToolsProtocol, lean_protocol, lean_state, self_test
+from app.protocol import LeanHttpToolsProtocol, lean_state
+from app.protocol_check import lean_protocol, self_test
 from app.settings import Settings
 from tests.support.server import ServerThread
 
