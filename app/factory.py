@@ -25,6 +25,7 @@ from pool.process import ProcessSpec, ProcessWorker
 from pool.routing import make_policy
 from pool.supervisor import SupervisorPolicy
 from pool.remote import RemoteSpec, make_remote_worker
+from pool.remote.lean_check import self_test as lean_self_test
 from pool.remote.policy import PassPolicy
 
 from .accounts import Accounts
@@ -62,8 +63,9 @@ def _secret(value: Any) -> str | None:
 Spec = RemoteSpec | ProcessSpec | LocalSpec | CliSpec
 
 
-def worker_specs(settings: Any) -> list[Spec]:
-    """The worker specs the configuration asks for, in order."""
+def worker_specs(settings: Any, *, lean: bool = True) -> list[Spec]:
+    """The worker specs the configuration asks for, in order (``lean``: see
+    :attr:`RemoteSpec.lean`)."""
     specs: list[Spec] = []
     for w in settings.workers:
         if w.kind == "local":
@@ -80,18 +82,18 @@ def worker_specs(settings: Any) -> list[Spec]:
                 backoff_max=w.backoff_max, crash_loop_threshold=w.crash_loop_threshold,
                 crash_loop_window=w.crash_loop_window, stop_timeout=w.stop_timeout))
         else:
-            specs.append(remote_spec(w))
+            specs.append(remote_spec(w, lean=lean))
     return specs
 
 
-def remote_spec(w: Any) -> RemoteSpec:
+def remote_spec(w: Any, *, lean: bool = True) -> RemoteSpec:
     """A ``remote`` worker's spec from its settings (configured or registered at run time)."""
     return RemoteSpec(
         name=w.name, dialect=w.dialect, url=w.url, api_key=_secret(w.api_key),
         models=tuple(w.models), aliases=dict(w.aliases),
         connect_timeout=w.connect_timeout, first_byte_timeout=w.first_byte_timeout,
         idle_timeout=w.idle_timeout, max_connections=w.max_connections,
-        max_in_flight=w.max_in_flight, policy=pass_policy(w))
+        max_in_flight=w.max_in_flight, policy=pass_policy(w), lean=lean)
 
 
 def pass_policy(w: Any) -> PassPolicy:
@@ -184,8 +186,9 @@ def create_app(settings: Any) -> Starlette:
                 await _start_redis(gw, stack)
             await open_state(gw, server.state_dir, stack)
             await gw.accounts.import_configured()  # bundles land before the CLIs start
+            gw.remote_lean = await _remote_swap_checked()
             # in a thread: finding the default model may download it (blocking urlopen)
-            specs = await asyncio.to_thread(worker_specs, settings)
+            specs = await asyncio.to_thread(worker_specs, settings, lean=gw.remote_lean)
             if not specs and settings.server.demo:
                 specs = await _start_demo(stack)
             gw.pool = Pool([make_worker(spec, settings.environment, gw.cli_sessions)
@@ -275,7 +278,7 @@ async def _open_runtime_workers(gw: Gateway, settings: Any, registrations: Any,
     """Remote workers registered at run time, kept in step with their store
     (Redis: polled with the link's health probe, see ``_start_redis``)."""
     def make(worker: Any) -> Any:
-        return make_remote_worker(remote_spec(worker))
+        return make_remote_worker(remote_spec(worker, lean=gw.remote_lean))
 
     runtime = RuntimeWorkers(gw, registrations, environ=settings.environment, make=make)
     gw.runtime_workers = runtime
@@ -335,6 +338,17 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
                            status=exc.status_code)
         err.kind = "invalid_request"
     return error_response(err, _dialect(request), dict(exc.headers or {}))
+
+
+async def _remote_swap_checked() -> bool:
+    """Whether remote workers make their streamed responses lean: only if the
+    swap's self-test passes on this aiohttp (``remote.swap`` on or off)."""
+    failure = await lean_self_test()
+    if failure is None:
+        log.info("remote.swap", state="on")
+        return True
+    log.warning("remote.swap", state="off", reason=failure)
+    return False
 
 
 async def _unhandled(request: Request, exc: Exception) -> Response:

@@ -66,6 +66,7 @@ class Gateway:
     drains: Drains = field(default_factory=lambda: Drains(MemoryDrainedSet()))
     accounts: Any = None  # cli accounts: bundles (app/accounts.py)
     logins: Any = None  # cli accounts: logins (app/logins.py)
+    remote_lean: bool = True  # remote workers' lean responses (their self-test passed)
     _tasks: set[Any] = field(default_factory=set)
 
     async def admit(self, chat: ChatRequest, headers: Mapping[str, str], key: str,

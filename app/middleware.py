@@ -5,6 +5,8 @@ Pure ASGI rather than ``BaseHTTPMiddleware`` because it sits on every request
 of the hot path and must not buffer streamed responses. It is the outermost
 layer of the app, and hands an admitted inference request straight to its
 plain-ASGI route (:mod:`app.hot`); everything else goes on to Starlette.
+A client that leaves before its request was read (``ClientDisconnect``, from
+any route) is recorded as a 499 ``client_disconnected``: no 500, no traceback.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any, Callable, Mapping
 
 import orjson
 import structlog
+from starlette.requests import ClientDisconnect
 
 from auth.keys import KeyRing, TokenGate, extract_key_from_raw, extract_key_from_scope
 from pool.errors import AuthenticationFailed, GatewayError, NotFound, PayloadTooLarge
@@ -98,9 +101,18 @@ class GatewayMiddleware:
                                                    record)
                     del raw  # read: not held by this frame for as long as a stream is open
                     await response(scope, receive, send_with_id)
+                except ClientDisconnect:
+                    raise  # no answer to give, nothing of ours failed: see below
                 except Exception as exc:
                     await route.failed(exc, record, scope, receive, send_with_id)
                     raise
+        except ClientDisconnect:
+            # the client left before its request was read (mid-upload): a
+            # client disconnect (499 in the log and the metrics), not a 500
+            # with a traceback; there is nobody to answer
+            record.status = 499
+            record.error = "client_disconnected"
+            record.disconnected = True
         finally:
             record.duration = time.perf_counter() - started
             self.on_finish(record)

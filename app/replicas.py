@@ -15,6 +15,9 @@ then undone here, the safe direction for a drain.
 from __future__ import annotations
 
 import inspect
+import re
+import secrets
+import socket
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +36,7 @@ from sessions.upstream import MemoryUpstreamSessions
 from sessions.workers import (MemoryWorkerRegistrations, RedisWorkerRegistrations,
                               WorkerRegistrations)
 
-__all__ = ["Stores", "build_stores", "Drains"]
+__all__ = ["Stores", "build_stores", "Drains", "default_replica_id"]
 
 log = structlog.get_logger("poolgate.replicas")
 
@@ -64,14 +67,22 @@ def build_stores(settings: Any) -> Stores:
             limits=MemoryLimits(), locks=MemoryLocks(), drained=MemoryDrainedSet(),
             workers=MemoryWorkerRegistrations())
     link = RedisLink(server.redis_url, timeout=server.redis_timeout)
+    replica = server.replica_id or default_replica_id()
     return Stores(
         responses=RedisResponseStore(link, max_items=store.max_items, max_bytes=store.max_bytes,
                                      max_age=store.max_age_seconds),
         bindings=RedisBindingStore(link, ttl=routing.binding_ttl, max_items=routing.max_bindings),
-        cli_sessions=RedisUpstreamSessions(link, max_entries=cli.max_entries,
+        cli_sessions=RedisUpstreamSessions(link, replica=replica, max_entries=cli.max_entries,
                                            max_age=cli.max_age_seconds),
         limits=RedisLimits(link, MemoryLimits()), locks=RedisLocks(link),
         drained=RedisDrainedSet(link), workers=RedisWorkerRegistrations(link), link=link)
+
+
+def default_replica_id() -> str:
+    """This host's name and a random suffix: distinct for every replica, also
+    for several on one host."""
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:40] or "replica"
+    return f"{host}.{secrets.token_hex(6)}"
 
 
 @dataclass(slots=True, eq=False)

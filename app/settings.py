@@ -80,6 +80,10 @@ class ServerSettings(BaseModel):
     # shared state of replicas (bindings, stored responses, limits, drains, locks); None: memory
     redis_url: str | None = None
     redis_timeout: float = Field(0.1, gt=0, le=5.0)  # bound of every Redis call, seconds
+    # this replica's name in what only it holds in Redis (its cli session index: cli
+    # workers are its processes, their names repeat on every replica); None: the
+    # host name and a random suffix, new at every start
+    replica_id: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,64}$")
     admin_token_env: str | None = "POOLGATE_ADMIN_TOKEN"
     admin_token: SecretStr | None = None  # resolved from admin_token_env
     metrics_token_env: str | None = "POOLGATE_METRICS_TOKEN"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -174,6 +175,7 @@ INVALID = [
     ("shared api key", {"server": {"api_keys": {"a": "s", "b": "s"}}},
      "server.api_keys: api keys 'a' and 'b' have the same secret"),
     ("bad key name", {"server": {"api_keys": {"a b": "s"}}}, "server.api_keys: api key name 'a b' must be"),
+    ("bad replica id", {"server": {"replica_id": "a:b"}}, "server.replica_id: String should match"),
     ("local without engine", {"workers": [{"name": "l", "kind": "local"}]},
      "workers[0]: a local worker needs an engine"),
     ("local without model", {"workers": [{"name": "l", "kind": "local", "engine": "vllm"}]},
@@ -492,3 +494,12 @@ def test_two_key_names_may_not_share_a_secret_whichever_table(tmp_path: Path) ->
         load_settings(str(path), {"TEAM_KEY": "sk-same"})
     assert "keys 'plain' and 'team' have the same secret" in str(info.value)
     assert "sk-same" not in str(info.value)
+
+
+def test_replica_ids_are_distinct_by_default() -> None:
+    from app.replicas import default_replica_id
+
+    assert load_settings(None, {}, {"server": {"replica_id": "gw-1.east"}}).server.replica_id == \
+        "gw-1.east"
+    ids = {default_replica_id() for _ in range(3)}  # several replicas on one host too
+    assert len(ids) == 3 and all(re.fullmatch(r"[A-Za-z0-9._-]{1,64}", i) for i in ids)
