@@ -60,6 +60,7 @@ class Gateway:
     config_keys: frozenset[str] = frozenset()  # names from the configuration (read-only)
     ledger: UsageLedger | None = None  # set while the app runs
     keystore: KeyStore | None = None  # the run-time keys, set while the app runs
+    key_version: int = -1  # the database's key_version this replica's keys reflect
     runtime_workers: Any = None  # app.runtime_workers.RuntimeWorkers, set while the app runs
     redis: Any = None  # the RedisLink when server.redis_url is set
     locks: Any = field(default_factory=MemoryLocks)  # named locks (logins), shared with Redis
@@ -92,7 +93,7 @@ class Gateway:
                 for worker in free:
                     if worker.name == prefer:
                         return worker
-            session, _source = owned_session_key(key, routed, headers)
+            session, _source = owned_session_key(self.keyring.id_of(key), routed, headers)
             return await policy.choose(routed, session, free)
 
         lease = await self.admission.acquire(key=key, workers=workers, choose=choose)
@@ -173,7 +174,8 @@ class Gateway:
             self.teams.charge(record.key, tokens_in + tokens_out)
         if self.ledger is not None:
             self.ledger.add(time.time(), record.key, model, record.worker, tokens_in, tokens_out,
-                            record.tokens_cached or 0, record.status, record.error)
+                            record.tokens_cached or 0, record.status, record.error,
+                            self.keyring.id_of(record.key))
 
     def finish(self, record: RequestRecord) -> None:
         """The end of every HTTP request: one access log line, the metrics."""
