@@ -155,7 +155,15 @@ class Gateway:
         return {"workers": workers, "admission": stats["admission"],
                 "routing": stats["routing"], "prefix": stats["prefix"],
                 "bindings": stats["bindings"], "cli_sessions": stats["cli_sessions"],
-                "redis": self.redis_state()}
+                "redis": self.redis_state(), "ledger": self.ledger_state()}
+
+    def ledger_state(self) -> dict[str, Any] | None:
+        """The usage ledger's backlog (rows not yet in the database) and failures."""
+        ledger = self.ledger
+        if ledger is None:
+            return None
+        return {"backlog": ledger.backlog_rows, "failures": ledger.failures,
+                "dropped": ledger.dropped, "up": ledger.up}
 
     def redis_state(self) -> str:
         """``off`` (no ``server.redis_url``), ``up`` or ``down``."""

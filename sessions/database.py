@@ -95,14 +95,14 @@ class SqliteDatabase:
 
     dialect = "sqlite"
 
-    def __init__(self, path: str | None) -> None:
+    def __init__(self, path: str | None, *, busy_timeout: float = BUSY_TIMEOUT) -> None:
         if path is not None:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         self.path = path if path is not None else ":memory:"
         self.where = self.path
         self.lock = threading.Lock()
         self.conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
-                                    timeout=BUSY_TIMEOUT)
+                                    timeout=busy_timeout)
         if path is not None:
             self.conn.execute("PRAGMA journal_mode=WAL")
             # NORMAL: a commit survives the process being killed (not a power cut)
