@@ -84,8 +84,10 @@ async def sync_keys(gw: Gateway) -> bool:
             log.info("state.key_revoked", key=name)
     for key in current.values():
         _apply(gw, key)
-    if stored:
-        gw.keyring.require()  # deleting every key later must not open the gateway
+    if stored or version > 0:
+        # a key was made once (maybe on another replica, maybe deleted since):
+        # deleting every key must not open the gateway
+        gw.keyring.require()
     gw.key_version = version
     return True
 
