@@ -117,6 +117,18 @@ class PostgresServer:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
 
+    def create_role_and_database(self, user: str, password: str, database: str) -> str:
+        """A login role owning a new database (as the postgres image makes them); its URL."""
+        import psycopg
+        from psycopg import sql
+
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                sql.Identifier(user), sql.Literal(password)))
+            conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                sql.Identifier(database), sql.Identifier(user)))
+        return f"postgresql://{user}:{password}@127.0.0.1:{self.port}/{database}"
+
     def kill(self) -> None:
         """SIGKILL the postmaster (a crash; its backends exit when they notice)."""
         if self.proc is not None and self.proc.poll() is None:
