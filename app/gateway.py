@@ -77,9 +77,10 @@ class Gateway:
         (``prefer`` first when it is free)."""
         workers, routed = self.pool.eligible(chat, exclude)
         if any(w.kind == "cli" for w in workers):
-            # cli workers keep per-team state by the key's name (the only readers of
-            # key_name): a copy of the request for them, none on the hot path
-            routed = replace(routed, key_name=key)
+            # cli workers keep per-team state (conversations) by the key (the only
+            # readers of key_name): its id, so a new key with an old name inherits
+            # nothing; a copy of the request for them, none on the hot path
+            routed = replace(routed, key_name=self.keyring.id_of(key))
             if prefer is None:
                 prefix = request_prefix_hash(routed)  # the cli worker holding this conversation
                 if prefix is not None:

@@ -214,6 +214,8 @@ class UsageLedger:
                 log.error("ledger.rows_dropped", rows=len(rows), error=str(exc))
 
     def _flush_for_read(self) -> None:
+        if not self.up:
+            return  # the writer is retrying: read what is there, do not wait for it
         try:
             self.flush()
         except DatabaseUnavailable:

@@ -70,3 +70,31 @@ def test_a_new_key_with_an_old_name_inherits_nothing(gateway):
                      params={"group_by": "key"}).json()["rows"]
     assert sorted((r["key"], r["key_id"], r["requests"]) for r in by_id) == sorted(
         [("team-x", first["id"], 1), ("team-x", second["id"], 1)])
+
+
+def test_after_a_restart_budgets_count_the_keys_id_not_its_name(fake_upstream, tmp_path):
+    """Budgets start at the ledger's totals of the key's id: a key made under a
+    used-up key's name starts at zero, also after a restart."""
+    settings = Settings(server=ServerSettings(admin_token=ADMIN_TOKEN, state_dir=str(tmp_path)),
+                        workers=(WorkerSettings(name="openai-up", dialect="openai",
+                                                url=fake_upstream.url, api_key=UPSTREAM_KEY,
+                                                models=(OPENAI_MODEL,)),))
+    budget = {"budget_tokens": {"day": 5}}  # one answer uses it up
+    with ServerThread(create_app(settings)) as srv, \
+            httpx.Client(base_url=srv.url, timeout=30) as http:
+        old = _create(http, "team-b", **budget)["secret"]
+        with _client(srv.url, old) as client:
+            client.chat.completions.create(model=OPENAI_MODEL,
+                                           messages=[{"role": "user", "content": "hi"}])
+    with ServerThread(create_app(settings)) as srv, \
+            httpx.Client(base_url=srv.url, timeout=30) as http:
+        with _client(srv.url, old) as client, pytest.raises(openai.RateLimitError):
+            client.chat.completions.create(model=OPENAI_MODEL,  # seeded from the ledger
+                                           messages=[{"role": "user", "content": "hi"}])
+        assert http.delete("/internal/keys/team-b", headers=ADMIN).status_code == 200
+        new = _create(http, "team-b", **budget)["secret"]
+    with ServerThread(create_app(settings)) as srv:
+        with _client(srv.url, new) as client:
+            reply = client.chat.completions.create(
+                model=OPENAI_MODEL, messages=[{"role": "user", "content": "hi"}])
+        assert reply.choices[0].message.content == "echo: hi"
