@@ -158,3 +158,35 @@ def test_usage_is_the_same_on_every_replica(cluster) -> None:
     today = {r: {k["name"]: k for k in r.http.get("/internal/keys", headers=ADMIN).json()["keys"]}
              ["team-u"]["usage_today"] for r in (a, b)}
     assert today[a] == today[b] and today[a]["requests"] == 5
+
+
+def test_a_postgres_restart_mid_traffic_loses_no_usage_row(cluster) -> None:
+    """Both replicas keep answering while PostgreSQL restarts (and while it is
+    down, SIGKILLed); once it is back every answered request is in the ledger,
+    and both replicas count the same."""
+    a, b = cluster.a, cluster.b
+    secret = a.http.post("/internal/keys", headers=ADMIN,
+                         json={"name": "team-d"}).json()["secret"]
+    _within(lambda: "team-d" in _names(b), PROPAGATION, "the key known on B")
+    answered = 0
+
+    def burst(n: int) -> None:
+        nonlocal answered
+        for i in range(n):
+            assert (a if i % 2 else b).chat(secret, stream=bool(i % 3)) == 200
+            answered += 1
+
+    burst(10)
+    cluster.postgres.restart()
+    burst(10)
+    cluster.postgres.kill()
+    burst(10)  # the database is down: answered all the same, rows queued
+    cluster.postgres.start()
+    burst(10)
+
+    def usage(replica: Replica) -> int:
+        r = replica.http.get("/internal/usage", headers=ADMIN,
+                             params={"key": "team-d", "group_by": ""})
+        return r.json()["rows"][0]["requests"] if r.status_code == 200 and r.json()["rows"] else 0
+
+    _within(lambda: usage(a) == usage(b) == answered, 20, "every row in the shared ledger")
