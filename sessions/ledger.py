@@ -2,8 +2,9 @@
 
 :class:`UsageLedger` keeps writes off the request path: :meth:`UsageLedger.add`
 appends a tuple to a deque (O(1), no I/O) and a thread writes what
-accumulated every ``flush_interval`` seconds in one transaction. Rows leave
-the deque only once committed: a write that fails ("database is locked", a
+accumulated every ``flush_interval`` seconds in one transaction. Rows are
+done with only once committed (a batch whose write fails goes back to the
+front of the deque, in order): a write that fails ("database is locked", a
 lost PostgreSQL connection) is retried with backoff, and past
 ``max_pending`` rows the oldest are spilled to a file in the state directory
 (:class:`~sessions.backlog.Backlog`) and written back first when the
