@@ -184,7 +184,7 @@ def create_app(settings: Any) -> Starlette:
         async with contextlib.AsyncExitStack() as stack:
             if gw.redis is not None:
                 await _start_redis(gw, stack)
-            await open_state(gw, server.state_dir, stack)
+            await open_state(gw, server.state_dir, stack, _secret(server.database_url))
             await gw.accounts.import_configured()  # bundles land before the CLIs start
             gw.remote_lean = await _remote_swap_checked()
             # in a thread: finding the default model may download it (blocking urlopen)

@@ -24,6 +24,8 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSetti
 from pydantic_settings.exceptions import SettingsError
 from pydantic_settings.sources.utils import parse_env_vars
 
+from auth.keys import ANONYMOUS
+
 from .account_settings import missing_account_secrets, resolve_account
 from .key_settings import KeySettings, missing_key_secrets, resolve_key_secrets
 from .worker_settings import (
@@ -42,6 +44,7 @@ CONFIG_ENV = "POOLGATE_CONFIG"
 API_KEYS_ENV = "POOLGATE_API_KEYS"
 STATE_DIR_ENV = "POOLGATE_STATE_DIR"
 REDIS_URL_ENV = "POOLGATE_REDIS_URL"
+DATABASE_URL_ENV = "POOLGATE_DATABASE_URL"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SECTIONS = ("server", "responses", "routing", "cli_sessions")  # tables whose keys merge field by field across layers
@@ -76,7 +79,11 @@ class ServerSettings(BaseModel):
     port: int = Field(8000, ge=0, le=65535)  # 0: let the OS pick (tests)
     api_keys: dict[str, SecretStr] = Field(default_factory=dict)
     keys: dict[str, KeySettings] = Field(default_factory=dict)  # [server.keys.<name>]: key + policy
-    state_dir: str | None = None  # the usage ledger and run-time keys; None: memory only
+    state_dir: str | None = None  # the SQLite file (default database), the ledger's backlog
+    # keys, their policies, the usage ledger: sqlite:///path or postgresql://… (shared by
+    # replicas); None: the SQLite file in state_dir (memory without one). A secret: a URL
+    # may carry a password
+    database_url: SecretStr | None = None
     # shared state of replicas (bindings, stored responses, limits, drains, locks); None: memory
     redis_url: str | None = None
     redis_timeout: float = Field(0.1, gt=0, le=5.0)  # bound of every Redis call, seconds
@@ -112,6 +119,15 @@ class ServerSettings(BaseModel):
             raise ValueError("redis_url must start with redis://, rediss:// or unix://")
         return url
 
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, url: SecretStr | None) -> SecretStr | None:
+        if url is None or not url.get_secret_value():
+            return None
+        if not url.get_secret_value().startswith(("sqlite://", "postgresql://", "postgres://")):
+            raise ValueError("database_url must start with sqlite:// or postgresql://")
+        return url
+
     @field_validator("log_level", "log_format", mode="before")
     @classmethod
     def _lower(cls, value: Any) -> Any:
@@ -124,6 +140,8 @@ class ServerSettings(BaseModel):
         for name, secret in keys.items():
             if not _NAME.match(name):
                 raise ValueError(f"api key name {name!r} must be letters, digits, '.', '_' or '-'")
+            if name == ANONYMOUS:
+                raise ValueError(f"api key name {name!r} is reserved (requests without a key)")
             value = secret.get_secret_value()
             if not value:
                 raise ValueError(f"api key {name!r} is empty")
@@ -137,6 +155,8 @@ class ServerSettings(BaseModel):
         for name, key in self.keys.items():
             if not _NAME.match(name):
                 raise ValueError(f"key name {name!r} must be letters, digits, '.', '_' or '-'")
+            if name == ANONYMOUS:
+                raise ValueError(f"key name {name!r} is reserved (requests without a key)")
             if name in self.api_keys:
                 raise ValueError(f"key {name!r} is both in api_keys and in keys")
         owners: dict[str, str] = {}  # secret -> the first key name holding it
@@ -367,7 +387,8 @@ def _env_layer(environ: Mapping[str, str], problems: list[str]) -> dict:
         keys = _parse_api_keys(raw_keys, problems)
         if keys is not None:
             data["server"] = {**data.get("server", {}), "api_keys": keys}
-    for env, field in ((STATE_DIR_ENV, "state_dir"), (REDIS_URL_ENV, "redis_url")):
+    for env, field in ((STATE_DIR_ENV, "state_dir"), (REDIS_URL_ENV, "redis_url"),
+                       (DATABASE_URL_ENV, "database_url")):
         value = environ.get(env)
         if value:
             data["server"] = {**data.get("server", {}), field: value}

@@ -32,10 +32,14 @@ SLOW_MODEL = "mock-gpt-d1000-n600"   # bench/open_streams.py: a token a second f
 
 def config_toml(port: int, upstream_port: int, log_level: str, teams: str | None = None,
                 redis_url: str | None = None, openai_workers: int = 1,
-                max_in_flight: int | None = None, health_interval: float | None = None) -> str:
+                max_in_flight: int | None = None, health_interval: float | None = None,
+                database_url: str | None = None) -> str:
     up = f"http://127.0.0.1:{upstream_port}"
     keys = teams if teams is not None else f'api_keys = {{ bench = "{API_KEY}" }}\n'
     redis = f'redis_url = "{redis_url}"\n' if redis_url else ""
+    if database_url:
+        redis += f'database_url = "{database_url}"\n'
+
     cap = f"max_in_flight = {max_in_flight}\n" if max_in_flight else ""
     if health_interval:
         redis += f"health_interval = {health_interval}\n"

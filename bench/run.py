@@ -277,6 +277,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "(bench/teams.py compares; 0: one plain api key, no state dir)")
     ap.add_argument("--redis", metavar="URL",
                     help="server.redis_url: the shared stores in this Redis (bench/redis_stores.py)")
+    ap.add_argument("--database", metavar="URL",
+                    help="server.database_url: keys and the ledger in this database "
+                         "(bench/database.py; default with --teams: SQLite in the state dir)")
     ap.add_argument("--openai-workers", type=int, default=1, metavar="N",
                     help="N remote workers for the OpenAI models (>1: routing runs per request)")
     a = ap.parse_args(argv)
@@ -349,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         config = out / "poolgate.toml"
         teams, env = teams_config(a.teams, out / "state") if a.teams > 0 else (None, None)
         config.write_text(config_toml(gw_port, up_port, a.log_level, teams, a.redis,
-                                      a.openai_workers))
+                                      a.openai_workers, database_url=a.database))
         gateway = Proc("poolgate", [*poolgate_argv(a), "serve", "--config", str(config), "--host", "127.0.0.1",
                                     "--port", str(gw_port)], out / "poolgate.log", cpus["gateway"],
                        env=env)

@@ -107,6 +107,17 @@ if redis.call('EXISTS', E .. ARGV[1]) == 0 then drop(ARGV[1]); return 0 end
 return drop(ARGV[1])
 """
 
+# ARGV: owner -> the entries deleted (a deleted key's, in one call)
+_DELETE_OWNER = _COMMON + """
+local n = 0
+for _, rid in ipairs(redis.call('ZRANGE', B .. 'own:' .. ARGV[1], 0, -1)) do
+  drop(rid)
+  n = n + 1
+end
+redis.call('DEL', B .. 'own:' .. ARGV[1])
+return n
+"""
+
 # ARGV: id, limit -> {entries newest first, the first missing link or ''}
 _CHAIN = """
 local out, seen, id = {}, {}, ARGV[1]
@@ -136,6 +147,7 @@ class RedisResponseStore:
         self._put = client.register_script(_PUT)
         self._delete = client.register_script(_DELETE)
         self._chain = client.register_script(_CHAIN)
+        self._delete_owner = client.register_script(_DELETE_OWNER)
         self._counts = {"stored": 0, "evicted": 0, "expired": 0, "rejected": 0, "unavailable": 0}
 
     @property
@@ -170,6 +182,9 @@ class RedisResponseStore:
 
     async def delete(self, response_id: str) -> bool:
         return bool(await self._call(lambda: self._delete(args=[response_id])))
+
+    async def delete_owner(self, owner: str) -> int:
+        return int(await self._call(lambda: self._delete_owner(args=[owner])))
 
     async def get_chain(self, response_id: str) -> tuple[list[StoredResponse], str | None]:
         found, missing = await self._call(lambda: self._chain(args=[response_id, MAX_CHAIN]))

@@ -111,6 +111,19 @@ async def test_response_bounds_evict_the_biggest_owner_first(links) -> None:
     assert b.stats()["evicted"] == 1
 
 
+async def test_a_deleted_keys_responses_go_in_one_call(links) -> None:
+    a, b = (RedisResponseStore(link, max_items=4) for link in links)
+    for i in range(3):
+        await a.put(entry(f"gone{i}", owner="key:old"))
+    await b.put(entry("kept", owner="key:other"))
+    assert await b.delete_owner("key:old") == 3
+    assert all([await a.get(f"gone{i}") is None for i in range(3)])
+    assert await a.get("kept") is not None and await a.delete_owner("key:old") == 0
+    for i in range(3):  # the bookkeeping went too: the bound is not reached by ghosts
+        await a.put(entry(f"new{i}", owner="key:new"))
+    assert a.stats()["evicted"] == 0 and await a.get("kept") is not None
+
+
 async def test_response_byte_bound_and_age(links) -> None:
     size = len(dumps(entry("r0")))
     store = RedisResponseStore(links[0], max_bytes=size * 2 + size // 2, max_age=0.3)

@@ -15,7 +15,7 @@ from tests.support.server import ServerThread
 from .conftest import ADMIN_TOKEN, ANTHROPIC_MODEL, OPENAI_MODEL, UPSTREAM_KEY
 
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
-ENTRY = {"name", "source", "models", "max_in_flight", "rpm", "tpm", "budget_tokens",
+ENTRY = {"name", "id", "source", "models", "max_in_flight", "rpm", "tpm", "budget_tokens",
          "usage_today"}
 
 
@@ -52,6 +52,7 @@ def test_create_use_list_patch_delete(gateway):
     made = r.json()
     secret = made.pop("secret")
     assert secret.startswith("sk-pg-") and len(secret) > 30
+    assert made.pop("id").startswith("key:")
     assert made == {"name": "team-c", "source": "runtime", "models": ["claude-*"],
                     "max_in_flight": 2, "rpm": None, "tpm": None,
                     "budget_tokens": {"day": 100000, "month": None},
