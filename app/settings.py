@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Literal
 
 import orjson
@@ -44,6 +44,7 @@ STATE_DIR_ENV = "POOLGATE_STATE_DIR"
 REDIS_URL_ENV = "POOLGATE_REDIS_URL"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SECTIONS = ("server", "responses", "routing", "cli_sessions")  # tables whose keys merge field by field across layers
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
@@ -80,6 +81,8 @@ class ServerSettings(BaseModel):
     # shared state of replicas (bindings, stored responses, limits, drains, locks); None: memory
     redis_url: str | None = None
     redis_timeout: float = Field(0.1, gt=0, le=5.0)  # bound of every Redis call, seconds
+    # the only environment variables a worker registered at run time may name in api_key_env
+    runtime_secret_envs: tuple[str, ...] = ()
     admin_token_env: str | None = "POOLGATE_ADMIN_TOKEN"
     admin_token: SecretStr | None = None  # resolved from admin_token_env
     metrics_token_env: str | None = "POOLGATE_METRICS_TOKEN"
@@ -107,6 +110,14 @@ class ServerSettings(BaseModel):
         if not url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("redis_url must start with redis://, rediss:// or unix://")
         return url
+
+    @field_validator("runtime_secret_envs")
+    @classmethod
+    def _check_secret_envs(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        for name in names:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+        return names
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod
@@ -302,9 +313,14 @@ REGISTRABLE = frozenset({
 })
 
 
-def registered_worker(data: Mapping[str, Any], environ: Mapping[str, str]) -> WorkerSettings:
+def registered_worker(data: Mapping[str, Any], environ: Mapping[str, str],
+                      secret_envs: Collection[str] = ()) -> WorkerSettings:
     """A remote worker registered at run time, validated as a ``[[workers]]``
-    entry is and its key resolved from ``environ``; ``ConfigError`` otherwise."""
+    entry is and its key resolved from ``environ``; ``ConfigError`` otherwise.
+
+    Its ``api_key_env`` must be one of ``secret_envs`` (``server.runtime_secret_envs``):
+    whoever registers a worker chooses where its key is sent, so only variables the
+    operator set aside for that may be named, never the admin token or cloud credentials."""
     if "api_key" in data:
         raise ConfigError(["api_key: secrets never go in a request body; name the environment "
                            "variable that holds it in api_key_env"])
@@ -319,6 +335,9 @@ def registered_worker(data: Mapping[str, Any], environ: Mapping[str, str]) -> Wo
     except ValidationError as exc:
         raise ConfigError([_format_error(err) for err in exc.errors()]) from None
     env = worker.api_key_env
+    if env is not None and env not in secret_envs:
+        raise ConfigError([f"api_key_env: {env} is not listed in server.runtime_secret_envs "
+                           "(the variables a worker registered at run time may name)"])
     if env is not None and not environ.get(env):
         raise ConfigError([f"api_key_env: environment variable {env} is not set"])
     return _resolve_worker(worker, environ)
