@@ -9,9 +9,9 @@ plain-ASGI route (:mod:`app.hot`); everything else goes on to Starlette.
 
 from __future__ import annotations
 
+import os
 import re
 import time
-from random import getrandbits
 from typing import Any, Callable, Mapping
 
 import orjson
@@ -75,7 +75,7 @@ class GatewayMiddleware:
         given = raw.get(b"x-request-id")
         request_id = given.decode("latin-1") if given is not None else None
         if request_id is None or not _SAFE_ID.match(request_id):
-            request_id = f"{getrandbits(128):032x}"  # unique, not secret: no system call
+            request_id = os.urandom(16).hex()  # the OS's CSPRNG: one id never tells the next
         path = route_path(scope)
         record = RequestRecord(request_id, scope["method"], path, started)
         record.anthropic_version = b"anthropic-version" in raw

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import http.server
 import os
+import random
+import re
 import subprocess
 import sys
 import threading
@@ -162,3 +164,32 @@ def test_poolgate_join_never_follows_a_redirect_with_the_admin_token(status) -> 
         assert f"redirect ({status})" in done.stdout
         assert elsewhere.url + "/internal/workers" in done.stdout  # says where to point it
         assert ADMIN_TOKEN not in done.stdout + done.stderr
+
+
+# --- ids from the CSPRNG ---------------------------------------------------------------------
+
+
+def test_request_and_response_ids_do_not_come_from_the_random_module() -> None:
+    """``random`` is the Mersenne Twister: its state is recoverable from its
+    outputs (which ``x-request-id`` exposed) and resettable by any library
+    calling ``random.seed``. Ids from the OS's CSPRNG differ however it is seeded."""
+    with FakeUpstream(api_key=UPSTREAM_SECRET, models=("m",)) as upstream:
+        settings = load_settings(None, {"UPSTREAM_SECRET": UPSTREAM_SECRET}, {
+            "server": {"port": 0, "api_keys": {"team": "sk-ids-client"}},
+            "workers": [{"name": "w", "dialect": "openai", "url": upstream.url, "models": ["m"],
+                         "api_key_env": "UPSTREAM_SECRET"}]})
+        with ServerThread(create_app(settings)) as srv, httpx.Client(base_url=srv.url) as http:
+            seen: list[tuple[str, str]] = []
+            for _ in range(3):
+                random.seed(1234)  # the same state of `random` before each request
+                # an Anthropic request to an OpenAI worker: the gateway names the response
+                r = http.post("/v1/messages", headers={"authorization": "Bearer sk-ids-client"},
+                              json={"model": "m", "max_tokens": 8,
+                                    "messages": [{"role": "user", "content": "hi"}]})
+                assert r.status_code == 200, r.text
+                request_id, response_id = r.headers["x-request-id"], r.json()["id"]
+                assert re.fullmatch(r"[0-9a-f]{32}", request_id)
+                assert re.fullmatch(r"msg_[0-9a-f]{24}", response_id)
+                seen.append((request_id, response_id))
+    assert len({request_id for request_id, _ in seen}) == 3
+    assert len({response_id for _, response_id in seen}) == 3
