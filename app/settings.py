@@ -81,6 +81,9 @@ class ServerSettings(BaseModel):
     # shared state of replicas (bindings, stored responses, limits, drains, locks); None: memory
     redis_url: str | None = None
     redis_timeout: float = Field(0.1, gt=0, le=5.0)  # bound of every Redis call, seconds
+    # every Redis key of this deployment starts with "<redis_prefix>:" (deployments sharing
+    # one Redis need different ones; the replicas of one deployment, the same)
+    redis_prefix: str = Field("poolgate", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     # the only environment variables a worker registered at run time may name in api_key_env
     runtime_secret_envs: tuple[str, ...] = ()
     admin_token_env: str | None = "POOLGATE_ADMIN_TOKEN"

@@ -14,14 +14,11 @@ import time
 from typing import Any, Callable
 
 from .bindings import MemoryBindingStore
-from .redis_link import PREFIX, RedisDown, RedisLink
+from .redis_link import RedisDown, RedisLink
 from .upstream import MemoryUpstreamSessions
 
 __all__ = ["RedisBindingStore", "RedisUpstreamSessions"]
 
-_BIND = PREFIX + "bind:"
-_CLI = PREFIX + "cli:"
-_CLI_WORKER = PREFIX + "cliw:"
 
 # KEYS[1] binding; ARGV expected ('' = unbound), worker, ttl (ms)
 _CLAIM = """
@@ -68,6 +65,7 @@ class RedisBindingStore:
                  fresh: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl = ttl
         self._link = link
+        self._bind = link.prefix + "bind:"
         self.local = MemoryBindingStore(ttl=ttl, max_items=max_items)
         self._claim = link.client.register_script(_CLAIM)
         self._fallbacks = 0
@@ -93,7 +91,7 @@ class RedisBindingStore:
         client = self._link.client
         try:
             worker = _text(await self._link.call(
-                lambda: client.getex(_BIND + key, px=int(self.ttl * 1000))))
+                lambda: client.getex(self._bind + key, px=int(self.ttl * 1000))))
         except RedisDown:
             self._fallbacks += 1
             return await self.local.get(key)
@@ -110,7 +108,7 @@ class RedisBindingStore:
         await self.local.set(key, worker, ttl)
         client = self._link.client
         try:
-            await self._link.call(lambda: client.set(_BIND + key, worker, px=int(ttl * 1000)))
+            await self._link.call(lambda: client.set(self._bind + key, worker, px=int(ttl * 1000)))
         except RedisDown:
             self._fallbacks += 1
         else:
@@ -121,7 +119,7 @@ class RedisBindingStore:
         self._confirmed.pop(key, None)
         client = self._link.client
         try:
-            await self._link.call(lambda: client.delete(_BIND + key))
+            await self._link.call(lambda: client.delete(self._bind + key))
         except RedisDown:
             self._fallbacks += 1
 
@@ -130,7 +128,7 @@ class RedisBindingStore:
         ttl = self.ttl if ttl is None else ttl
         try:
             held = _text(await self._link.call(lambda: self._claim(
-                keys=[_BIND + key], args=[expected or "", worker, int(ttl * 1000)])))
+                keys=[self._bind + key], args=[expected or "", worker, int(ttl * 1000)])))
         except RedisDown:
             self._fallbacks += 1
             return await self.local.claim(key, expected, worker, ttl)
@@ -152,6 +150,7 @@ class RedisUpstreamSessions:
     def __init__(self, link: RedisLink, *, max_entries: int = 10_000,
                  max_age: float = 6 * 3600) -> None:
         self._link = link
+        self._cli, self._cli_worker = link.prefix + "cli:", link.prefix + "cliw:"
         self._ttl_ms = int(max_age * 1000)
         self.local = MemoryUpstreamSessions(max_entries=max_entries, max_age=max_age)
         self._drop_worker = link.client.register_script(_DROP_WORKER)
@@ -160,7 +159,7 @@ class RedisUpstreamSessions:
     async def get(self, key: str) -> str | None:
         client = self._link.client
         try:
-            return _text(await self._link.call(lambda: client.get(_CLI + key)))
+            return _text(await self._link.call(lambda: client.get(self._cli + key)))
         except RedisDown:
             self._fallbacks += 1
             return await self.local.get(key)
@@ -170,9 +169,9 @@ class RedisUpstreamSessions:
 
         async def write() -> None:
             pipe = self._link.client.pipeline(transaction=False)
-            pipe.set(_CLI + key, worker, px=self._ttl_ms)
-            pipe.sadd(_CLI_WORKER + worker, _CLI + key)
-            pipe.pexpire(_CLI_WORKER + worker, self._ttl_ms)
+            pipe.set(self._cli + key, worker, px=self._ttl_ms)
+            pipe.sadd(self._cli_worker + worker, self._cli + key)
+            pipe.pexpire(self._cli_worker + worker, self._ttl_ms)
             await pipe.execute()
         try:
             await self._link.call(write)
@@ -183,14 +182,14 @@ class RedisUpstreamSessions:
         await self.local.drop(key)
         client = self._link.client
         try:
-            await self._link.call(lambda: client.delete(_CLI + key))
+            await self._link.call(lambda: client.delete(self._cli + key))
         except RedisDown:
             self._fallbacks += 1
 
     async def drop_worker(self, worker: str) -> None:
         await self.local.drop_worker(worker)
         try:
-            await self._link.call(lambda: self._drop_worker(keys=[_CLI_WORKER + worker],
+            await self._link.call(lambda: self._drop_worker(keys=[self._cli_worker + worker],
                                                             args=[worker]))
         except RedisDown:
             self._fallbacks += 1
