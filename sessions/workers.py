@@ -24,7 +24,6 @@ from typing import Any, Mapping, Protocol
 
 import orjson
 import structlog
-from redis.exceptions import WatchError
 
 from .redis_link import RedisDown, RedisLink, StoreUnavailable
 
@@ -34,6 +33,15 @@ __all__ = ["WorkerRegistrations", "MemoryWorkerRegistrations", "RedisWorkerRegis
 log = structlog.get_logger("poolgate.workers")
 
 _SIG_HEX = 64  # a record in Redis: the signature in hex, ".", the registration as JSON
+
+# KEYS: the hash, the mark; ARGV: name, what the field held ('' = nothing), the record
+_PUT_IF_UNCHANGED = """
+local held = redis.call('HGET', KEYS[1], ARGV[1])
+if (held or '') ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+redis.call('SET', KEYS[2], 1)
+return 1
+"""
 
 
 def signing_key(secret: str | None) -> bytes | None:
@@ -110,6 +118,7 @@ class RedisWorkerRegistrations:
     def __init__(self, link: RedisLink, key: bytes | None) -> None:
         self._link = link
         self._sign_key = key
+        self._put = link.client.register_script(_PUT_IF_UNCHANGED)
         self._ignored: dict[str, bytes] = {}  # name -> the foreign record last logged
         self._key = link.prefix + "workers"  # a hash: worker name -> its registration as JSON
         # set with the first registration and never removed: an empty hash WITH it means every
@@ -120,21 +129,18 @@ class RedisWorkerRegistrations:
         client, data = self._link.client, self._record(name, registration)
 
         async def add() -> bool:
-            async with client.pipeline(transaction=True) as pipe:
-                await pipe.watch(self._key)  # a foreign record is replaced, a signed one kept
-                held = await pipe.hget(self._key, name)
+            for _ in range(3):  # a foreign record is replaced, a signed one kept
+                held = await client.hget(self._key, name)
                 if held is not None and self._verified(name, held) is not None:
                     return False
-                pipe.multi()
-                await pipe.hset(self._key, name, data).set(self._mark, 1).execute()
-            if held is not None:
-                log.warning("workers.foreign_registration_replaced", worker=name)
-            return True
+                # set it only if the field still holds what was just read (nothing, or foreign)
+                if await self._put(keys=[self._key, self._mark], args=[name, held or b"", data]):
+                    if held is not None:
+                        log.warning("workers.foreign_registration_replaced", worker=name)
+                    return True
+            return False
 
-        try:
-            return await self._change(add)
-        except WatchError:
-            return False  # another replica registered the name meanwhile
+        return await self._change(add)
 
     async def remove(self, name: str) -> bool:
         client = self._link.client
