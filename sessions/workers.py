@@ -119,7 +119,7 @@ class RedisWorkerRegistrations:
         self._link = link
         self._sign_key = key
         self._put = link.client.register_script(_PUT_IF_UNCHANGED)
-        self._ignored: dict[str, bytes] = {}  # name -> the foreign record last logged
+        self._ignored: dict[Any, bytes] = {}  # the foreign records seen (and logged) last poll
         self._key = link.prefix + "workers"  # a hash: worker name -> its registration as JSON
         # set with the first registration and never removed: an empty hash WITH it means every
         # worker was deleted; an empty hash without it, that Redis lost its data (restarted empty)
@@ -158,15 +158,17 @@ class RedisWorkerRegistrations:
         if not raw and not kept:
             raise RegistrationsLost("no worker registrations and no mark: Redis restarted empty")
         found: dict[str, dict[str, Any]] = {}
+        ignored: dict[Any, bytes] = {}
         for key, record in raw.items():
             name = key.decode(errors="replace") if isinstance(key, bytes) else key
             registration = self._verified(name, record)
             if registration is not None:
                 found[name] = registration
-                self._ignored.pop(name, None)
-            elif self._ignored.get(name) != record:
-                self._ignored[name] = record  # logged once per record, not every poll
+                continue
+            if self._ignored.get(key) != record:  # logged once per record, not every poll
                 log.warning("workers.unsigned_registration_ignored", worker=name)
+            ignored[key] = record
+        self._ignored = ignored
         return found
 
     async def restore(self, registrations: Mapping[str, Registration]) -> None:
