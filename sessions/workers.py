@@ -53,7 +53,6 @@ def signing_key(secret: str | None) -> bytes | None:
     return hmac.new(secret.encode(), b"poolgate worker registrations v1", hashlib.sha256).digest()
 
 
-
 class RegistrationsLost(Exception):
     """The store lost its registrations (not deleted: Redis came back empty)."""
 
