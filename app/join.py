@@ -34,7 +34,8 @@ def add_join_parser(commands: Any) -> None:
                           help="a model it serves (repeat for more)")
     join_cmd.add_argument("--alias", action="append", default=[], metavar="ALIAS=MODEL")
     join_cmd.add_argument("--api-key-env", metavar="VAR",
-                          help="the environment variable (of the gateway) holding its key")
+                          help="the environment variable (of the gateway) holding its key; "
+                               "the gateway's server.runtime_secret_envs must list it")
     join_cmd.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
                           help="keep trying this long while the gateway is unreachable")
 
