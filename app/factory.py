@@ -280,7 +280,8 @@ async def _open_runtime_workers(gw: Gateway, settings: Any, registrations: Any,
     def make(worker: Any) -> Any:
         return make_remote_worker(remote_spec(worker, lean=gw.remote_lean))
 
-    runtime = RuntimeWorkers(gw, registrations, environ=settings.environment, make=make)
+    runtime = RuntimeWorkers(gw, registrations, environ=settings.environment, make=make,
+                             secret_envs=settings.server.runtime_secret_envs)
     gw.runtime_workers = runtime
     stack.push_async_callback(runtime.aclose)
     await runtime.sync()  # what other replicas registered before this one started

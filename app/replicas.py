@@ -34,7 +34,7 @@ from sessions.shared import (DrainedSet, Locks, MemoryDrainedSet, MemoryLocks, R
                              RedisLocks)
 from sessions.upstream import MemoryUpstreamSessions
 from sessions.workers import (MemoryWorkerRegistrations, RedisWorkerRegistrations,
-                              WorkerRegistrations)
+                              WorkerRegistrations, signing_key)
 
 __all__ = ["Stores", "build_stores", "Drains", "default_replica_id"]
 
@@ -66,7 +66,7 @@ def build_stores(settings: Any) -> Stores:
                                                 max_age=cli.max_age_seconds),
             limits=MemoryLimits(), locks=MemoryLocks(), drained=MemoryDrainedSet(),
             workers=MemoryWorkerRegistrations())
-    link = RedisLink(server.redis_url, timeout=server.redis_timeout)
+    link = RedisLink(server.redis_url, timeout=server.redis_timeout, prefix=server.redis_prefix)
     replica = server.replica_id or default_replica_id()
     return Stores(
         responses=RedisResponseStore(link, max_items=store.max_items, max_bytes=store.max_bytes,
@@ -75,7 +75,12 @@ def build_stores(settings: Any) -> Stores:
         cli_sessions=RedisUpstreamSessions(link, replica=replica, max_entries=cli.max_entries,
                                            max_age=cli.max_age_seconds),
         limits=RedisLimits(link, MemoryLimits()), locks=RedisLocks(link),
-        drained=RedisDrainedSet(link), workers=RedisWorkerRegistrations(link), link=link)
+        drained=RedisDrainedSet(link), workers=RedisWorkerRegistrations(link, signing_key(_secret(server.admin_token))),
+        link=link)
+
+
+def _secret(value: Any) -> str | None:
+    return value.get_secret_value() if value is not None else None
 
 
 def default_replica_id() -> str:

@@ -29,13 +29,12 @@ from typing import Any, Callable
 import structlog
 
 from .limit_leases import Lease
-from .redis_link import PREFIX, RedisDown, RedisLink
+from .redis_link import RedisDown, RedisLink
 
 __all__ = ["RedisLimits"]
 
 log = structlog.get_logger("poolgate.redis")
 
-_KEY = PREFIX + "lim:"
 _DAY = 86400
 _KEEP_MS = 40 * _DAY * 1000  # a month's budget, and a little more
 
@@ -120,6 +119,7 @@ class RedisLimits:
                  batch: float = 0.05, clock: Callable[[], float] = time.time,
                  leases: bool = True) -> None:
         self._link = link
+        self._key = link.prefix + "lim:"
         self.local = local
         self._window = window
         self._clock = clock
@@ -180,7 +180,7 @@ class RedisLimits:
     async def _run(self, now: float, ops: list[tuple[str, list[Any]]]) -> Any:
         """The limit script on each ``(key, op)`` in turn: one round trip
         (:class:`RedisDown` when out of reach); the reply of the first."""
-        keys = [_KEY + key for key, _ in ops]
+        keys = [self._key + key for key, _ in ops]
         args = self._args(now) + [value for _, op in ops for value in op]
         self.round_trips += 1
         return await self._link.call(lambda: self._script(keys=keys, args=args))
@@ -284,7 +284,7 @@ class RedisLimits:
         self._returns.pop(key, None)
         client = self._link.client
         try:
-            await self._link.call(lambda: client.delete(_KEY + key))
+            await self._link.call(lambda: client.delete(self._key + key))
         except RedisDown:
             self._fell_back("forget")
 

@@ -26,12 +26,12 @@ from redis.exceptions import RedisError, ResponseError
 
 from pool.errors import GatewayError
 
-__all__ = ["RedisLink", "RedisDown", "StoreUnavailable", "PREFIX"]
+__all__ = ["RedisLink", "RedisDown", "StoreUnavailable", "DEFAULT_PREFIX"]
 
 log = structlog.get_logger("poolgate.redis")
 
-#: every key poolgate writes starts with this
-PREFIX = "poolgate:"
+#: every key a deployment writes starts with its prefix and ``:`` (``server.redis_prefix``)
+DEFAULT_PREFIX = "poolgate"
 
 T = TypeVar("T")
 
@@ -53,8 +53,11 @@ class StoreUnavailable(GatewayError):
 class RedisLink:
     """A ``redis.asyncio`` client with explicit retry and timeouts, and an up/down flag."""
 
-    def __init__(self, url: str, *, timeout: float = 0.1, probe_interval: float = 0.5) -> None:
+    def __init__(self, url: str, *, timeout: float = 0.1, probe_interval: float = 0.5,
+                 prefix: str = DEFAULT_PREFIX) -> None:
         self.url = url
+        # the stores build every key name from this: two deployments on one Redis never meet
+        self.prefix = prefix + ":"
         self.timeout = timeout
         self.probe_interval = probe_interval
         self.client: Redis = Redis.from_url(
