@@ -118,9 +118,12 @@ class Sandbox:
                 args += ["--ro-bind-try", path, path]
             for path in (self.home, *writable):
                 args += ["--bind", path, path]
-            home_env = (env or {}).get("HOME", "")
-            if not _under(home_env, (self.home, *writable)):
+            env = env or {}
+            if not _under(env.get("HOME", ""), (self.home, *writable)):
                 args += ["--setenv", "HOME", self.home]  # the host's home is not there
+            for name in ("TMPDIR", "TMP", "TEMP"):
+                if env.get(name) and not _under(env[name], (self.home, *writable)):
+                    args += ["--setenv", name, "/tmp"]  # the sandbox's own, empty /tmp
             return [*args, "--chdir", cwd, "--", *argv]
         if self.kind == "uid":
             return [self.tool, f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",

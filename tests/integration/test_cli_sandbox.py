@@ -9,6 +9,7 @@ can give no sandbox refuses agent mode at start, saying why."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,13 +19,14 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping, Sequence
 
 import anthropic
 import httpx
 import pytest
 
 from tests.fakes.upstreams import FakeUpstream
+from tests.integration.clis import CLAUDE_CODE, NPM_PREFIX, ensure_cli
 from tests.support.cli_accounts import FAKE_CLAUDE, claude_home
 from tests.support.ports import free_port
 
@@ -43,8 +45,14 @@ SECRETS = (ADMIN_SECRET, KEY_A, KEY_B, OTHER_TOKEN, CONFIG_MARKER, B_WORKSPACE_S
 
 
 def _worker(name: str, model: str, home: Path, upstream: FakeUpstream, *, sandbox: str,
-            mode: str = "agent") -> str:
-    log = home / "fake-claude.log"
+            mode: str = "agent", command: Sequence[str] = (),
+            env: Mapping[str, str] | None = None, permission_mode: str | None = None) -> str:
+    """One ``[[workers]]`` entry: the fake Claude Code unless ``command`` is given."""
+    env = {"ANTHROPIC_BASE_URL": upstream.anthropic_url,
+           "FAKE_CLAUDE_LOG": str(home / "fake-claude.log"), **(env or {})}
+    command = command or (sys.executable, str(FAKE_CLAUDE))
+    options = (f'cli_options = {{ permission_mode = "{permission_mode}" }}\n'
+               if permission_mode else "")
     return textwrap.dedent(f"""
         [[workers]]
         name = "{name}"
@@ -52,12 +60,13 @@ def _worker(name: str, model: str, home: Path, upstream: FakeUpstream, *, sandbo
         cli = "claude"
         models = ["{model}"]
         home = "{home}"
-        command = [{json.dumps(sys.executable)}, {json.dumps(str(FAKE_CLAUDE))}]
-        env = {{ ANTHROPIC_BASE_URL = "{upstream.anthropic_url}", FAKE_CLAUDE_LOG = "{log}" }}
+        command = {json.dumps(list(command))}
+        env = {{ {", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items())} }}
         mode = "{mode}"
         sandbox = "{sandbox}"
         health_interval = 0.5
-        """)
+        ready_timeout = 60
+        """) + options
 
 
 def _start_gateway(config: Path, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -86,6 +95,42 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(5)
 
 
+@contextlib.contextmanager
+def _serving(tmp: Path, workers: str, upstream: FakeUpstream,
+             *homes: Path) -> Iterator[dict[str, Any]]:
+    """``workers`` behind ``poolgate serve`` (own process), keys team-a and team-b,
+    with a file of team-b's in the workspace root of each of ``homes``; once
+    every worker is ready."""
+    for home in homes:
+        workspace_b = Path(f"{home}-workspaces") / "team-b"
+        workspace_b.mkdir(parents=True)
+        (workspace_b / "notes.txt").write_text(B_WORKSPACE_SECRET)
+    config = tmp / "poolgate.toml"
+    config.write_text(f"# {CONFIG_MARKER}\n" + workers)
+    config.chmod(0o600)
+    port = free_port()
+    proc = _start_gateway(config, port, _gateway_env())
+    url = f"http://127.0.0.1:{port}"
+    try:
+        with httpx.Client(base_url=url, timeout=30,
+                          headers={"authorization": f"Bearer {ADMIN_SECRET}"}) as http:
+            deadline = time.monotonic() + 90
+            while True:
+                assert proc.poll() is None, Path(f"{config}.log").read_text()[-3000:]
+                try:
+                    listed = http.get("/internal/workers").json()["workers"]
+                    if all(w["state"] == "ready" and w["login"] == "ready" for w in listed):
+                        break
+                except (httpx.HTTPError, KeyError, ValueError):
+                    pass
+                assert time.monotonic() < deadline, "the gateway did not get ready"
+                time.sleep(0.2)
+            yield {"url": url, "pid": proc.pid, "upstream": upstream, "config": config,
+                   "workers": {w["name"]: w for w in listed}, "tmp": tmp}
+    finally:
+        _stop(proc)
+
+
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("sandbox")
@@ -93,44 +138,18 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         home_a = claude_home(tmp / "a", TOKEN)
         home_open = claude_home(tmp / "open", TOKEN)
         home_b = claude_home(tmp / "b", OTHER_TOKEN)  # another account of the same gateway
-        for home in (home_a, home_open):
-            workspace_b = Path(f"{home}-workspaces") / "team-b"
-            workspace_b.mkdir(parents=True)
-            (workspace_b / "notes.txt").write_text(B_WORKSPACE_SECRET)
-        config = tmp / "poolgate.toml"
-        config.write_text(f"# {CONFIG_MARKER}\n"
-                          + _worker("boxed", BOXED, home_a, upstream, sandbox="auto")
-                          + _worker("open", OPEN, home_open, upstream, sandbox="none")
-                          + _worker("other", "claude-other", home_b, upstream, sandbox="auto",
-                                    mode="chat"))
-        config.chmod(0o600)
-        port = free_port()
-        proc = _start_gateway(config, port, _gateway_env())
-        url = f"http://127.0.0.1:{port}"
-        try:
-            with httpx.Client(base_url=url, timeout=30,
-                              headers={"authorization": f"Bearer {ADMIN_SECRET}"}) as http:
-                deadline = time.monotonic() + 60
-                while True:
-                    assert proc.poll() is None, Path(f"{config}.log").read_text()[-3000:]
-                    try:
-                        workers = http.get("/internal/workers").json()["workers"]
-                        if all(w["state"] == "ready" for w in workers) and len(workers) == 3:
-                            break
-                    except (httpx.HTTPError, KeyError, ValueError):
-                        pass
-                    assert time.monotonic() < deadline, "the gateway did not get ready"
-                    time.sleep(0.2)
-                yield {"url": url, "pid": proc.pid, "upstream": upstream, "config": config,
-                       "home_b": home_b, "workers": {w["name"]: w for w in workers}, "tmp": tmp}
-        finally:
-            _stop(proc)
+        workers = (_worker("boxed", BOXED, home_a, upstream, sandbox="auto")
+                   + _worker("open", OPEN, home_open, upstream, sandbox="none")
+                   + _worker("other", "claude-other", home_b, upstream, sandbox="auto",
+                             mode="chat"))
+        with _serving(tmp, workers, upstream, home_a, home_open) as gw:
+            yield gw
 
 
 def _targets(gw: dict[str, Any], home: Path) -> dict[str, str]:
     return {"gateway environment": f"/proc/{gw['pid']}/environ",
             "gateway config": str(gw["config"]),
-            "other account's credentials": str(gw["home_b"] / ".credentials.json"),
+            "other account's credentials": str(gw["tmp"] / "b" / ".credentials.json"),
             "other key's workspace": str(Path(f"{home}-workspaces") / "team-b" / "notes.txt")}
 
 
@@ -198,3 +217,75 @@ def test_agent_mode_without_any_sandbox_is_refused_at_start(tmp_path):
     assert proc.returncode != 0
     assert "agent mode needs a sandbox" in text and "bwrap is not on PATH" in text
     assert 'sandbox = \\"none\\"' in text or 'sandbox = "none"' in text
+
+
+# --- the real Claude Code binary ---------------------------------------------------------
+
+REAL = "claude-sonnet-4-6"
+REAL_OPEN = "claude-opus-4-6"
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The real ``claude`` in agent mode, tools allowed without asking, against
+    the fake upstream: ``boxed`` under ``sandbox = "auto"``, ``open`` under "none"."""
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not installed: cannot install Claude Code")
+    assert ensure_cli(*CLAUDE_CODE) is not None
+    native = NPM_PREFIX / "node_modules" / "@anthropic-ai" / "claude-code-linux-x64" / "claude"
+    assert native.exists()
+    tmp = tmp_path_factory.mktemp("sandbox-real")
+    with FakeUpstream(api_key=TOKEN, models=(REAL, REAL_OPEN)) as upstream:
+        homes = {name: claude_home(tmp / name, TOKEN) for name in ("a", "open")}
+        claude_home(tmp / "b", OTHER_TOKEN)
+        workers = ""
+        for name, model, sandbox in (("a", REAL, "auto"), ("open", REAL_OPEN, "none")):
+            # IS_SANDBOX: Claude Code allows bypassPermissions as root only when told so
+            env = {"ANTHROPIC_SMALL_FAST_MODEL": model, "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
+                   "IS_SANDBOX": "1"}
+            workers += _worker(name, model, homes[name], upstream, sandbox=sandbox,
+                               command=(str(native),), env=env,
+                               permission_mode="bypassPermissions")
+        with _serving(tmp, workers, upstream, *homes.values()) as gw:
+            yield gw
+
+
+def _calls(gw: dict[str, Any], home: Path) -> dict[str, str]:
+    """What the fake upstream has the model call, per secret to reach."""
+    targets = _targets(gw, home)
+    bash = {"command": f"cat {targets.pop('gateway environment')}", "description": "read"}
+    return {"gateway environment": f"[[tool:Bash {json.dumps(bash)}]]",
+            **{what: f'[[tool:Read {json.dumps({"file_path": path})}]]'
+               for what, path in targets.items()}}
+
+
+def _tool_results_sent_upstream(gw: dict[str, Any], model: str, prompt: str) -> list[Any]:
+    before = len(gw["upstream"].requests)
+    with anthropic.Anthropic(base_url=gw["url"], api_key=KEY_A, max_retries=0,
+                             timeout=120) as client:
+        client.messages.create(model=model, max_tokens=256,
+                               messages=[{"role": "user", "content": prompt}])
+    return [block for r in gw["upstream"].requests[before:] if r.body
+            for m in r.body.get("messages", []) if isinstance(m.get("content"), list)
+            for block in m["content"] if block.get("type") == "tool_result"]
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("what", ["gateway environment", "gateway config",
+                                  "other account's credentials", "other key's workspace"])
+def test_the_real_claude_in_its_sandbox_sends_no_secret_upstream(real, what):
+    assert real["workers"]["a"]["sandbox"] == "bwrap"
+    results = _tool_results_sent_upstream(real, REAL, _calls(real, real["tmp"] / "a")[what])
+    assert results  # the tool ran and the CLI sent its result back: nothing was there
+    assert all(r["is_error"] and ("No such file" in json.dumps(r) or "does not exist" in
+                                  json.dumps(r)) for r in results)
+    assert _leaked(results) == []
+
+
+@pytest.mark.cli
+def test_the_real_claude_without_a_sandbox_sends_them_all(real):
+    """The same calls, ``sandbox = "none"``: what the sandbox keeps in."""
+    leaked: set[str] = set()
+    for prompt in _calls(real, real["tmp"] / "open").values():
+        leaked.update(_leaked(_tool_results_sent_upstream(real, REAL_OPEN, prompt)))
+    assert {ADMIN_SECRET, KEY_A, CONFIG_MARKER, OTHER_TOKEN, B_WORKSPACE_SECRET} <= leaked
