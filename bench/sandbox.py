@@ -9,7 +9,8 @@ Each round, for each of the two in alternation (same load for both): open a
 new conversation and run its first turn (*first turn*: the CLI process is
 spawned inside the sandbox, so this is where bubblewrap's set-up shows), then
 a second turn in the same process (*warm turn*: the sandbox is already
-there), then close it. ``--rounds`` (20) rounds; the medians of each and the
+there), then close it; and, apart, ``/usr/bin/true`` spawned plain and inside
+the same sandbox (the set-up alone). ``--rounds`` (20) rounds; the medians of each and the
 difference are printed, and JSON with every sample when ``--json`` is given.
 
 CLI: the real Claude Code from ``.cache/npm`` (installed on first use by
@@ -111,7 +112,19 @@ async def main(args: argparse.Namespace) -> dict:
                 first, warm = await _round(driver, workspace)
                 samples[name]["first"].append(first)
                 samples[name]["warm"].append(warm)
+        # the set-up alone: /usr/bin/true spawned plain vs inside the same sandbox
+        spawn = {"direct": [], "sandboxed": []}
+        for _ in range(args.rounds):
+            for name, argv in (("direct", ["/usr/bin/true"]),
+                               ("sandboxed", sandbox.command(["/usr/bin/true"], cwd=workspace,
+                                                             writable=[workspace], env=env))):
+                start = time.perf_counter()
+                proc = await asyncio.create_subprocess_exec(*argv, env=env)
+                await proc.wait()
+                spawn[name].append(time.perf_counter() - start)
     report = {"cli": "fake claude" if args.fake else "claude (real)", "rounds": args.rounds,
+              "spawn_true_median_ms": {k: round(statistics.median(v) * 1000, 2)
+                                       for k, v in spawn.items()},
               "median_ms": {n: {k: round(statistics.median(v) * 1000, 1) for k, v in s.items()}
                             for n, s in samples.items()}}
     (direct, boxed) = report["median_ms"].values()
