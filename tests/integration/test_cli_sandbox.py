@@ -16,8 +16,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -25,6 +27,7 @@ import anthropic
 import httpx
 import pytest
 
+from pool.cli.sandbox import resolve_sandbox
 from tests.fakes.upstreams import FakeUpstream
 from tests.integration.clis import CLAUDE_CODE, NPM_PREFIX, ensure_cli
 from tests.support.cli_accounts import FAKE_CLAUDE, claude_home
@@ -289,3 +292,61 @@ def test_the_real_claude_without_a_sandbox_sends_them_all(real):
     for prompt in _calls(real, real["tmp"] / "open").values():
         leaked.update(_leaked(_tool_results_sent_upstream(real, REAL_OPEN, prompt)))
     assert {ADMIN_SECRET, KEY_A, CONFIG_MARKER, OTHER_TOKEN, B_WORKSPACE_SECRET} <= leaked
+
+
+# --- the real Codex, whose own sandbox runs inside ours ----------------------------------
+
+@pytest.mark.cli
+@pytest.mark.parametrize("setting", ["auto", "none"])
+async def test_the_real_codex_runs_its_shell_in_the_key_s_workspace_and_no_further(setting):
+    """Codex (one app-server per account) in agent mode under ``auto``: its shell
+    tool works in the key's workspace (Codex's own bubblewrap inside ours), and
+    a ``cat`` of another process's environment or another account's
+    ``auth.json`` finds nothing; under ``none`` (Codex's own sandbox alone) the
+    other account's file leaks. Homes outside
+    ``/tmp``: Codex makes its sandbox helper only there (see cli-workers.md)."""
+    from pool.cli.codex import CodexDriver
+    from pool.cli.events import ConversationSetup, ToolOutput
+    from tests.fakes.responses_upstream import ResponsesUpstream
+    from tests.integration.test_codex_driver import (KEY, MODEL, account_home, collect,
+                                                     driver_config, real_command, text_of,
+                                                     user)
+
+    root = Path(tempfile.mkdtemp(prefix="poolgate-codex-sandbox-", dir="/var/tmp"))
+    holder = subprocess.Popen(["sleep", "120"], env={"GW_SECRET": ADMIN_SECRET})
+    try:
+        other = account_home(root / "other", OTHER_TOKEN)
+        with ResponsesUpstream(api_key=KEY, models=(MODEL,)) as upstream:
+            config = driver_config(account_home(root / "a", KEY), real_command(), upstream)
+            config = replace(config, mode="agent", workspace_root=str(root / "workspaces"),
+                             sandbox=resolve_sandbox(setting, name="codex-a", mode="agent",
+                                                     cli="codex", home=config.home,
+                                                     env=config.env))
+            Path(config.cwd).mkdir(parents=True)
+            workspace = config.workspace("team-a")
+            os.makedirs(workspace)
+            Path(workspace, "mine.txt").write_text("team-a's own file")
+            codex = CodexDriver(config)
+            outputs = []
+            try:
+                await codex.start()
+                for cmd in ("cat mine.txt", f"cat /proc/{holder.pid}/environ",
+                            f"cat {other / 'auth.json'}"):
+                    conv = await codex.open(ConversationSetup(model=MODEL, system="S",
+                                                              workspace=workspace))
+                    call = json.dumps({"cmd": cmd})
+                    events = await collect(conv.send(user(f"[[tool:exec_command {call}]]")))
+                    # the tool's output as reported, and as the model was given it
+                    outputs.append(json.dumps([e.content for e in events
+                                               if isinstance(e, ToolOutput)]) + text_of(events))
+                    await conv.close()
+            finally:
+                await codex.stop()
+    finally:
+        holder.kill()
+        holder.wait()
+        shutil.rmtree(root, ignore_errors=True)
+    assert "team-a's own file" in outputs[0]
+    leaked = [s for s in (ADMIN_SECRET, OTHER_TOKEN) if any(s in o for o in outputs[1:])]
+    # Codex's own sandbox (read-only) hides other processes, not other files
+    assert leaked == ([] if setting == "auto" else [OTHER_TOKEN])
