@@ -350,3 +350,70 @@ async def test_the_real_codex_runs_its_shell_in_the_key_s_workspace_and_no_furth
     leaked = [s for s in (ADMIN_SECRET, OTHER_TOKEN) if any(s in o for o in outputs[1:])]
     # Codex's own sandbox (read-only) hides other processes, not other files
     assert leaked == ([] if setting == "auto" else [OTHER_TOKEN])
+
+
+# --- a uid of the account's own (poolgate as root) ---------------------------------------
+
+@pytest.mark.cli
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root and setpriv")
+async def test_the_real_claude_as_the_account_s_own_uid_reads_neither_secret():
+    """``sandbox = "uid"``: the real Claude Code runs as the account's uid; a
+    Bash tool can read neither a root process's environment nor another
+    account's (0700) credentials, and works in its key's workspace."""
+    from pool.cli.claude import ClaudeDriver
+    from pool.cli.driver import DriverConfig
+    from pool.cli.events import ConversationSetup, Turn
+    from pool.model import Message, TextPart
+
+    if ensure_cli(*CLAUDE_CODE) is None:
+        pytest.skip("cannot install Claude Code")
+    native = NPM_PREFIX / "node_modules" / "@anthropic-ai" / "claude-code-linux-x64" / "claude"
+    root = Path(tempfile.mkdtemp(prefix="poolgate-uid-", dir="/var/tmp"))
+    root.chmod(0o755)  # the account's uid walks through it to its home
+    holder = subprocess.Popen(["sleep", "120"], env={"GW_SECRET": ADMIN_SECRET})
+    try:
+        with FakeUpstream(api_key=TOKEN, models=(REAL,)) as upstream:
+            home = claude_home(root / "a", TOKEN)
+            other = claude_home(root / "b", OTHER_TOKEN)
+            other.chmod(0o700)
+            env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "IS_SANDBOX": "1",
+                   "ANTHROPIC_BASE_URL": upstream.anthropic_url,
+                   "ANTHROPIC_SMALL_FAST_MODEL": REAL, "ANTHROPIC_DEFAULT_HAIKU_MODEL": REAL}
+            sandbox = resolve_sandbox("uid", name="claude-a", mode="agent", cli="claude",
+                                      home=str(home), env=env)
+            config = DriverConfig(name="claude-a", cli="claude", home=str(home),
+                                  cwd=str(root / "cwd"), command=(str(native),), env=env,
+                                  mode="agent", options={"permission_mode": "bypassPermissions"},
+                                  workspace_root=str(root / "workspaces"), sandbox=sandbox)
+            os.makedirs(config.cwd)
+            driver = ClaudeDriver(config)
+            await driver.start()
+            workspace = config.workspace("team-a")
+            sandbox.prepare(workspace)
+            conv = await driver.open(ConversationSetup(model=REAL, system="S", workspace=workspace))
+            outputs = {}
+            try:
+                for cmd in ("id -u; pwd", f"cat /proc/{holder.pid}/environ",
+                            f"cat {other / '.credentials.json'}"):
+                    call = json.dumps({"command": cmd, "description": "run"})
+                    turn = Turn((Message("user", (TextPart(f"[[tool:Bash {call}]]"),)),))
+                    outputs[cmd] = " ".join([e.content async for e in _only(conv.send(turn))])
+            finally:
+                await conv.close()
+    finally:
+        holder.kill()
+        holder.wait()
+        shutil.rmtree(root, ignore_errors=True)
+    first, environ, credentials = outputs.values()
+    assert first.split() == [str(sandbox.uid), workspace]
+    assert "Permission denied" in environ and ADMIN_SECRET not in environ
+    assert "Permission denied" in credentials and OTHER_TOKEN not in credentials
+
+
+async def _only(events):  # type: ignore[no-untyped-def]
+    from pool.cli.events import ToolOutput
+
+    async for event in events:
+        if isinstance(event, ToolOutput):
+            yield event
