@@ -207,14 +207,15 @@ def _program_paths(argv: Sequence[str], env: Mapping[str, str],
     """What the CLI's programs need read-only: for each absolute path in argv
     (and where its links lead) the install it belongs to (an npm
     ``node_modules``, a ``bin``'s prefix, a virtualenv), the ``PYTHONPATH``
-    entries, and the worker's ``sandbox_paths``."""
+    entries when the CLI is a Python program, and the worker's ``sandbox_paths``."""
     found: list[str] = []
     for arg in argv[:2]:
         if not os.path.isabs(arg) or not os.path.exists(arg):
             continue
         for path in dict.fromkeys((arg, os.path.realpath(arg))):
             found.append(_install_root(path))
-    found += [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p)]
+    if argv and os.path.basename(argv[0]).startswith("python"):  # a CLI written in Python
+        found += [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p)]
     found += extra
     found = [os.path.realpath(p) for p in found]  # bound where it is, not through links
     # parents before children: a nested bind lands on top of its parent's
