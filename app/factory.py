@@ -19,7 +19,10 @@ from pool.errors import GatewayError, NotFound
 from pool.admission import AdmissionGuard
 from pool.pool import Pool
 from pool.local.defaults import find_default_model
+from pool.childenv import child_environment
+from pool.cli.sandbox import resolve_sandbox
 from pool.cli.worker import CliSpec, CliWorker
+from pool.dumpable import undumpable
 from pool.local.worker import LocalSpec, LocalWorker
 from pool.process import ProcessSpec, ProcessWorker
 from pool.routing import make_policy
@@ -71,7 +74,7 @@ def worker_specs(settings: Any, *, lean: bool = True) -> list[Spec]:
         if w.kind == "local":
             specs.append(local_spec(w, settings))
         elif w.kind == "cli":
-            specs.append(cli_spec(w))
+            specs.append(cli_spec(w, settings.environment))
         elif w.kind == "process":
             specs.append(ProcessSpec(
                 name=w.name, command=tuple(w.command), models=tuple(w.models),
@@ -124,14 +127,21 @@ def local_spec(w: Any, settings: Any) -> LocalSpec:
         call_timeout=w.call_timeout, read_timeout=w.read_timeout)
 
 
-def cli_spec(w: Any) -> CliSpec:
+def cli_spec(w: Any, environment: Mapping[str, str] | None = None) -> CliSpec:
+    """A cli worker's spec; in agent mode its sandbox is resolved here, so a
+    machine that cannot give it refuses the worker (:class:`SandboxUnavailable`)."""
     env = {**w.env, **{name: _secret(value) or "" for name, value in w.env_secrets.items()}}
+    cli_env = {**child_environment(environment or os.environ, w.env_passthrough), **env}
+    sandbox = resolve_sandbox(w.sandbox, name=w.name, mode=w.mode, cli=w.cli, home=w.home,
+                              env=cli_env, command=tuple(w.command), paths=w.sandbox_paths,
+                              options=w.cli_options)
     return CliSpec(
         name=w.name, cli=w.cli, models=tuple(w.models), home=w.home, aliases=dict(w.aliases),
         command=tuple(w.command), env=env, env_passthrough=tuple(w.env_passthrough),
         mode=w.mode, max_conversations=w.max_conversations,
         options=dict(w.cli_options), tool_timeout=w.tool_timeout,
         conversation_idle=w.conversation_idle, idle_timeout=w.idle_timeout,
+        sandbox=sandbox, workspace_root=w.workspace_root,
         supervision=SupervisorPolicy(
             ready_timeout=w.ready_timeout or 30.0, health_interval=w.health_interval,
             health_timeout=w.health_timeout, backoff_initial=w.backoff_initial,
@@ -181,6 +191,9 @@ def create_app(settings: Any) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # no process of our user reads our environment (the admin token, upstream
+        # keys) through /proc, nor attaches to us: agent-mode tools run as that user
+        undumpable()
         async with contextlib.AsyncExitStack() as stack:
             if gw.redis is not None:
                 await _start_redis(gw, stack)

@@ -379,10 +379,26 @@ def registered_worker(data: Mapping[str, Any], environ: Mapping[str, str],
 def check_config(path: str, environ: Mapping[str, str]) -> list[str]:
     """Every problem with the configuration at ``path`` (as ``serve`` would load it), or []."""
     try:
-        load_settings(path, environ)
+        settings = load_settings(path, environ)
     except ConfigError as exc:
         return exc.problems
-    return []
+    return _sandbox_problems(settings)
+
+
+def _sandbox_problems(settings: Settings) -> list[str]:
+    """Agent-mode cli workers whose sandbox this machine cannot give (``serve``
+    refuses them the same way)."""
+    from pool.cli.sandbox import SandboxUnavailable  # lazily: check-config stays light
+
+    from .factory import cli_spec
+    problems = []
+    for i, worker in enumerate(settings.workers):
+        if worker.kind == "cli" and worker.mode == "agent":
+            try:
+                cli_spec(worker, settings.environment)
+            except SandboxUnavailable as exc:
+                problems.append(f"workers[{i}].sandbox: {exc}")
+    return problems
 
 
 def _read_toml(path: str, problems: list[str]) -> dict:

@@ -203,10 +203,13 @@ class CliHost:
         setup = ConversationSetup(
             model=request.model, system=system, tools=request.tools,
             history=history if loads else (), max_tokens=request.sampling.max_tokens,
-            effort=request.reasoning_effort, thinking_budget=request.thinking_budget)
+            effort=request.reasoning_effort, thinking_budget=request.thinking_budget,
+            workspace=self.config.workspace(request.key_name))
         turn = new if loads or not history else (flatten(history, new),)
         await self._make_room()  # reserves the room: from here on it is counted as opening
         try:
+            if setup.workspace:  # the key's workspace exists before its CLI looks for it
+                self.config.sandbox.prepare(setup.workspace)
             conv = await self.driver.open(setup)
         except GatewayError:
             raise

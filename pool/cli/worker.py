@@ -33,6 +33,7 @@ from .history import answer_message, conversation_hash, split, system_text
 from .host import DEFAULT_SYSTEM_PROMPT
 from .index import SessionIndex
 from .limits import check_request
+from .sandbox import Sandbox
 
 __all__ = ["CliSpec", "CliWorker"]
 
@@ -62,12 +63,21 @@ class CliSpec:
     tool_timeout: float = 300.0
     conversation_idle: float = 900.0
     idle_timeout: float = 300.0
+    sandbox: Sandbox = field(default_factory=Sandbox)  # resolved (pool/cli/sandbox.py)
+    workspace_root: str | None = None  # agent mode: one workspace per key; default <home>-workspaces
     supervision: SupervisorPolicy = field(default_factory=SupervisorPolicy)
 
     @property
     def cwd(self) -> str:
         """The account's fixed working directory (Claude keys sessions by it)."""
         return os.path.join(os.path.abspath(os.path.expanduser(self.home)), "workspace")
+
+    @property
+    def workspaces(self) -> str:
+        """Where agent mode's per-key workspaces live: outside the credential home."""
+        if self.workspace_root:
+            return os.path.abspath(os.path.expanduser(self.workspace_root))
+        return os.path.abspath(os.path.expanduser(self.home)).rstrip("/") + "-workspaces"
 
     def child_config(self, base_env: Mapping[str, str]) -> dict[str, Any]:
         return {"name": self.name, "cli": self.cli,
@@ -78,6 +88,7 @@ class CliSpec:
                 "mode": self.mode, "max_conversations": self.max_conversations,
                 "options": dict(self.options), "tool_timeout": self.tool_timeout,
                 "conversation_idle": self.conversation_idle, "idle_timeout": self.idle_timeout,
+                "workspace_root": self.workspaces, "sandbox": self.sandbox.to_dict(),
                 # a logged-out account is probed again on the health interval
                 "login_recheck": self.supervision.health_interval}
 
@@ -146,7 +157,8 @@ class CliWorker(ProcessWorker):
                 "account": status.get("account"), "login": self.login,
                 "conversations": status.get("conversations", 0),
                 "held_tool_calls": status.get("held_tool_calls", 0),
-                "cooldown_until": self.cooldown_until, "mode": self.cli_spec.mode}
+                "cooldown_until": self.cooldown_until, "mode": self.cli_spec.mode,
+                "sandbox": self.cli_spec.sandbox.kind}
 
     def session_counts(self) -> dict[str, int]:
         return dict(self._status.get("sessions") or {})
