@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from functools import partial
 from typing import Any, AsyncIterator, Mapping
 
 import structlog
@@ -41,7 +42,7 @@ from .routes import (accounts as account_routes, chat, keys as key_routes, model
                      worker_admin)
 from .routes.ui import UI_PATH, UI_STATIC_PATH, OperatorPage
 from .worker_settings import EMBEDDED_SAMPLING
-from .state import apply_policy, open_state
+from .state import apply_policy, open_state, rebuild_budgets
 from .teams import Teams, policy_from_settings
 
 __all__ = ["create_app", "worker_specs", "remote_spec"]
@@ -293,18 +294,23 @@ async def _start_redis(gw: Gateway, stack: contextlib.AsyncExitStack) -> None:
         log.warning("gateway.redis_unreachable")
 
     outages = link.outages
+    limits = gw.teams.limits
 
     async def tick() -> None:
         nonlocal outages
         if link.outages != outages:  # back after an outage
             outages = link.outages
             gw.drains.republish()
+            await rebuild_budgets(gw)  # charges made meanwhile reached only this replica
+        elif await limits.lost():  # flushed, or restarted empty, between two probes
+            log.warning("gateway.redis_lost_limits")
+            await rebuild_budgets(gw)
         if gw.runtime_workers is not None:
             await gw.runtime_workers.sync()  # workers registered through other replicas
         if gw.pool.workers:
             await gw.drains.sync(gw)
 
-    watch = asyncio.ensure_future(link.watch(tick))
+    watch = asyncio.ensure_future(link.watch(tick, on_down=partial(rebuild_budgets, gw)))
     stack.callback(watch.cancel)
 
 

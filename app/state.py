@@ -18,7 +18,8 @@ from sessions.ledger import MEMORY_MAX_ROWS, StateDB, UsageLedger
 from .gateway import Gateway
 from .teams import policy_from_mapping
 
-__all__ = ["open_state", "apply_policy", "day_start", "month_start"]
+__all__ = ["open_state", "apply_policy", "day_start", "month_start", "budget_totals",
+           "rebuild_budgets"]
 
 log = structlog.get_logger("poolgate.state")
 
@@ -58,14 +59,36 @@ async def open_state(gw: Gateway, state_dir: str | None,
         apply_policy(gw, policy_from_mapping(key.name, key.policy))
     if stored:
         gw.keyring.require()
-    now = time.time()
+    await rebuild_budgets(gw)
+    log.info("state.opened", path=db.path, runtime_keys=len(stored))
+
+
+async def budget_totals(gw: Gateway) -> dict[str, tuple[int, int]]:
+    """Every budgeted key's tokens today and this month (UTC), as the usage
+    ledger has them: the truth budgets are rebuilt from. The one place that
+    reads the ledger for budgets (a shared database answers for every replica;
+    one SQLite per replica, for this replica's requests only)."""
     budgeted = [p.name for p in gw.teams.policies.values()
                 if p.budget_day is not None or p.budget_month is not None]
-    if budgeted:
+    if not budgeted:
+        return {}
+    today: dict[str, tuple[int, int, int]] = {}
+    month: dict[str, tuple[int, int, int]] = {}
+    if gw.ledger is not None:
+        now = time.time()
         today = gw.ledger.tokens_by_key(day_start(now))
         month = gw.ledger.tokens_by_key(month_start(now))
-        for name in budgeted:
-            _, day_in, day_out = today.get(name, (0, 0, 0))
-            _, month_in, month_out = month.get(name, (0, 0, 0))
-            await gw.teams.limits.seed(name, day_in + day_out, month_in + month_out)
-    log.info("state.opened", path=db.path, runtime_keys=len(stored))
+    totals = {}
+    for name in budgeted:
+        _, day_in, day_out = today.get(name, (0, 0, 0))
+        _, month_in, month_out = month.get(name, (0, 0, 0))
+        totals[name] = (day_in + day_out, month_in + month_out)
+    return totals
+
+
+async def rebuild_budgets(gw: Gateway) -> None:
+    """Start (or restart, after Redis lost them) the budgets at the ledger's totals."""
+    totals = await budget_totals(gw)
+    await gw.teams.limits.rebuild(totals)
+    if totals:
+        log.info("state.budgets_seeded", keys=len(totals))
