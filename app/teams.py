@@ -134,12 +134,6 @@ class Teams:
         policy = self.policies.get(key)
         return policy is None or policy.allows(model)
 
-    def check_model(self, key: str, model: str) -> None:
-        """Raise the unknown-model 404 when ``model`` is outside the key's list."""
-        policy = self.policies.get(key)
-        if policy is not None and not policy.allows(model):
-            raise model_not_found(model)
-
     async def admit(self, key: str, model: str) -> None:
         """Check the model and count one request; raise NotFound or RateLimited."""
         policy = self.policies.get(key)
