@@ -1,26 +1,36 @@
 """A key's limits hold across two real poolgate replicas and through a Redis
 loss: token budgets rebuilt from what the replicas and the ledger know after
-``FLUSHALL``, an outage and a restart (Redis comes back empty)."""
+``FLUSHALL``, an outage and a restart (Redis comes back empty); a key's
+``max_in_flight`` counted across the replicas, and a replica that dies
+holding slots does not hold them beyond ``sessions.redis_slots.TTL``."""
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Iterator
 
 import pytest
 
+from sessions.redis_slots import TTL
 from tests.support.redis_server import RedisServer
 
 from .test_replicas import Replica, _until
 
 BUDGET = {"authorization": "Bearer sk-d"}
+TWO = {"authorization": "Bearer sk-f"}
 KEYS = """
 [server.keys.team-d]
 secret_env = "TEAM_D_KEY"
 budget_tokens = { day = 1 }
+
+[server.keys.team-f]
+secret_env = "TEAM_F_KEY"
+max_in_flight = 2
 """
-SECRETS = {"TEAM_D_KEY": "sk-d"}
+SECRETS = {"TEAM_D_KEY": "sk-d", "TEAM_F_KEY": "sk-f"}
+SERVER = "queue_timeout = 0.3\n"
 
 
 @pytest.fixture
@@ -30,8 +40,9 @@ def cluster(tmp_path, fake_upstream) -> Iterator[SimpleNamespace]:
     try:
         for name in ("a", "b"):
             replicas.append(Replica(name, tmp_path, redis.url, ("w1", "w2"), fake_upstream.url,
-                                    extra=KEYS, secrets=SECRETS))
-        yield SimpleNamespace(redis=redis, a=replicas[0], b=replicas[1])
+                                    extra=KEYS, secrets=SECRETS, server=SERVER))
+        yield SimpleNamespace(redis=redis, a=replicas[0], b=replicas[1], tmp=tmp_path,
+                              upstream=fake_upstream.url, more=replicas)
     finally:
         for replica in replicas:
             replica.close()
@@ -74,3 +85,39 @@ def test_a_spent_budget_stays_refused_through_flush_outage_and_restart(cluster) 
         for replica in (a, b):
             assert _refused_for_budget(replica), "a spent budget admitted after a Redis restart"
         time.sleep(0.4)
+
+
+def _in_flight_refused(replica: Replica) -> bool:
+    answer = replica.chat("x", headers=TWO)
+    if answer.status_code == 200:
+        return False
+    assert answer.status_code == 429, answer.text
+    assert "2 requests in flight" in answer.json()["error"]["message"], answer.text
+    return True
+
+
+def test_max_in_flight_holds_across_replicas_and_outlives_no_dead_replica(cluster) -> None:
+    a, b = cluster.a, cluster.b
+    with ThreadPoolExecutor(2) as threads:
+        slow = [threads.submit(a.chat, "[[sleep:1.5]] slow", None, TWO) for _ in range(2)]
+        time.sleep(0.5)  # both admitted on A
+        assert _in_flight_refused(b), "B admitted a third request of a key with max_in_flight 2"
+        assert _in_flight_refused(a)
+        assert all(f.result().status_code == 200 for f in slow)
+    _until(lambda: not _in_flight_refused(b), 2, "B admits once A's requests ended")
+
+    # a replica that dies holding both slots: they are void after TTL, not forever
+    c = Replica("c", cluster.tmp, cluster.redis.url, ("w1",), cluster.upstream, extra=KEYS,
+                secrets=SECRETS, server=SERVER)
+    cluster.more.append(c)
+    with ThreadPoolExecutor(2) as threads:
+        doomed = [threads.submit(c.chat, "[[sleep:30]] held", None, TWO) for _ in range(2)]
+        time.sleep(0.5)
+        assert _in_flight_refused(b)
+        c.proc.kill()
+        c.proc.wait()
+        for future in doomed:
+            with pytest.raises(Exception):
+                future.result()
+    took = _until(lambda: not _in_flight_refused(b), TTL + 3, "a dead replica's slots expire")
+    assert took > 1.0, "the dead replica's slots must count until its deadline passes"

@@ -37,7 +37,7 @@ BUSY_RPM = 300  # big enough for the replicas to lease requests of it
 
 
 def _config(path: Path, port: int, redis_url: str, workers: tuple[str, ...], upstream: str,
-            extra: str = "") -> Path:
+            extra: str = "", server: str = "") -> Path:
     blocks = "".join(f"""
 [[workers]]
 name = "{name}"
@@ -51,7 +51,7 @@ models = ["{OPENAI_MODEL}"]
 port = {port}
 log_level = "warning"
 redis_url = "{redis_url}"
-
+{server}
 [server.keys.team-a]
 secret_env = "TEAM_A_KEY"
 
@@ -68,10 +68,12 @@ rpm = {BUSY_RPM}
 
 class Replica:
     def __init__(self, name: str, tmp: Path, redis_url: str, workers: tuple[str, ...],
-                 upstream: str, extra: str = "", secrets: dict[str, str] | None = None) -> None:
+                 upstream: str, extra: str = "", secrets: dict[str, str] | None = None,
+                 server: str = "") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = _config(tmp / f"{name}.toml", self.port, redis_url, workers, upstream, extra)
+        config = _config(tmp / f"{name}.toml", self.port, redis_url, workers, upstream, extra,
+                         server)
         env = {**os.environ, "TEAM_A_KEY": "sk-a", "TEAM_R_KEY": "sk-r", "TEAM_B_KEY": "sk-b",
                "UPSTREAM_KEY": UPSTREAM_KEY, "POOLGATE_ADMIN_TOKEN": ADMIN_TOKEN,
                "POOLGATE_METRICS_TOKEN": "m", **(secrets or {})}

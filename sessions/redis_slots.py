@@ -1,0 +1,216 @@
+"""A key's requests in flight counted across replicas, in Redis, for its
+``max_in_flight``.
+
+Each replica counts its own slots in one field of the key's hash
+(``inf:<key>``: replica id -> slots held), so what a replica holds is its own
+to correct. A replica that dies must not hold its slots forever: every call
+also stamps the replica's deadline in the ``inf-alive`` hash (Redis's clock,
+``ttl`` ahead), the health probe renews it, and a take ignores and deletes
+the fields of replicas past their deadline. A dead replica's slots are
+therefore void after at most ``ttl`` seconds.
+
+A take is one script call (its round trip is the cost of a key with a
+``max_in_flight`` on a deployment with Redis; a key without one costs
+nothing here). Give-backs are queued and sent together ``batch`` seconds
+later, one script call for all keys.
+
+Redis lost or out of reach: a take while Redis is down is granted here (the
+replica's own per-key limit still holds, so across N replicas a key may get
+up to N times its limit until Redis is back) and is not counted in Redis
+until it ends. After an outage or a flush, :meth:`RedisSlots.beat` with
+``republish`` writes this replica's counts back (absolute values), so give-backs
+lost meanwhile leave no phantom slots and a flushed Redis knows again what
+is in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from functools import partial
+from typing import Any
+
+import structlog
+
+from .redis_link import PREFIX, RedisDown, RedisLink
+
+__all__ = ["RedisSlots", "TTL"]
+
+log = structlog.get_logger("poolgate.redis")
+
+_KEY = PREFIX + "inf:"
+_ALIVE = PREFIX + "inf-alive"
+#: seconds a replica's slots count without it renewing its deadline
+TTL = 10.0
+_FORGET_MS = 3600 * 1000  # a replica silent this long leaves the alive hash
+
+_CLOCK = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# KEYS: the key's hash, the alive hash; ARGV: replica, limit, ttl (ms) -> 1 taken, 0 full
+_TAKE = _CLOCK + """
+local me, limit = ARGV[1], tonumber(ARGV[2])
+redis.call('HSET', KEYS[2], me, now + tonumber(ARGV[3]))
+local held = redis.call('HGETALL', KEYS[1])
+local total = 0
+for i = 1, #held, 2 do
+  if held[i] ~= me and tonumber(redis.call('HGET', KEYS[2], held[i]) or '0') < now then
+    redis.call('HDEL', KEYS[1], held[i])
+  else
+    total = total + tonumber(held[i + 1])
+  end
+end
+if total >= limit then return 0 end
+redis.call('HINCRBY', KEYS[1], me, 1)
+return 1
+"""
+
+# KEYS: the keys' hashes; ARGV: replica, then the slots given back of each key
+_GIVE = """
+for i, k in ipairs(KEYS) do
+  if redis.call('HINCRBY', k, ARGV[1], -tonumber(ARGV[i + 1])) <= 0 then
+    redis.call('HDEL', k, ARGV[1])
+  end
+end
+return 0
+"""
+
+# KEYS: the alive hash, then the keys' hashes to write; ARGV: replica, ttl (ms),
+# forget (ms), then the slots held of each key
+_BEAT = _CLOCK + """
+local me = ARGV[1]
+redis.call('HSET', KEYS[1], me, now + tonumber(ARGV[2]))
+local alive = redis.call('HGETALL', KEYS[1])
+for i = 1, #alive, 2 do
+  if tonumber(alive[i + 1]) < now - tonumber(ARGV[3]) then redis.call('HDEL', KEYS[1], alive[i]) end
+end
+for i = 2, #KEYS do
+  local n = tonumber(ARGV[i + 2])
+  if n > 0 then redis.call('HSET', KEYS[i], me, n) else redis.call('HDEL', KEYS[i], me) end
+end
+return 0
+"""
+
+
+class RedisSlots:
+    """Shared in-flight slots per key; ``replica`` names this process's field."""
+
+    def __init__(self, link: RedisLink, replica: str, *, ttl: float = TTL,
+                 batch: float = 0.05) -> None:
+        self._link = link
+        self.replica = replica
+        self._ttl_ms = int(ttl * 1000)
+        self._batch = batch
+        client = link.client
+        self._take = client.register_script(_TAKE)
+        self._give = client.register_script(_GIVE)
+        self._beat = client.register_script(_BEAT)
+        self._held: dict[str, int] = {}    # slots held here, per key
+        self._shared: dict[str, int] = {}  # of those, the ones Redis counts
+        self._seen: set[str] = set()       # keys this replica ever counted in Redis
+        self._returns: dict[str, int] = {}  # give-backs not sent yet
+        self._flusher: asyncio.Task[Any] | None = None
+        self._writing = asyncio.Lock()  # give-backs and republishing, one at a time
+        self.takes = self.refusals = self.fallbacks = 0
+
+    async def take(self, key: str, limit: int) -> bool:
+        """One slot of ``key`` if fewer than ``limit`` are held across the
+        replicas (True), else False; True while Redis is down (counted here)."""
+        self.takes += 1
+        if self._link.up:
+            keys, args = [_KEY + key, _ALIVE], [self.replica, limit, self._ttl_ms]
+            task = asyncio.ensure_future(self._link.call(lambda: self._take(keys=keys, args=args)))
+            try:
+                taken = await asyncio.shield(task)  # a cancelled caller leaves it to settle
+            except RedisDown:
+                pass
+            except asyncio.CancelledError:
+                task.add_done_callback(partial(self._abandoned, key))
+                raise
+            else:
+                if not taken:
+                    self.refusals += 1
+                    return False
+                self._hold(key, shared=True)
+                return True
+        self.fallbacks += 1
+        self._hold(key, shared=False)
+        return True
+
+    def _hold(self, key: str, shared: bool) -> None:
+        self._held[key] = self._held.get(key, 0) + 1
+        if shared:
+            self._shared[key] = self._shared.get(key, 0) + 1
+            self._seen.add(key)
+
+    def _abandoned(self, key: str, task: asyncio.Future[Any]) -> None:
+        """A take whose caller was cancelled: give back what it got."""
+        if not task.cancelled() and task.exception() is None and task.result():
+            self._hold(key, shared=True)
+            self.give_back(key)
+
+    def give_back(self, key: str) -> None:
+        """A request of ``key`` ended (no-op for a key holding no slot here)."""
+        held = self._held.get(key)
+        if not held:
+            return
+        if held == 1:
+            del self._held[key]
+        else:
+            self._held[key] = held - 1
+        shared = self._shared.get(key, 0)
+        if shared > held - 1:  # counted in Redis (the ones taken while it was down are not)
+            if shared == 1:
+                del self._shared[key]
+            else:
+                self._shared[key] = shared - 1
+            self._returns[key] = self._returns.get(key, 0) + 1
+            if self._flusher is None:
+                self._flusher = asyncio.get_running_loop().create_task(self._flush_soon())
+
+    async def _flush_soon(self) -> None:
+        await asyncio.sleep(self._batch)
+        async with self._writing:
+            returns, self._returns = self._returns, {}
+            self._flusher = None
+            if not returns:
+                return
+            keys = [_KEY + key for key in returns]
+            args = [self.replica, *returns.values()]
+            try:
+                await self._link.call(lambda: self._give(keys=keys, args=args))
+            except RedisDown:
+                pass  # the counts are written whole again when Redis is back (beat)
+
+    async def beat(self, republish: bool = False) -> None:
+        """Renew this replica's deadline (with the health probe); ``republish``
+        (after an outage or a flush): write its counts whole, in place of
+        what Redis has or lost. :class:`RedisDown` when out of reach."""
+        async with self._writing:
+            keys = [_ALIVE]
+            args: list[Any] = [self.replica, self._ttl_ms, _FORGET_MS]
+            if republish:
+                self._returns.clear()  # the counts below already have them
+                for key in self._seen:
+                    keys.append(_KEY + key)
+                    args.append(self._shared.get(key, 0))
+            await self._link.call(lambda: self._beat(keys=keys, args=args))
+            if republish:
+                self._seen = set(self._shared)
+                log.info("slots.republished", keys=len(keys) - 1)
+
+    async def aclose(self) -> None:
+        """Shutting down: send the give-backs queued, and leave the alive hash
+        (what this replica still holds is void at once)."""
+        if self._flusher is not None:
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        client, alive, me = self._link.client, _ALIVE, self.replica
+        try:
+            await self._link.call(lambda: client.hdel(alive, me))
+        except RedisDown:
+            pass
+
+    def stats(self) -> dict[str, int]:
+        return {"takes": self.takes, "refusals": self.refusals, "fallbacks": self.fallbacks,
+                "held": sum(self._held.values())}

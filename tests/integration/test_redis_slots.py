@@ -1,0 +1,75 @@
+"""Shared in-flight slots against a real redis-server: two links stand for two
+replicas; a flushed Redis gets the counts back, a cancelled take leaks nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator, Iterator
+
+import pytest
+
+from sessions.redis_link import RedisLink
+from sessions.redis_slots import RedisSlots
+from tests.support.redis_server import RedisServer
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    srv = RedisServer().start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+async def pair(server: RedisServer) -> AsyncIterator[tuple[RedisSlots, RedisSlots]]:
+    links = [RedisLink(server.url, timeout=0.5) for _ in range(2)]
+    for link in links:
+        assert await link.ping()
+    try:
+        yield RedisSlots(links[0], "a", batch=0.01), RedisSlots(links[1], "b", batch=0.01)
+    finally:
+        for link in links:
+            await link.aclose()
+
+
+async def _settled() -> None:
+    await asyncio.sleep(0.05)  # give-backs are sent batch seconds later
+
+
+async def test_the_limit_counts_both_replicas_and_give_backs_free_it(pair) -> None:
+    a, b = pair
+    assert await a.take("k", 2) and await b.take("k", 2)
+    assert not await a.take("k", 2) and not await b.take("k", 2)
+    b.give_back("k")
+    b.give_back("k")  # one more than held: ignored, never below zero
+    await _settled()
+    assert await a.take("k", 2)
+    assert not await b.take("k", 2)
+
+
+async def test_a_flushed_redis_gets_the_counts_back(pair, server: RedisServer) -> None:
+    a, b = pair
+    assert await a.take("k", 2) and await a.take("k", 2)
+    client = server.client()
+    try:
+        client.flushall()
+    finally:
+        client.close()
+    await a.beat(republish=True)
+    assert not await b.take("k", 2), "the two slots held on A were forgotten"
+    a.give_back("k")
+    await _settled()
+    assert await b.take("k", 2)
+
+
+async def test_a_cancelled_take_gives_its_slot_back(pair) -> None:
+    a, b = pair
+    task = asyncio.ensure_future(a.take("k", 1))
+    await asyncio.sleep(0)  # sent, not answered yet
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0.1)
+    assert await b.take("k", 1), "a cancelled take kept its slot"
