@@ -9,7 +9,7 @@ from typing import AsyncIterator, Iterator
 import pytest
 
 from sessions.redis_link import RedisLink
-from sessions.redis_slots import RedisSlots
+from sessions.redis_slots import LIFETIME, RedisSlots
 from tests.support.redis_server import RedisServer
 
 
@@ -73,3 +73,24 @@ async def test_a_cancelled_take_gives_its_slot_back(pair) -> None:
         await task
     await asyncio.sleep(0.1)
     assert await b.take("k", 1), "a cancelled take kept its slot"
+
+
+async def test_spares_spare_round_trips_never_exceed_the_limit_and_go_back(pair) -> None:
+    a, b = pair
+    limit = 64
+    for _ in range(16):
+        assert await a.take("busy", limit)
+    assert a.stats()["round_trips"] <= 8 and a.stats()["spares"] >= 8, a.stats()
+    taken_b = 0
+    while await b.take("busy", limit):
+        taken_b += 1
+    # together never over the limit; early by at most A's spares
+    assert 16 + taken_b <= limit
+    assert 16 + taken_b >= limit - a.stats()["reserved"] + 16
+    for _ in range(16):
+        a.give_back("busy")
+    await asyncio.sleep(2 * LIFETIME + 0.3)  # A's idle spares go back (swept every LIFETIME)
+    assert a.stats()["reserved"] == 0
+    while await b.take("busy", limit):
+        taken_b += 1
+    assert taken_b == limit

@@ -16,7 +16,7 @@ import pytest
 from sessions.redis_slots import TTL
 from tests.support.redis_server import RedisServer
 
-from .test_replicas import Replica, _until
+from .test_replicas import ADMIN, Replica, _until
 
 BUDGET = {"authorization": "Bearer sk-d"}
 TWO = {"authorization": "Bearer sk-f"}
@@ -67,10 +67,11 @@ def test_a_spent_budget_stays_refused_through_flush_outage_and_restart(cluster) 
     client = cluster.redis.client()
     try:
         client.flushall()
+        assert _refused_for_budget(a), "A lost the budget with Redis's data"
+        # each replica's probe finds its marker gone and writes its budgets back
+        _until(lambda: len(client.keys("poolgate:lim-seeded:*")) == 2, 5, "both rebuilt")
     finally:
         client.close()
-    assert _refused_for_budget(a), "A lost the budget with Redis's data"
-    time.sleep(1.0)  # two probes: A finds its marker gone and writes the budget back
     assert _refused_for_budget(b), "B admitted a spent budget after FLUSHALL"
     assert _refused_for_budget(a)
 
@@ -96,11 +97,15 @@ def _in_flight_refused(replica: Replica) -> bool:
     return True
 
 
+def _held(replica: Replica) -> int:
+    return replica.http.get("/internal/stats", headers=ADMIN).json()["slots"]["held"]
+
+
 def test_max_in_flight_holds_across_replicas_and_outlives_no_dead_replica(cluster) -> None:
     a, b = cluster.a, cluster.b
     with ThreadPoolExecutor(2) as threads:
-        slow = [threads.submit(a.chat, "[[sleep:1.5]] slow", None, TWO) for _ in range(2)]
-        time.sleep(0.5)  # both admitted on A
+        slow = [threads.submit(a.chat, "[[sleep:2]] slow", None, TWO) for _ in range(2)]
+        _until(lambda: _held(a) == 2, 2, "both admitted on A")
         assert _in_flight_refused(b), "B admitted a third request of a key with max_in_flight 2"
         assert _in_flight_refused(a)
         assert all(f.result().status_code == 200 for f in slow)
@@ -112,7 +117,7 @@ def test_max_in_flight_holds_across_replicas_and_outlives_no_dead_replica(cluste
     cluster.more.append(c)
     with ThreadPoolExecutor(2) as threads:
         doomed = [threads.submit(c.chat, "[[sleep:30]] held", None, TWO) for _ in range(2)]
-        time.sleep(0.5)
+        _until(lambda: _held(c) == 2, 2, "both admitted on C")
         assert _in_flight_refused(b)
         c.proc.kill()
         c.proc.wait()
