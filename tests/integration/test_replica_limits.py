@@ -98,7 +98,9 @@ def _in_flight_refused(replica: Replica) -> bool:
 
 
 def _held(replica: Replica) -> int:
-    return replica.http.get("/internal/stats", headers=ADMIN).json()["slots"]["held"]
+    """The key's requests in flight on ``replica`` (its own admission count)."""
+    stats = replica.http.get("/internal/stats", headers=ADMIN).json()
+    return stats["admission"]["by_key"].get("team-f", 0)
 
 
 def test_max_in_flight_holds_across_replicas_and_outlives_no_dead_replica(cluster) -> None:
