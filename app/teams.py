@@ -4,8 +4,8 @@ read), and what an answer that ended is charged.
 
 Cost per request: one dict lookup for a key without a policy; with one, a
 cached glob match and one :meth:`LimitStore.admit` (O(1) in the memory store),
-and with Redis and a ``max_in_flight``, one round trip to take a slot shared
-by the replicas (:meth:`Teams.take_slot`).
+and with Redis and a ``max_in_flight``, a slot shared by the replicas
+(:meth:`Teams.take_slot`: a spare reserved earlier, else one round trip).
 """
 
 from __future__ import annotations

@@ -106,15 +106,18 @@ class RedisLink:
         ``on_down()`` once per outage, at the first ping that finds it down."""
         seen = -1  # the outage on_down was called for
         while True:
+            call = None
             if await self.ping():
-                if on_tick is not None:
-                    try:
-                        await on_tick()
-                    except RedisDown:
-                        pass
+                call = on_tick
             elif on_down is not None and seen != self.outages:
-                seen = self.outages
-                await on_down()
+                seen, call = self.outages, on_down
+            if call is not None:
+                try:
+                    await call()
+                except RedisDown:
+                    pass
+                except Exception:  # the probe must go on: it is what brings Redis back
+                    log.exception("redis.watch_failed")
             await asyncio.sleep(self.probe_interval)
 
     def stats(self) -> dict[str, Any]:
