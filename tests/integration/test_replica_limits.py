@@ -6,6 +6,7 @@ holding slots does not hold them beyond ``sessions.redis_slots.TTL``."""
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
@@ -128,3 +129,34 @@ def test_max_in_flight_holds_across_replicas_and_outlives_no_dead_replica(cluste
                 future.result()
     took = _until(lambda: not _in_flight_refused(b), TTL + 3, "a dead replica's slots expire")
     assert took > 1.0, "the dead replica's slots must count until its deadline passes"
+
+
+def test_while_redis_is_down_budgets_start_from_the_shared_ledger(tmp_path, fake_upstream) -> None:
+    """Two replicas on one ledger (one SQLite file in a shared ``state_dir``,
+    standing in for the shared database): B never saw the key's usage, yet
+    once Redis is down it refuses the key by what A's requests left in the
+    ledger, not from zero."""
+    redis = RedisServer().start()
+    state = tmp_path / "state"
+    server = SERVER + f'state_dir = "{state}"\n'
+    replicas: list[Replica] = []
+    try:
+        for name in ("a", "b"):
+            replicas.append(Replica(name, tmp_path, redis.url, ("w1",), fake_upstream.url,
+                                    extra=KEYS, secrets=SECRETS, server=server))
+        a, b = replicas
+        assert a.chat("spend it", headers=BUDGET).status_code == 200
+
+        def in_ledger() -> bool:
+            with sqlite3.connect(state / "poolgate.sqlite3") as db:
+                return db.execute("SELECT COUNT(*) FROM usage WHERE key = 'team-d'"
+                                  ).fetchone()[0] > 0
+        _until(in_ledger, 5, "A's request in the ledger")
+        redis.kill()
+        _until(lambda: b.http.get("/readyz").json()["redis"] == "down", 5, "B sees Redis down")
+        time.sleep(0.3)  # the probe that found it down re-seeds B's budgets from the ledger
+        assert _refused_for_budget(b), "B counted the budget from zero while Redis is down"
+    finally:
+        for replica in replicas:
+            replica.close()
+        redis.stop()
