@@ -155,20 +155,23 @@ class Teams:
 
     async def take_slot(self, key: str) -> None:
         """One of the key's ``max_in_flight`` slots shared by the replicas,
-        waiting up to ``max_wait`` (looking again at growing intervals up to
-        0.25 s); raise :class:`KeyLimitExceeded` after that."""
+        waiting up to ``max_wait`` for one that a request here hands over or,
+        looking again at growing intervals up to 0.25 s, one that another
+        replica gave back; raise :class:`KeyLimitExceeded` after that."""
         policy = self.policies.get(key)
         limit = policy.max_in_flight if policy is not None else None
-        if limit is None or self.slots is None:
+        slots = self.slots
+        if limit is None or slots is None:
             return
-        if await self.slots.take(key, limit):
+        if await slots.take(key, limit):
             return
         loop = asyncio.get_running_loop()
         deadline, pause = loop.time() + self.max_wait, 0.02
         while (left := deadline - loop.time()) > 0:
-            await asyncio.sleep(min(pause, left))
+            if await slots.wait(key, min(pause, left)):
+                return
             pause = min(pause * 2, 0.25)
-            if await self.slots.take(key, limit):
+            if await slots.take(key, limit):
                 return
         raise KeyLimitExceeded(f"This API key already has {limit} requests in flight; "
                                "retry when one finishes.", code="rate_limit_exceeded",

@@ -18,8 +18,10 @@ exceeded (slots are reserved atomically); a refusal may come early by the
 spares other replicas hold: at most 1/``SHARE`` of the limit each, at most
 twice their recent peak use, given back at most 2 × ``LIFETIME`` seconds after their
 key's last take here.
-Give-backs are queued and sent together ``batch`` seconds later, one script
-call for all keys.
+A request that ends hands its slot to the first request of the same key
+waiting on this replica (no round trip, in arrival order); requests waiting
+for other replicas' slots look again at growing intervals. Give-backs are
+queued and sent together ``batch`` seconds later, one script call for all keys.
 
 Redis lost or out of reach: a take while Redis is down uses a spare, or is
 granted here uncounted (the replica's own per-key limit still holds, so
@@ -32,6 +34,7 @@ no phantom slots and a flushed Redis knows again what is in flight.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from functools import partial
 from typing import Any
 
@@ -128,7 +131,9 @@ class RedisSlots:
         self._flusher: asyncio.Task[Any] | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         self._writing = asyncio.Lock()  # give-backs and republishing, one at a time
+        self._waiting: dict[str, deque[asyncio.Future[bool]]] = {}  # requests waiting here
         self.takes = self.spares = self.round_trips = self.refusals = self.fallbacks = 0
+        self.handoffs = 0
 
     async def take(self, key: str, limit: int) -> bool:
         """One slot of ``key`` if fewer than ``limit`` are held across the
@@ -179,11 +184,41 @@ class RedisSlots:
             self._reserve(key, int(task.result()))
             self._trim(key)
 
+    async def wait(self, key: str, timeout: float) -> bool:
+        """Wait up to ``timeout`` for a slot of ``key`` handed over by a request
+        of this replica that ends (True: it is the caller's now), in arrival order."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        queue = self._waiting.setdefault(key, deque())
+        queue.append(future)
+        try:
+            async with asyncio.timeout(timeout):
+                return await asyncio.shield(future)
+        except TimeoutError:  # handed over just as the time ran out: it is still ours
+            return future.done() and not future.cancelled()
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():  # handed over as the caller left
+                self.give_back(key)
+            raise
+        finally:
+            future.cancel()  # no-op once it has a result
+            if future in queue:
+                queue.remove(future)
+            if not queue and self._waiting.get(key) is queue:
+                del self._waiting[key]
+
     def give_back(self, key: str) -> None:
-        """A request of ``key`` ended (no-op for a key holding no slot here)."""
+        """A request of ``key`` ended (no-op for a key holding no slot here):
+        its slot goes to the first request of this replica waiting for one, or back."""
         held = self._held.get(key)
         if not held:
             return
+        queue = self._waiting.get(key)
+        if queue:
+            for future in queue:
+                if not future.done():
+                    future.set_result(True)  # the slot stays held: the waiter's now
+                    self.handoffs += 1
+                    return
         if held == 1:
             del self._held[key]
         else:
@@ -280,5 +315,5 @@ class RedisSlots:
 
     def stats(self) -> dict[str, int]:
         return {"takes": self.takes, "spares": self.spares, "round_trips": self.round_trips,
-                "refusals": self.refusals, "fallbacks": self.fallbacks,
+                "refusals": self.refusals, "fallbacks": self.fallbacks, "handoffs": self.handoffs,
                 "held": sum(self._held.values()), "reserved": sum(self._reserved.values())}

@@ -94,3 +94,19 @@ async def test_spares_spare_round_trips_never_exceed_the_limit_and_go_back(pair)
     while await b.take("busy", limit):
         taken_b += 1
     assert taken_b == limit
+
+
+async def test_a_slot_that_ends_goes_to_the_request_waiting_here(pair) -> None:
+    a, b = pair
+    assert await a.take("k", 1)
+    assert not await a.take("k", 1)
+    waiting = asyncio.ensure_future(a.wait("k", 5))
+    await asyncio.sleep(0.01)
+    a.give_back("k")  # handed over: no round trip, still counted in Redis
+    assert await waiting and a.stats()["handoffs"] == 1
+    await _settled()
+    assert not await b.take("k", 1), "the handed-over slot was given back to Redis"
+    assert not await a.wait("k", 0.05)  # nobody hands one over: a timeout, not a slot
+    a.give_back("k")
+    await _settled()
+    assert await b.take("k", 1)
