@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from functools import partial
 from typing import Any, AsyncIterator, Mapping
 
 import structlog
@@ -45,7 +46,7 @@ from .routes import (accounts as account_routes, chat, keys as key_routes, model
                      worker_admin)
 from .routes.ui import UI_PATH, UI_STATIC_PATH, OperatorPage
 from .worker_settings import EMBEDDED_SAMPLING
-from .state import apply_policy, open_state
+from .state import apply_policy, open_state, rebuild_budgets
 from .teams import Teams, policy_from_settings
 
 __all__ = ["create_app", "worker_specs", "remote_spec"]
@@ -181,7 +182,8 @@ def create_app(settings: Any) -> Starlette:
                  log_requests=server.log_level in ("debug", "info"),
                  stream_grace=server.stream_grace, ping_interval=server.ping_interval,
                  keyring=keys, config_keys=frozenset(secrets),
-                 teams=Teams((), stores.limits))
+                 teams=Teams((), stores.limits, slots=stores.slots,
+                             max_wait=server.queue_timeout))
     for name, key in server.keys.items():
         apply_policy(gw, policy_from_settings(name, key))
     _build_policies(gw, settings.routing)
@@ -310,18 +312,29 @@ async def _start_redis(gw: Gateway, stack: contextlib.AsyncExitStack) -> None:
         log.warning("gateway.redis_unreachable")
 
     outages = link.outages
+    limits, slots = gw.teams.limits, gw.teams.slots
+    if slots is not None:
+        stack.push_async_callback(slots.aclose)
 
     async def tick() -> None:
         nonlocal outages
-        if link.outages != outages:  # back after an outage
+        lost = link.outages != outages
+        if lost:  # back after an outage
             outages = link.outages
             gw.drains.republish()
+        elif await limits.lost():  # flushed, or restarted empty, between two probes
+            log.warning("gateway.redis_lost_limits")
+            lost = True
+        if slots is not None:
+            await slots.beat(republish=lost)  # this replica's slots stay counted
+        if lost:  # charges made meanwhile reached only this replica; or Redis has none
+            await rebuild_budgets(gw)
         if gw.runtime_workers is not None:
             await gw.runtime_workers.sync()  # workers registered through other replicas
         if gw.pool.workers:
             await gw.drains.sync(gw)
 
-    watch = asyncio.ensure_future(link.watch(tick))
+    watch = asyncio.ensure_future(link.watch(tick, on_down=partial(rebuild_budgets, gw)))
     stack.callback(watch.cancel)
 
 

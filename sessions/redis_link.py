@@ -103,14 +103,24 @@ class RedisLink:
             self._since = time.monotonic()
         return True
 
-    async def watch(self, on_tick: Callable[[], Awaitable[Any]] | None = None) -> None:
-        """Forever: ping, then ``on_tick()`` while up (shared state to poll)."""
+    async def watch(self, on_tick: Callable[[], Awaitable[Any]] | None = None,
+                    on_down: Callable[[], Awaitable[Any]] | None = None) -> None:
+        """Forever: ping, then ``on_tick()`` while up (shared state to poll);
+        ``on_down()`` once per outage, at the first ping that finds it down."""
+        seen = -1  # the outage on_down was called for
         while True:
-            if await self.ping() and on_tick is not None:
+            call = None
+            if await self.ping():
+                call = on_tick
+            elif on_down is not None and seen != self.outages:
+                seen, call = self.outages, on_down
+            if call is not None:
                 try:
-                    await on_tick()
+                    await call()
                 except RedisDown:
                     pass
+                except Exception:  # the probe must go on: it is what brings Redis back
+                    log.exception("redis.watch_failed")
             await asyncio.sleep(self.probe_interval)
 
     def stats(self) -> dict[str, Any]:

@@ -439,3 +439,24 @@ async def test_closing_gives_the_leases_back(links) -> None:
     await limits.aclose()
     assert await shared_requests(links[0], "closing") == 200
     assert await links[1].client.hget("poolgate:lim:closing", "tok") == b"7"
+
+
+async def test_a_flushed_redis_is_found_and_rebuilt_from_the_floor(server: RedisServer,
+                                                                   links) -> None:
+    a, b = (RedisLimits(link, MemoryLimits()) for link in links)
+    budget = KeyPolicy("team-d", budget_day=50)
+    await a.rebuild({"team-d": (10, 10)})  # the ledger's totals at start
+    a.charge("team-d", 60)  # over, by this replica's own charge
+    await a.flush()
+    assert not await a.lost()
+    client = server.client()
+    try:
+        client.flushall()
+    finally:
+        client.close()
+    assert (await a.admit(budget)).limit == "budget_day"  # its floor, whatever Redis says
+    assert await a.lost()
+    await a.rebuild({"team-d": (10, 10)})  # the ledger lags: the floor wins
+    assert not await a.lost()
+    refusal = await b.admit(budget)  # B never saw the key's usage: Redis has it back
+    assert refusal is not None and refusal.limit == "budget_day"
