@@ -22,7 +22,7 @@ from app.settings import ServerSettings, Settings
 from auth.autologin import CHROMIUM
 from tests.fakes.idp import FakeIdP
 from tests.fakes.responses_upstream import ResponsesUpstream
-from tests.support.codex_accounts import CODEX_MODEL, codex_home, codex_worker
+from tests.support.codex_accounts import CODEX_MODEL, codex_home, codex_worker, provider_options
 from tests.support.cli_accounts import wait_for
 from tests.support.server import ServerThread
 
@@ -131,3 +131,26 @@ def test_codex_logins_wait_in_line_for_the_fixed_port(tmp_path: Path, upstream: 
                   json={"code": idp.sign_in(a["url"], "alice@example.com", "pw-alice")})
         b = wait_for(lambda: (s := state("codex-b"))["state"] == "waiting_for_code" and s)
         assert state("codex-a")["state"] == "ready" and b["url"].startswith(idp.url)
+
+
+def test_a_provider_that_needs_no_openai_login_is_ready(tmp_path: Path,
+                                                         upstream: ResponsesUpstream) -> None:
+    """A custom ``model_provider`` with ``requires_openai_auth = false``: ``account/read``
+    answers ``account: null, requiresOpenaiAuth: false``, and the account serves."""
+    options = provider_options(upstream.url)
+    options["config"]["model_providers.fake.requires_openai_auth"] = False
+    worker = codex_worker("codex-a", codex_home(tmp_path / "codex-a", None), upstream.url,
+                          cli_options=options)
+    settings = Settings(server=ServerSettings(admin_token="admin-token",
+                                              api_keys={"team": "sk-team"}),
+                        workers=(worker,))
+    with ServerThread(create_app(settings)) as srv, \
+            httpx.Client(base_url=srv.url, timeout=60, headers=ADMIN) as http:
+        wait_for(lambda: status(http)["login"] is not None, timeout=30)
+        assert status(http)["login"] == "ready"
+        with openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-team", max_retries=0) as client:
+            answer = client.chat.completions.create(
+                model=CODEX_MODEL, messages=[{"role": "user", "content": "Say hi"}])
+        assert answer.choices[0].message.content
+        assert [r.headers.get("authorization") for r in upstream.requests
+                if r.body is not None] == [None]
