@@ -73,6 +73,9 @@ class WorkerSettings(BaseModel):
     tool_timeout: float = Field(300.0, gt=0)  # a held client tool call is released after this
     conversation_idle: float = Field(900.0, gt=0)  # an idle conversation is closed after this
     cli_options: dict[str, Any] = Field(default_factory=dict)  # driver-specific (jsonrpc methods)
+    login_timeout: float = Field(600.0, gt=0)  # a login ends by then, code or not (its locks freed)
+    # a refused account is tried again (a one-token turn) after this, doubling up to an hour
+    login_probe_interval: float = Field(60.0, gt=0)
     # cli: the account's logged-in files at start-up (a session bundle, docs/accounts.md)
     bundle: str | None = None  # a bundle file (tar.gz)
     bundle_env: str | None = None  # an environment variable holding a bundle, base64
