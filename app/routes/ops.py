@@ -95,7 +95,7 @@ def worker_info(gw: Gateway, w: Any, now: float) -> dict[str, Any]:
 
 
 _CLI_FIELDS = ("cli", "version", "account", "login", "conversations", "held_tool_calls",
-               "cooldown_until", "mode")
+               "cooldown_until", "mode", "account_state")
 
 
 def _cli_info(w: Any) -> dict[str, Any]:
