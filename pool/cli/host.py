@@ -136,7 +136,9 @@ class CliHost:
         and is ready again once the upstream answers it."""
         if self.health.login != "ready":
             await self.recheck_login()
-        if self.health.login == "ready" or self._refused is None:
+        # refused by the upstream (a turn, or the session a jsonrpc agent opens at start)
+        refused = self._refused is not None or bool(self.health.detail.get("reason"))
+        if self.health.login == "ready" or not refused:
             return await self.status()
         model = params.get("model") if isinstance(params, dict) else None
         probe = ChatRequest(model=str(model or ""), dialect="anthropic",

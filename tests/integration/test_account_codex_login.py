@@ -24,6 +24,7 @@ from tests.fakes.idp import FakeIdP
 from tests.fakes.responses_upstream import ResponsesUpstream
 from tests.support.codex_accounts import CODEX_MODEL, codex_home, codex_worker, provider_options
 from tests.support.cli_accounts import wait_for
+from tests.support.procs import alive
 from tests.support.server import ServerThread
 
 pytestmark = pytest.mark.slow
@@ -154,3 +155,35 @@ def test_a_provider_that_needs_no_openai_login_is_ready(tmp_path: Path,
         assert answer.choices[0].message.content
         assert [r.headers.get("authorization") for r in upstream.requests
                 if r.body is not None] == [None]
+
+
+def test_a_cancelled_codex_login_frees_the_port_for_the_next_at_once(
+        tmp_path: Path, upstream: ResponsesUpstream, idp: FakeIdP) -> None:
+    workers = [codex_worker(n, codex_home(tmp_path / n, None), upstream.url,
+                            env={"CODEX_APP_SERVER_LOGIN_ISSUER": idp.url})
+               for n in ("codex-a", "codex-b")]
+    settings = Settings(server=ServerSettings(admin_token="admin-token",
+                                              api_keys={"team": "sk-team"}),
+                        workers=tuple(workers))
+    with ServerThread(create_app(settings)) as srv, \
+            httpx.Client(base_url=srv.url, timeout=120, headers=ADMIN) as http:
+        def state(name: str) -> dict:
+            return http.get(f"/internal/workers/{name}/login").json()
+
+        for name in ("codex-a", "codex-b"):
+            wait_for(lambda: state(name)["login"] == "logged_out", timeout=30)
+        a = http.post("/internal/workers/codex-a/login", json={"auto": False}).json()
+        b = http.post("/internal/workers/codex-b/login", json={"auto": False}).json()
+        assert a["state"] == "waiting_for_code" and a["pid"]
+        assert b["state"] == "queued"
+        cancelled = http.delete("/internal/workers/codex-a/login")
+        assert cancelled.status_code == 200, cancelled.text
+        assert cancelled.json()["state"] == "cancelled" and cancelled.json()["pid"] is None
+        assert not alive(a["pid"])  # the app-server that held port 1455
+        b = wait_for(lambda: (s := state("codex-b"))["state"] == "waiting_for_code" and s,
+                     timeout=5)
+        assert b["url"].startswith(idp.url)
+        http.post("/internal/workers/codex-b/login/code",
+                  json={"code": idp.sign_in(b["url"], "alice@example.com", "pw-alice")})
+        wait_for(lambda: state("codex-b")["state"] == "ready", timeout=60)
+        assert state("codex-a")["account_state"] == "logged_out"

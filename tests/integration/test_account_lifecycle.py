@@ -12,6 +12,7 @@ from pathlib import Path
 
 import anthropic
 import httpx
+import openai
 import pytest
 from pydantic import SecretStr
 
@@ -21,6 +22,7 @@ from app.settings import ServerSettings, Settings
 from tests.fakes.idp import FakeIdP
 from tests.fakes.upstreams import FakeUpstream
 from tests.support.cli_accounts import claude_home, fake_claude_worker, wait_for
+from tests.support.cli_fakes import fake_cli_worker, openai_client, serve
 from tests.support.procs import alive
 from tests.support.server import ServerThread
 
@@ -139,3 +141,29 @@ def test_an_api_key_refused_once_recovers_when_it_works_again(
         answer = client.messages.create(model=MODEL, max_tokens=8,
                                         messages=[{"role": "user", "content": "hi"}])
         assert answer.content[0].text == "echo: hi"
+
+
+@pytest.mark.parametrize("cli", ["qwen", "jsonrpc"])
+def test_a_refused_qwen_or_jsonrpc_account_recovers_when_its_key_works_again(
+        tmp_path: Path, cli: str) -> None:
+    key = "sk-the-one-upstream-wants"
+    with FakeUpstream(api_key=key, models=("qwen-coder",)) as upstream:
+        w = fake_cli_worker(cli, "agent-a", tmp_path / "a", upstream.url, tmp_path / "a.log",
+                            api_key="sk-revoked", login_probe_interval=1)
+        with serve(w) as srv, httpx.Client(base_url=srv.url, timeout=60) as http, \
+                openai_client(srv) as client:
+            def state() -> str | None:
+                return login(http, "agent-a")["login"]
+
+            wait_for(lambda: state() == "ready")
+            with pytest.raises(openai.APIStatusError):
+                client.chat.completions.create(model="qwen-coder",
+                                               messages=[{"role": "user", "content": "hi"}])
+            wait_for(lambda: state() == "logged_out")
+            time.sleep(2.5)  # probed (and refused) again meanwhile
+            assert state() == "logged_out"
+            upstream.api_key = None  # the key works again
+            wait_for(lambda: state() == "ready", timeout=30)
+            answer = client.chat.completions.create(model="qwen-coder",
+                                                    messages=[{"role": "user", "content": "hi"}])
+            assert answer.choices[0].message.content.endswith("hi")
