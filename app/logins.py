@@ -162,14 +162,15 @@ class Logins:
 
     def relogin_due(self, name: str) -> bool:
         """After a failed login the next waits ``backoff`` doubled per attempt;
-        after a wrong password nothing is tried until an operator starts a login."""
+        after a wrong password, or a login an operator cancelled, nothing is
+        tried until an operator starts a login."""
         login = self.accounts.config(name).login
         if login is None or not login.relogin or not login.automatic:
             return False
         record = self.records.get(name)
         if record is None or record.finished_at is None:
             return record is None
-        if record.reason == "wrong_password":
+        if record.reason in ("wrong_password", "cancelled"):  # until an operator starts one
             return False
         wait = min(login.backoff * 2 ** record.attempt, _BACKOFF_CAP)
         return time.time() - record.finished_at >= wait
@@ -180,8 +181,13 @@ class Logins:
         ``login.relogin`` (and a recipe and credentials) says so."""
         while True:
             await asyncio.sleep(interval)
-            await asyncio.gather(*(account.tick() for account in self.accounts.machines.values()),
-                                 return_exceptions=True)
+            accounts = list(self.accounts.machines.values())
+            results = await asyncio.gather(*(account.tick() for account in accounts),
+                                           return_exceptions=True)
+            for account, result in zip(accounts, results):
+                if isinstance(result, Exception):  # one account's bug must not stop the others
+                    log.error("accounts.tick_failed", worker=account.name,
+                              error=type(result).__name__)
 
     def status(self, name: str) -> dict[str, Any]:
         self.accounts.config(name)
