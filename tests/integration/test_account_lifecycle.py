@@ -20,8 +20,10 @@ from app.account_settings import LoginSettings
 from app.factory import create_app
 from app.settings import ServerSettings, Settings
 from tests.fakes.idp import FakeIdP
+from tests.fakes.responses_upstream import ResponsesUpstream
 from tests.fakes.upstreams import FakeUpstream
 from tests.support.cli_accounts import claude_home, fake_claude_worker, wait_for
+from tests.support.codex_accounts import CODEX_MODEL, codex_home, codex_worker
 from tests.support.cli_fakes import fake_cli_worker, openai_client, serve
 from tests.support.procs import alive
 from tests.support.server import ServerThread
@@ -167,3 +169,24 @@ def test_a_refused_qwen_or_jsonrpc_account_recovers_when_its_key_works_again(
             answer = client.chat.completions.create(model="qwen-coder",
                                                     messages=[{"role": "user", "content": "hi"}])
             assert answer.choices[0].message.content.endswith("hi")
+
+
+def test_a_refused_codex_api_key_recovers_when_it_works_again(tmp_path: Path) -> None:
+    with ResponsesUpstream(models=(CODEX_MODEL,)) as upstream:
+        home = codex_home(tmp_path / "codex-a", "sk-codex-account")
+        w = codex_worker("codex-a", home, upstream.url, login_probe_interval=1)
+        with serve(w) as srv, httpx.Client(base_url=srv.url, timeout=60) as http, \
+                openai_client(srv) as client:
+            wait_for(lambda: login(http, "codex-a")["login"] == "ready", timeout=30)
+            (home / "fault").write_text("401")  # the upstream refuses the key (same auth.json)
+            with pytest.raises(openai.APIStatusError):
+                client.chat.completions.create(model=CODEX_MODEL,
+                                               messages=[{"role": "user", "content": "hi"}])
+            wait_for(lambda: login(http, "codex-a")["login"] == "logged_out")
+            time.sleep(2.5)  # probed (and refused) again meanwhile
+            assert login(http, "codex-a")["login"] == "logged_out"
+            (home / "fault").unlink()  # the key works again
+            wait_for(lambda: login(http, "codex-a")["login"] == "ready", timeout=30)
+            answer = client.chat.completions.create(
+                model=CODEX_MODEL, messages=[{"role": "user", "content": "hi"}])
+            assert answer.choices[0].message.content == "echo: hi"
