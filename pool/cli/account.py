@@ -180,10 +180,6 @@ class Account:
         return {WorkerState.STARTING: S.STARTING, WorkerState.DRAINING: S.DRAINING,
                 WorkerState.UNHEALTHY: S.UNHEALTHY}.get(state, S.STOPPED)
 
-    @property
-    def operator_stopped(self) -> bool:
-        return self._phase is S.STOPPED
-
     def _check(self, action: Action) -> None:
         state = self.state
         if state not in ALLOWED[action]:
