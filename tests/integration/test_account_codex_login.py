@@ -8,6 +8,7 @@ each confirmed by a turn that reaches the upstream with the new token."""
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -22,7 +23,9 @@ from app.settings import ServerSettings, Settings
 from auth.autologin import CHROMIUM
 from tests.fakes.idp import FakeIdP
 from tests.fakes.responses_upstream import ResponsesUpstream
-from tests.support.codex_accounts import CODEX_MODEL, codex_home, codex_worker, provider_options
+from tests.integration.clis import CODEX, ensure_cli
+from tests.support.codex_accounts import (CODEX_MODEL, FAKE_CODEX, codex_home, codex_worker,
+                                          provider_options)
 from tests.support.cli_accounts import wait_for
 from tests.support.procs import alive
 from tests.support.server import ServerThread
@@ -134,14 +137,25 @@ def test_codex_logins_wait_in_line_for_the_fixed_port(tmp_path: Path, upstream: 
         assert state("codex-a")["state"] == "ready" and b["url"].startswith(idp.url)
 
 
-def test_a_provider_that_needs_no_openai_login_is_ready(tmp_path: Path,
-                                                         upstream: ResponsesUpstream) -> None:
+@pytest.fixture(params=["fake", pytest.param("real", marks=pytest.mark.cli)])
+def command(request: pytest.FixtureRequest) -> tuple[str, ...]:
+    if request.param == "fake":
+        return FAKE_CODEX
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not installed: cannot install the Codex CLI")
+    path = ensure_cli(*CODEX)
+    assert path is not None
+    return (path,)
+
+
+def test_a_provider_that_needs_no_openai_login_is_ready(
+        tmp_path: Path, upstream: ResponsesUpstream, command: tuple[str, ...]) -> None:
     """A custom ``model_provider`` with ``requires_openai_auth = false``: ``account/read``
     answers ``account: null, requiresOpenaiAuth: false``, and the account serves."""
     options = provider_options(upstream.url)
     options["config"]["model_providers.fake.requires_openai_auth"] = False
     worker = codex_worker("codex-a", codex_home(tmp_path / "codex-a", None), upstream.url,
-                          cli_options=options)
+                          cli_options=options, command=command)
     settings = Settings(server=ServerSettings(admin_token="admin-token",
                                               api_keys={"team": "sk-team"}),
                         workers=(worker,))
