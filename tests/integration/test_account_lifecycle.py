@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
 
 import anthropic
 import httpx
@@ -190,3 +191,27 @@ def test_a_refused_codex_api_key_recovers_when_it_works_again(tmp_path: Path) ->
             answer = client.chat.completions.create(
                 model=CODEX_MODEL, messages=[{"role": "user", "content": "hi"}])
             assert answer.choices[0].message.content == "echo: hi"
+
+
+def test_a_stop_during_a_login_ends_it_and_its_code_restarts_nothing(
+        tmp_path: Path, upstream: FakeUpstream, idp: FakeIdP) -> None:
+    w = fake_claude_worker("claude-a", tmp_path / "a", upstream.anthropic_url, tmp_path / "a.log",
+                           env={"FAKE_CLAUDE_OAUTH_URL": idp.url})
+    with gateway(w) as srv, httpx.Client(base_url=srv.url, timeout=60) as http:
+        wait_for(lambda: login(http)["login"] == "logged_out")
+        started = http.post("/internal/workers/claude-a/login", headers=ADMIN,
+                            json={"auto": False}).json()
+        assert started["state"] == "waiting_for_code"
+        stopped = http.post("/internal/workers/claude-a/stop", headers=ADMIN)
+        assert stopped.status_code == 200 and stopped.json()["state"] == "stopped"
+        assert login(http)["state"] == "cancelled"
+        assert not alive(started["pid"])
+        query = dict(parse_qsl(urlsplit(idp.sign_in(started["url"], "alice@example.com",
+                                                    "pw-alice")).query))
+        late = http.post("/internal/workers/claude-a/login/code", headers=ADMIN,
+                         json={"code": f"{query['code']}#{query['state']}"})
+        assert late.status_code == 409 and "is stopped" in late.json()["error"]["message"]
+        time.sleep(1.5)
+        info = worker(http)
+        assert (info["state"], info["pid"]) == ("stopped", None)
+        assert not (tmp_path / "a" / ".credentials.json").exists()
