@@ -143,6 +143,7 @@ def cli_spec(w: Any, environment: Mapping[str, str] | None = None) -> CliSpec:
         options=dict(w.cli_options), tool_timeout=w.tool_timeout,
         conversation_idle=w.conversation_idle, idle_timeout=w.idle_timeout,
         sandbox=sandbox, workspace_root=w.workspace_root,
+        login_timeout=w.login_timeout, login_probe_interval=w.login_probe_interval,
         supervision=SupervisorPolicy(
             ready_timeout=w.ready_timeout or 30.0, health_interval=w.health_interval,
             health_timeout=w.health_timeout, backoff_initial=w.backoff_initial,
@@ -210,9 +211,10 @@ def create_app(settings: Any) -> Starlette:
                             for spec in specs],
                            default_model=settings.routing.default_model)
             gw.logins.pool = gw.pool
+            gw.accounts.attach(gw.pool, gw.logins)
             await gw.pool.start()
             stack.push_async_callback(gw.pool.aclose)
-            stack.push_async_callback(gw.logins.aclose)
+            stack.push_async_callback(gw.accounts.aclose)
             watcher = asyncio.ensure_future(gw.logins.watch())
             stack.callback(watcher.cancel)
             await _open_runtime_workers(gw, settings, stores.workers, stack)
@@ -253,6 +255,7 @@ def create_app(settings: Any) -> Starlette:
         Route("/internal/workers/{name}/bundle", account_routes.put_bundle, methods=["PUT"]),
         Route("/internal/workers/{name}/login", account_routes.login_status, methods=["GET"]),
         Route("/internal/workers/{name}/login", account_routes.start_login, methods=["POST"]),
+        Route("/internal/workers/{name}/login", account_routes.cancel_login, methods=["DELETE"]),
         Route("/internal/workers/{name}/login/code", account_routes.login_code,
               methods=["POST"]),
         Route("/internal/workers/{name}/login/screenshot", account_routes.login_screenshot,

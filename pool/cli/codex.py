@@ -156,7 +156,10 @@ class CodexDriver:
                                   "credentials": credentials_stamp(
                                       os.path.join(self.config.home, "auth.json"))}
         if account is None:
-            return CliHealth(login="logged_out", version=self.version, detail=detail)
+            # a provider that needs no OpenAI login (a custom model_provider) serves as it is
+            ready = answer.get("requiresOpenaiAuth") is False
+            return CliHealth(login="ready" if ready else "logged_out", version=self.version,
+                             detail=detail)
         detail["auth"] = account.get("type")
         if account.get("planType"):
             detail["plan"] = account["planType"]
