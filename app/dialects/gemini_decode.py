@@ -6,6 +6,13 @@ path of the offending field as the client spelled it
 (``contents[0].parts[1].inlineData.mimeType``). Unknown fields are ignored;
 they stay in ``ChatRequest.raw``, the body object itself.
 
+Field names: Google's JSON parser takes a field's ``lowerCamel`` name and its
+proto ``snake_case`` name alike, and the google-genai SDK sends both (its
+nested objects go as ``parameters_json_schema``, ``thinking_budget``). Every
+structural object is read through :func:`camel`, which renames ``snake_case``
+keys (never those of free-form values: arguments, responses, schemas'
+property names).
+
 Mapping choices:
 
 * ``role: "model"`` is ``assistant``; ``user``, a missing role and the old
@@ -14,7 +21,9 @@ Mapping choices:
 * A part with ``thought: true`` is a :class:`ReasoningPart` whose signature
   is the part's ``thoughtSignature``, untouched; a signature on any other part
   (Gemini puts them on function calls) is a ``ReasoningPart`` holding only the
-  signature, just before that part, so it too comes back byte for byte.
+  signature, just before that part, so it too comes back byte for byte. A
+  signature in base64url (how the google-genai SDK sends back the bytes it
+  decoded) is put back in the standard alphabet (:func:`_signature`).
 * ``functionCall.args`` becomes compact JSON text. Gemini ids are optional: a
   call without one gets ``call_{content}_{part}`` (stable across turns), and a
   ``functionResponse`` without one answers the earliest unanswered call of
@@ -47,10 +56,10 @@ from pool.model import (
     Tool, ToolCallPart, ToolChoice, ToolResultPart,
 )
 
-from .gemini_schema import json_schema
+from .gemini_schema import camel, json_schema
 from .validate import Validators
 
-__all__ = ["decode", "decode_count_tokens"]
+__all__ = ["decode", "decode_count_tokens", "camel"]
 
 _ROLES = {"user": "user", "model": "assistant", "function": "user", "tool": "user"}
 _MODES = {"AUTO": "auto", "ANY": "required", "NONE": "none", "VALIDATED": "auto"}
@@ -82,6 +91,7 @@ _at = _V.where
 # --- parts ------------------------------------------------------------------------
 
 def _media(value: dict[str, Any], loc: str, *, inline: bool) -> ImagePart:
+    value = camel(value)
     mime = _V.req_str(value, "mimeType", loc)
     if not mime.startswith("image/"):
         raise _V.bad_value(_at(loc, "mimeType"),
@@ -104,6 +114,7 @@ class _Calls:
         self.pending: list[tuple[str, str]] = []  # (id, name)
 
     def call(self, value: dict[str, Any], loc: str, default_id: str) -> ToolCallPart:
+        value = camel(value)
         name = _V.req_str(value, "name", loc)
         call_id = _V.opt_str(value, "id", loc) or default_id
         args = _V.opt_dict(value, "args", loc)
@@ -111,6 +122,7 @@ class _Calls:
         return ToolCallPart(call_id, name, orjson.dumps(args or {}).decode())
 
     def response(self, value: dict[str, Any], loc: str) -> ToolResultPart:
+        value = camel(value)
         name = _V.req_str(value, "name", loc)
         call_id = _V.opt_str(value, "id", loc)
         for k, (pending_id, pending_name) in enumerate(self.pending):
@@ -135,6 +147,16 @@ def _result_text(response: dict[str, Any]) -> str:
     return orjson.dumps(response).decode()
 
 
+def _signature(value: str | None) -> str | None:
+    """A thought signature as the upstreams wrote it. The google-genai SDK
+    holds it as bytes and sends it back in base64url: the standard alphabet
+    (what every signature we hand out uses) is restored, same bytes."""
+    if value is not None and ("-" in value or "_" in value) and not (
+            "+" in value or "/" in value):
+        return value.replace("-", "+").replace("_", "/")
+    return value
+
+
 def _parts(parts: Any, loc: str, calls: _Calls, index: int) -> tuple[Part, ...]:
     if type(parts) is not list:
         raise _V.missing(loc) if parts is None else _V.bad_type(loc, "an array of parts")
@@ -143,7 +165,8 @@ def _parts(parts: Any, loc: str, calls: _Calls, index: int) -> tuple[Part, ...]:
         ploc = f"{loc}[{j}]"
         if type(part) is not dict:
             raise _V.bad_type(ploc, "an object")
-        signature = _V.opt_str(part, "thoughtSignature", ploc)
+        part = camel(part)
+        signature = _signature(_V.opt_str(part, "thoughtSignature", ploc))
         text = part.get("text")
         if part.get("thought") is True:
             if text is not None and type(text) is not str:
@@ -186,6 +209,7 @@ def _contents(value: Any) -> list[Message]:
         loc = f"contents[{i}]"
         if type(content) is not dict:
             raise _V.bad_type(loc, "an object")
+        content = camel(content)
         role_name = _V.opt_str(content, "role", loc) or "user"
         role = _ROLES.get(role_name)
         if role is None:
@@ -201,7 +225,7 @@ def _system(value: Any) -> Message | None:
         return Message("system", (TextPart(value),)) if value else None
     if type(value) is not dict:
         raise _V.bad_type("systemInstruction", "a Content object")
-    parts = _parts(value.get("parts"), "systemInstruction.parts", _Calls(), -1)
+    parts = _parts(camel(value).get("parts"), "systemInstruction.parts", _Calls(), -1)
     texts = tuple(p for p in parts if type(p) is TextPart)
     if len(texts) != len(parts):
         raise _V.bad_value("systemInstruction.parts", "only text parts are supported")
@@ -220,6 +244,7 @@ def _tools(value: Any) -> list[Tool]:
         loc = f"tools[{k}]"
         if type(tool) is not dict:
             raise _V.bad_type(loc, "an object")
+        tool = camel(tool)
         for key in tool:
             if key != "functionDeclarations":
                 raise _V.bad_value(_at(loc, key), "built-in tools are not supported by this "
@@ -233,6 +258,7 @@ def _tools(value: Any) -> list[Tool]:
 def _declaration(value: Any, loc: str) -> Tool:
     if type(value) is not dict:
         raise _V.bad_type(loc, "an object")
+    value = camel(value)
     name = _V.req_str(value, "name", loc)
     description = _V.opt_str(value, "description", loc)
     schema = _V.opt_dict(value, "parametersJsonSchema", loc)
@@ -247,9 +273,10 @@ def _tool_choice(value: Any, tools: list[Tool]) -> tuple[ToolChoice | None, list
         return None, tools
     if type(value) is not dict:
         raise _V.bad_type("toolConfig", "an object")
-    config = _V.opt_dict(value, "functionCallingConfig", "toolConfig")
+    config = _V.opt_dict(camel(value), "functionCallingConfig", "toolConfig")
     if config is None:
         return None, tools
+    config = camel(config)
     loc = "toolConfig.functionCallingConfig"
     mode_name = _V.opt_str(config, "mode", loc) or "AUTO"
     mode = _MODES.get(mode_name.upper()) if mode_name != "MODE_UNSPECIFIED" else "auto"
@@ -276,6 +303,7 @@ def _generation(body: dict[str, Any]) -> tuple[Sampling, ResponseFormat | None, 
     config = _V.opt_dict(body, "generationConfig")
     if config is None:
         return Sampling(), None, None, None
+    config = camel(config)
     loc = "generationConfig"
     count = _V.opt_int(config, "candidateCount", 1, param=loc)
     if count is not None and count > 1:
@@ -316,6 +344,7 @@ def _response_format(config: dict[str, Any]) -> ResponseFormat | None:
 def _thinking(config: dict[str, Any] | None) -> tuple[str | None, int | None]:
     if config is None:
         return None, None
+    config = camel(config)
     loc = "generationConfig.thinkingConfig"
     level = _V.opt_str(config, "thinkingLevel", loc)
     effort = None
@@ -335,8 +364,9 @@ def decode(body: object, model: str, *, stream: bool = False) -> ChatRequest:
     """A ``generateContent`` body (parsed JSON) for ``model`` (from the path)."""
     if type(body) is not dict:
         raise BadRequest("The request body must be a JSON object.")
+    raw, body = body, camel(body)
     messages = _contents(body.get("contents"))
-    system = _system(body.get("systemInstruction", body.get("system_instruction")))
+    system = _system(body.get("systemInstruction"))
     if system is not None:
         messages.insert(0, system)
     tools = _tools(body.get("tools"))
@@ -346,7 +376,7 @@ def decode(body: object, model: str, *, stream: bool = False) -> ChatRequest:
         model=model, messages=tuple(messages), dialect="gemini", stream=stream,
         tools=tuple(tools), tool_choice=choice, sampling=sampling,
         response_format=response_format, reasoning_effort=effort, thinking_budget=budget,
-        raw=body,
+        raw=raw,
     )
 
 
@@ -354,7 +384,7 @@ def decode_count_tokens(body: object, model: str) -> ChatRequest:
     """A ``countTokens`` body: ``contents``, or a whole ``generateContentRequest``."""
     if type(body) is not dict:
         raise BadRequest("The request body must be a JSON object.")
-    inner = _V.opt_dict(body, "generateContentRequest")
+    inner = _V.opt_dict(camel(body), "generateContentRequest")
     if inner is not None:
         try:
             return decode(inner, model)

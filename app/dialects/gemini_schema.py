@@ -14,11 +14,26 @@ from typing import Any
 
 from pool.errors import BadRequest
 
-__all__ = ["json_schema"]
+__all__ = ["json_schema", "camel"]
 
 _TYPES = frozenset(("STRING", "NUMBER", "INTEGER", "BOOLEAN", "ARRAY", "OBJECT", "NULL"))
 _DROPPED = frozenset(("propertyOrdering", "nullable"))
 _MAX_DEPTH = 64  # a hostile schema must not exhaust the stack
+
+
+def _camel_key(key: str) -> str:
+    head, *rest = key.split("_")
+    return head + "".join(word[:1].upper() + word[1:] for word in rest)
+
+
+def camel(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` with its ``snake_case`` keys in ``lowerCamel`` (a key given both
+    ways keeps its ``lowerCamel`` value); ``obj`` itself when it has none."""
+    if not any("_" in key for key in obj):
+        return obj
+    out = {_camel_key(key): value for key, value in obj.items() if "_" in key}
+    out.update((key, value) for key, value in obj.items() if "_" not in key)
+    return out
 
 
 def json_schema(schema: dict[str, Any], param: str, depth: int = 0) -> dict[str, Any]:
@@ -26,7 +41,7 @@ def json_schema(schema: dict[str, Any], param: str, depth: int = 0) -> dict[str,
     if depth > _MAX_DEPTH:
         raise BadRequest(f"Invalid value at '{param}': the schema nests too deep.", param=param)
     out: dict[str, Any] = {}
-    for key, value in schema.items():
+    for key, value in camel(schema).items():
         if key in _DROPPED:
             continue
         if key == "type":
@@ -40,7 +55,7 @@ def json_schema(schema: dict[str, Any], param: str, depth: int = 0) -> dict[str,
             out[key] = [_sub(sub, f"{param}.{key}[{k}]", depth) for k, sub in enumerate(value)]
         else:
             out[key] = value
-    if schema.get("nullable") is True:
+    if schema.get("nullable") is True:  # (``nullable`` is one word in both spellings)
         kind = out.get("type")
         if type(kind) is str:
             out["type"] = [kind, "null"]
