@@ -8,6 +8,7 @@ import json
 
 import httpx
 import pytest
+import structlog
 from google import genai
 from google.genai import errors, types
 
@@ -224,10 +225,13 @@ def test_error_mid_stream_is_a_google_error(gateway, upstream_model):
 def test_key_in_query_and_json_array_stream(gateway):
     url = f"{gateway.url}/v1beta/models/{OPENAI_MODEL}:streamGenerateContent"
     body = {"contents": [{"parts": [{"text": "x y"}]}]}
-    refused = httpx.post(url, params={"key": "sk-wrong"}, json=body)
+    with structlog.testing.capture_logs() as logs:
+        refused = httpx.post(url, params={"key": "sk-wrong-secret"}, json=body)
+        answer = httpx.post(url, params={"key": CLIENT_KEY, "alt": "json"}, json=body)
     assert refused.status_code == 401
     assert refused.json()["error"]["status"] == "UNAUTHENTICATED"
-    answer = httpx.post(url, params={"key": CLIENT_KEY}, json=body)
+    # the key in the query string is logged nowhere
+    assert logs and "sk-wrong-secret" not in repr(logs) and CLIENT_KEY not in repr(logs)
     assert answer.status_code == 200
     assert answer.headers["content-type"].startswith("application/json")
     chunks = answer.json()
