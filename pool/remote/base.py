@@ -92,6 +92,11 @@ class RemoteWorker:
         """The upstream body (a dict) and the per-request headers."""
         raise NotImplementedError
 
+    def url_for(self, request: ChatRequest) -> URL | None:
+        """The endpoint for ``request`` when it is not the one chat URL (the
+        Gemini API puts the model and the streaming choice in the path)."""
+        return None
+
     # --- lifecycle ------------------------------------------------------------
 
     async def start(self) -> None:
@@ -255,7 +260,8 @@ class RemoteWorker:
         custom = (frozenset(t.name for t in request.tools if t.kind == "custom")
                   if request.tools else _NO_TOOLS)
         # the body is not held (a whole conversation) while the answer streams
-        return await self._post(orjson.dumps(body, default=_json_default), headers), custom
+        return await self._post(orjson.dumps(body, default=_json_default), headers,
+                                url=self.url_for(request)), custom
 
     async def _run(self, request: ChatRequest, relay: Relay | None,
                    resp: aiohttp.ClientResponse | None = None,
