@@ -5,7 +5,9 @@ as SSE ``data:`` frames, :class:`ArrayStreamEncoder` as one JSON array, what
 
 Pure and sans-IO. The answer is ``candidates[0].content`` (``role: "model"``)
 with its parts in the order the model produced them: text, thought parts
-(``thought: true``, the signature as ``thoughtSignature``, untouched), and
+(``thought: true``, the signature as ``thoughtSignature``, untouched; a
+signature with no thought text goes on the part after it, as Gemini puts it
+on a function call, so the client sends it back there), and
 ``functionCall`` parts (``id``, ``name``, ``args``), each sent whole once its
 arguments are complete. A tool the worker ran itself is text
 (:func:`pool.model.executed_text`).
@@ -109,10 +111,36 @@ def _response(parts: list[dict[str, Any]], response_id: str, model: str,
     return body
 
 
+def _signed(parts: list[object]) -> list[dict[str, Any]]:
+    """The parts on the wire: a signature with no thought text before it is
+    put on the part after it, where Gemini carries it (a function call's), so
+    a client sends it back there; alone when no part follows."""
+    out: list[dict[str, Any]] = []
+    pending: str | None = None
+    for part in parts:
+        if (type(part) is ReasoningPart and not part.text and part.signature is not None
+                and pending is None):
+            pending = part.signature
+            continue
+        wire = _part(part)
+        if wire is None:
+            continue
+        if pending is not None:
+            if wire.get("thought"):
+                out.append(_thought("", pending))
+            else:
+                wire["thoughtSignature"] = pending
+            pending = None
+        out.append(wire)
+    if pending is not None:
+        out.append(_thought("", pending))
+    return out
+
+
 def encode_completion(completion: Completion, request: ChatRequest, *, response_id: str,
                       created: int, model: str) -> dict[str, Any]:
     """The ``generateContent`` response body."""
-    parts = [p for p in map(_part, completion.parts) if p is not None]
+    parts = _signed(completion.parts)
     return _response(parts, response_id, model, finish_reason(completion.finish),
                      completion.usage)
 
@@ -122,7 +150,8 @@ def encode_completion(completion: Completion, request: ChatRequest, *, response_
 class StreamEncoder:
     """Sans-IO: canonical events in, ``streamGenerateContent?alt=sse`` frames out."""
 
-    __slots__ = ("_id", "_model", "_usage", "_finish", "_done", "_calls")
+    __slots__ = ("_id", "_model", "_usage", "_finish", "_done", "_calls", "_thinking",
+                 "_pending")
 
     def __init__(self, request: ChatRequest, *, response_id: str, created: int,
                  model: str) -> None:
@@ -132,13 +161,23 @@ class StreamEncoder:
         self._finish: Finish | None = None
         self._done = False
         self._calls: dict[int, list[str]] = {}  # canonical index -> [id, name, arguments]
+        self._thinking = False  # thought text went out that no signature closed yet
+        self._pending: str | None = None  # a signature for the next part (see _signed)
 
     # framing: one SSE event per response object
     def _frame(self, body: dict[str, Any]) -> bytes:
         return b"data: " + orjson.dumps(body) + b"\n\n"
 
     def _chunk(self, part: dict[str, Any]) -> bytes:
-        return self._frame(_response([part], self._id, self._model))
+        head = b""
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            if part.get("thought"):
+                head = self._frame(_response([_thought("", pending)], self._id, self._model))
+            else:
+                part["thoughtSignature"] = pending
+        return head + self._frame(_response([part], self._id, self._model))
 
     def feed(self, event: Event) -> bytes:
         if self._done:
@@ -149,12 +188,19 @@ class StreamEncoder:
         if t is ReasoningDelta:
             if not event.text:  # type: ignore[union-attr]
                 return b""
+            self._thinking = True
             return self._chunk(_thought(event.text, None))  # type: ignore[union-attr]
         if t is ReasoningEnd:
-            # the signature closes the thought, as a part of its own: it must come back
-            if event.signature is None:  # type: ignore[union-attr]
+            # a signature closes the thought streamed before it, as a part of
+            # its own; with no thought text, it goes on the next part
+            thinking, self._thinking = self._thinking, False
+            signature = event.signature  # type: ignore[union-attr]
+            if signature is None:
                 return b""
-            return self._chunk(_thought("", event.signature))  # type: ignore[union-attr]
+            if thinking or self._pending is not None:
+                return self._chunk(_thought("", signature))
+            self._pending = signature
+            return b""
         if t is ToolCallStart:
             self._calls[event.index] = [event.id, event.name, ""]  # type: ignore[union-attr]
             return b""
@@ -189,6 +235,8 @@ class StreamEncoder:
         if self._done:
             return b""
         head = self._flush_calls()
+        if self._pending is not None:
+            head += self._chunk(_thought("", self._pending))
         self._done = True
         last = _response([{"text": ""}], self._id, self._model, finish_reason(self._finish),
                          self._usage)

@@ -442,3 +442,37 @@ def test_google_key_sources() -> None:
     assert google_key({}, {"query_string": b"alt=sse&key=k%2B2"}) == "k+2"
     assert google_key({}, {"query_string": b"alt=sse"}) is None
     assert google_key({}, {"query_string": b"key="}) is None
+
+
+SIGNED_CALL = [TextDelta("ok"), ReasoningEnd(signature=SIG), ToolCallStart(0, "c1", "f"),
+               ToolCallDelta(0, "{}"), ToolCallEnd(0), Finish("tool_calls")]
+SIGNED_PARTS = [{"text": "ok"},
+                {"functionCall": {"id": "c1", "name": "f", "args": {}}, "thoughtSignature": SIG}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_bare_signature_goes_on_the_next_part_and_comes_back(stream: bool) -> None:
+    """Gemini signs a function call on its part; a client returns it there,
+    and it decodes back to where it was."""
+    if stream:
+        chunks = sse_objects(run(SIGNED_CALL))
+        parts = [p for c in chunks for p in c["candidates"][0]["content"]["parts"]
+                 if p != {"text": ""}]
+    else:
+        parts = encoded_body(SIGNED_CALL)["candidates"][0]["content"]["parts"]
+    assert parts == SIGNED_PARTS
+    history = decode(body(user({"text": "q"}), model(*parts)), "m").messages[1].parts
+    assert history == (TextPart("ok"), ReasoningPart(signature=SIG),
+                       ToolCallPart("c1", "f", "{}"))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_bare_signature_with_nothing_after_it_is_sent_alone(stream: bool) -> None:
+    events = [TextDelta("ok"), ReasoningEnd(signature=SIG), Finish("stop")]
+    if stream:
+        parts = [p for c in sse_objects(run(events))
+                 for p in c["candidates"][0]["content"]["parts"]]
+        assert {"text": "", "thought": True, "thoughtSignature": SIG} in parts
+    else:
+        assert encoded_body(events)["candidates"][0]["content"]["parts"] == [
+            {"text": "ok"}, {"text": "", "thought": True, "thoughtSignature": SIG}]
