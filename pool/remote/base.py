@@ -92,6 +92,22 @@ class RemoteWorker:
         """The upstream body (a dict) and the per-request headers."""
         raise NotImplementedError
 
+    async def _read_count(self, resp: aiohttp.ClientResponse, field: str) -> int:
+        """The token count in ``field`` of a counting endpoint's answer."""
+        try:
+            raw = await self._read_all(resp)
+        except BaseException:
+            resp.close()
+            raise
+        resp.release()
+        try:
+            count = orjson.loads(raw).get(field)
+        except (orjson.JSONDecodeError, AttributeError):
+            count = None
+        if type(count) is not int or count < 0:
+            raise UpstreamUnavailable(f"upstream {self.name} sent an invalid token count")
+        return count
+
     def url_for(self, request: ChatRequest) -> URL | None:
         """The endpoint for ``request`` when it is not the one chat URL (the
         Gemini API puts the model and the streaming choice in the path)."""

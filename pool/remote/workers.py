@@ -7,12 +7,11 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import orjson
+from yarl import URL
 
-from pool.errors import UpstreamError, UpstreamUnavailable
+from pool.errors import UpstreamError
 from pool.model import ChatRequest
 from pool.worker import Capabilities
-
-from yarl import URL
 
 from . import anthropic_messages, gemini, openai_chat
 from .base import RemoteSpec, RemoteWorker
@@ -96,19 +95,7 @@ class AnthropicMessagesWorker(RemoteWorker):
             if exc.status in (404, 405):
                 return None
             raise
-        try:
-            raw = await self._read_all(resp)
-        except BaseException:
-            resp.close()
-            raise
-        resp.release()
-        try:
-            count = orjson.loads(raw).get("input_tokens")
-        except (orjson.JSONDecodeError, AttributeError):
-            count = None
-        if type(count) is not int or count < 0:
-            raise UpstreamUnavailable(f"upstream {self.name} sent an invalid token count")
-        return count
+        return await self._read_count(resp, "input_tokens")
 
 
 class GeminiWorker(RemoteWorker):
@@ -143,3 +130,18 @@ class GeminiWorker(RemoteWorker):
             url = self._urls[key] = URL(f"{self._root}/v1beta/models/{request.model}:{method}",
                                         encoded=False)
         return url
+
+    async def count_tokens(self, request: ChatRequest) -> int | None:
+        """The upstream's ``totalTokens`` for ``request`` (``:countTokens`` with
+        the whole request as ``generateContentRequest``); ``None`` when the
+        upstream cannot count (404 or 405)."""
+        body, headers = self.prepare(await vet_images(request, self.spec.policy))
+        wrapped = {"generateContentRequest": {"model": f"models/{request.model}", **body}}
+        url = URL(f"{self._root}/v1beta/models/{request.model}:countTokens", encoded=False)
+        try:
+            resp = await self._post(orjson.dumps(wrapped, default=dict), headers, url=url)
+        except UpstreamError as exc:
+            if exc.status in (404, 405):
+                return None
+            raise
+        return await self._read_count(resp, "totalTokens")

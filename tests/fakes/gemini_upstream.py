@@ -116,6 +116,9 @@ class FakeGemini:
         body = orjson.loads(await request.body())
         model, _, method = request.path_params["rest"].rpartition(":")
         self.requests.append((request.url.path, body))
+        if method == "countTokens":
+            counted = body.get("generateContentRequest", body)
+            return JSONResponse({"totalTokens": _usage(counted, [])["promptTokenCount"]})
         parts, finish = _answer(_script(body), body)
         usage = _usage(body, parts)
         meta = {"modelVersion": model, "responseId": f"resp-{len(self.requests)}"}

@@ -10,6 +10,7 @@ from typing import Iterator
 
 import anthropic
 import openai
+import orjson
 import pytest
 from google import genai
 from google.genai import types
@@ -119,3 +120,19 @@ def test_anthropic_client(url: str, fake: FakeGemini) -> None:
     assert cut.stop_reason == "max_tokens"
     assert fake.last["generationConfig"]["maxOutputTokens"] == 2
     assert fake.requests[-2][1]["systemInstruction"] == {"parts": [{"text": "be brief"}]}
+
+
+def test_count_tokens_is_the_upstreams(url: str, fake: FakeGemini) -> None:
+    with google(url) as c:
+        counted = c.models.count_tokens(model=MODEL, contents="count these words " * 20)
+    assert fake.requests[-1][0] == f"/v1beta/models/{MODEL}:countTokens"
+    wrapped = fake.last["generateContentRequest"]
+    assert wrapped["model"] == f"models/{MODEL}"
+    assert counted.total_tokens == max(1, len(orjson.dumps(wrapped["contents"])) // 4)
+    client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+    raw = client.messages.with_raw_response.count_tokens(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    client.close()
+    assert raw.headers["x-poolgate-token-count"] == "exact"
+    assert fake.last["generateContentRequest"]["contents"] == [
+        {"role": "user", "parts": [{"text": "hi"}]}]
