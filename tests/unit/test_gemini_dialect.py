@@ -21,6 +21,7 @@ from pool.model import (
     ToolCallStart, ToolChoice, ToolResultPart, Usage,
 )
 from pool.sse import SSEDecoder
+from tests.support.paths import FIXTURES
 
 SIG = "EoQBCoEBAb4+9vs/Z8x+Q=="  # standard base64, with + and /
 
@@ -476,3 +477,31 @@ def test_a_bare_signature_with_nothing_after_it_is_sent_alone(stream: bool) -> N
     else:
         assert encoded_body(events)["candidates"][0]["content"]["parts"] == [
             {"text": "ok"}, {"text": "", "thought": True, "thoughtSignature": SIG}]
+
+
+# --- every request the google-genai SDK was recorded sending is decoded -------------------
+
+GEMINI_FIXTURES = sorted(p for p in FIXTURES.glob("gemini-sdk-rec-*-POST-*.json"))
+
+
+def test_there_are_recorded_gemini_requests() -> None:
+    assert len(GEMINI_FIXTURES) >= 5
+
+
+@pytest.mark.parametrize("path", GEMINI_FIXTURES, ids=lambda p: p.name)
+def test_decode_recorded_requests(path: Any) -> None:
+    record = orjson.loads(path.read_bytes())
+    found = split_method_path(record["path"])
+    assert found is not None
+    _, model_name, method = found
+    raw = record["body"]
+    req = (decode_count_tokens(raw, model_name) if method == "countTokens"
+           else decode(raw, model_name, stream=method == "streamGenerateContent"))
+    assert req.raw is raw and req.model == model_name
+    assert [m.role for m in req.messages if m.role != "system"] == [
+        "assistant" if c.get("role") == "model" else "user" for c in raw["contents"]]
+    assert len(req.tools) == sum(len(t.get("functionDeclarations", ()))
+                                 for t in raw.get("tools", ()))
+    calls = [p for m in req.messages for p in m.parts if type(p) is ToolCallPart]
+    results = [p for m in req.messages for p in m.parts if type(p) is ToolResultPart]
+    assert [r.call_id for r in results] == [c.id for c in calls][:len(results)]
