@@ -9,19 +9,24 @@ import json
 from typing import Iterator
 
 import anthropic
+import httpx
 import openai
 import orjson
 import pytest
 from google import genai
-from google.genai import types
+from google.genai import errors, types
+
+from pydantic import SecretStr
 
 from app.factory import create_app
+from app.key_settings import KeySettings
 from app.settings import ServerSettings, Settings, WorkerSettings
 from tests.fakes.gemini_upstream import FakeGemini, gemini_signature
 from tests.fakes.scripted import reasoning_for
 from tests.support.server import ServerThread
 
 KEY = "sk-gemini-client"
+TIGHT_KEY = "sk-one-request-a-minute"
 UPSTREAM_KEY = "goog-upstream-secret"
 MODEL = "gemini-fake-flash"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -35,7 +40,9 @@ def fake() -> Iterator[FakeGemini]:
 
 @pytest.fixture(scope="module")
 def url(fake: FakeGemini) -> Iterator[str]:
-    settings = Settings(server=ServerSettings(api_keys={"team": KEY}), workers=(
+    tight = KeySettings(secret=SecretStr(TIGHT_KEY), rpm=1, models=("gemini-*",))
+    settings = Settings(server=ServerSettings(api_keys={"team": KEY}, keys={"tight": tight}),
+                        workers=(
         WorkerSettings(name="gemini-up", dialect="gemini", url=fake.url, api_key=UPSTREAM_KEY,
                        models=(MODEL,)),))
     with ServerThread(create_app(settings)) as server:
@@ -136,3 +143,20 @@ def test_count_tokens_is_the_upstreams(url: str, fake: FakeGemini) -> None:
     assert raw.headers["x-poolgate-token-count"] == "exact"
     assert fake.last["generateContentRequest"]["contents"] == [
         {"role": "user", "parts": [{"text": "hi"}]}]
+
+
+def test_key_policy_refusals_in_googles_shape(url: str) -> None:
+    """The same key policy as every dialect: a rate limit is 429
+    RESOURCE_EXHAUSTED with Retry-After; a model the key may not use is refused."""
+    with genai.Client(api_key=TIGHT_KEY, http_options=types.HttpOptions(
+            base_url=url, api_version="v1beta")) as c:
+        c.models.generate_content(model=MODEL, contents="one")
+        with pytest.raises(errors.ClientError) as limited:
+            c.models.generate_content(model=MODEL, contents="two")
+    assert limited.value.code == 429 and limited.value.status == "RESOURCE_EXHAUSTED"
+    assert int(limited.value.response.headers["retry-after"]) >= 1
+    refused = httpx.post(f"{url}/v1beta/models/other-model:generateContent",
+                         headers={"x-goog-api-key": TIGHT_KEY},
+                         json={"contents": [{"parts": [{"text": "x"}]}]})
+    assert refused.status_code in (403, 404)
+    assert refused.json()["error"]["status"] in ("PERMISSION_DENIED", "NOT_FOUND")
