@@ -151,7 +151,7 @@ class StreamEncoder:
     """Sans-IO: canonical events in, ``streamGenerateContent?alt=sse`` frames out."""
 
     __slots__ = ("_id", "_model", "_usage", "_finish", "_done", "_calls", "_thinking",
-                 "_pending")
+                 "_pending", "_text_head", "_text_tail")
 
     def __init__(self, request: ChatRequest, *, response_id: str, created: int,
                  model: str) -> None:
@@ -163,10 +163,17 @@ class StreamEncoder:
         self._calls: dict[int, list[str]] = {}  # canonical index -> [id, name, arguments]
         self._thinking = False  # thought text went out that no signature closed yet
         self._pending: str | None = None  # a signature for the next part (see _signed)
+        # a text chunk is these around the text's JSON (one dumps per delta, the hot path)
+        self._text_head = b'{"candidates":[{"content":{"role":"model","parts":[{"text":'
+        self._text_tail = (b'}]},"index":0}],"modelVersion":' + orjson.dumps(model)
+                           + b',"responseId":' + orjson.dumps(response_id) + b"}")
 
     # framing: one SSE event per response object
     def _frame(self, body: dict[str, Any]) -> bytes:
-        return b"data: " + orjson.dumps(body) + b"\n\n"
+        return self._wrap(orjson.dumps(body))
+
+    def _wrap(self, data: bytes) -> bytes:
+        return b"data: " + data + b"\n\n"
 
     def _chunk(self, part: dict[str, Any]) -> bytes:
         head = b""
@@ -184,7 +191,12 @@ class StreamEncoder:
             return b""
         t = type(event)
         if t is TextDelta:
-            return self._chunk({"text": event.text}) if event.text else b""  # type: ignore[union-attr]
+            if not event.text:  # type: ignore[union-attr]
+                return b""
+            if self._pending is not None:
+                return self._chunk({"text": event.text})  # type: ignore[union-attr]
+            return self._wrap(self._text_head + orjson.dumps(event.text)  # type: ignore[union-attr]
+                              + self._text_tail)
         if t is ReasoningDelta:
             if not event.text:  # type: ignore[union-attr]
                 return b""
@@ -220,6 +232,19 @@ class StreamEncoder:
             self._finish = event  # type: ignore[assignment]
             return self._flush_calls()
         return b""  # Start, Logprobs
+
+    def feed_batch(self, events: list[Event]) -> bytes:
+        """:meth:`feed` of each event, joined (one upstream read); text deltas,
+        the usual run, are written here."""
+        out: list[bytes] = []
+        wrap, head, tail = self._wrap, self._text_head, self._text_tail
+        for event in events:
+            if type(event) is TextDelta and self._pending is None and not self._done:
+                if event.text:
+                    out.append(wrap(head + orjson.dumps(event.text) + tail))
+            else:
+                out.append(self.feed(event))
+        return b"".join(out)
 
     def _flush_call(self, index: int) -> bytes:
         call = self._calls.pop(index, None)
@@ -264,10 +289,10 @@ class ArrayStreamEncoder(StreamEncoder):
         super().__init__(request, response_id=response_id, created=created, model=model)
         self._opened = False
 
-    def _frame(self, body: dict[str, Any]) -> bytes:
+    def _wrap(self, data: bytes) -> bytes:
         head = b",\r\n" if self._opened else b"["
         self._opened = True
-        return head + orjson.dumps(body)
+        return head + data
 
     def _end(self) -> bytes:
         return b"]" if self._opened else b"[]"

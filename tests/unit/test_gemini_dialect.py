@@ -505,3 +505,15 @@ def test_decode_recorded_requests(path: Any) -> None:
     calls = [p for m in req.messages for p in m.parts if type(p) is ToolCallPart]
     results = [p for m in req.messages for p in m.parts if type(p) is ToolResultPart]
     assert [r.call_id for r in results] == [c.id for c in calls][:len(results)]
+
+
+@pytest.mark.parametrize("array", [False, True])
+def test_feed_batch_writes_what_feed_writes(array: bool) -> None:
+    def encoder() -> Any:
+        return (ARRAY.StreamEncoder if array else StreamEncoder)(
+            REQ, response_id="r1", created=0, model="m")
+    one, batched = encoder(), encoder()
+    events = [*EVENTS, *SIGNED_CALL]
+    expected = b"".join(one.feed(e) for e in events) + one.close()
+    assert batched.feed_batch(events[:5]) + batched.feed_batch(events[5:]) + batched.close() \
+        == expected
