@@ -252,3 +252,17 @@ def test_openai_and_anthropic_model_listing_unchanged(gateway):
                          headers={"x-goog-api-key": CLIENT_KEY},
                          json={"model": OPENAI_MODEL, "messages": []})
     assert refused.status_code == 401 and refused.json()["error"]["type"] == "authentication_error"
+
+
+def test_unknown_gemini_paths_answer_in_googles_shape(gateway):
+    headers = {"x-goog-api-key": CLIENT_KEY}
+    missing = httpx.get(f"{gateway.url}/v1beta/files", headers=headers)
+    assert missing.status_code == 404 and missing.json()["error"]["status"] == "NOT_FOUND"
+    other = httpx.post(f"{gateway.url}/v1beta/models/{OPENAI_MODEL}:embedContent",
+                       headers=headers, json={})
+    assert other.status_code in (404, 405)
+    assert other.json()["error"]["code"] == other.status_code
+    not_json = httpx.post(f"{gateway.url}/v1beta/models/{OPENAI_MODEL}:generateContent",
+                          headers=headers, content=b"{nope")
+    assert not_json.status_code == 400
+    assert not_json.json()["error"]["status"] == "INVALID_ARGUMENT"
