@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 from urllib.parse import parse_qsl
 
-__all__ = ["METHODS", "PREFIXES", "split_method_path", "method_route", "is_gemini",
-           "google_key", "wants_gemini"]
+__all__ = ["METHODS", "PREFIXES", "split_method_path", "method_route", "google_key",
+           "wants_gemini"]
 
 METHODS = frozenset(("generateContent", "streamGenerateContent", "countTokens"))
 PREFIXES = ("/v1beta/models/", "/v1/models/")
@@ -51,10 +51,6 @@ def wants_gemini(path: str, raw: Mapping[bytes, bytes]) -> bool:
     if path.startswith("/v1/models"):
         return GOOGLE_KEY_HEADER in raw or split_method_path(path) is not None
     return False
-
-
-def is_gemini(path: str) -> bool:
-    return path.startswith("/v1beta/") or split_method_path(path) is not None
 
 
 def google_key(raw: Mapping[bytes, bytes], scope: Mapping[str, Any]) -> str | None:

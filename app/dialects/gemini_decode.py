@@ -214,7 +214,8 @@ def _contents(value: Any) -> list[Message]:
         role = _ROLES.get(role_name)
         if role is None:
             raise _V.bad_value(_at(loc, "role"), "expected 'user' or 'model'")
-        out.append(Message(role, _parts(content.get("parts"), _at(loc, "parts"), calls, i)))  # type: ignore[arg-type]
+        parts = _parts(content.get("parts"), _at(loc, "parts"), calls, i)
+        out.append(Message(role, parts))  # type: ignore[arg-type]
     return out
 
 

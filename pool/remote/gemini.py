@@ -197,7 +197,9 @@ class StreamParser:
         if reason:
             self.done = True
             finish = _FINISH.get(reason, "stop")
-            out.append(Finish("tool_calls" if finish == "stop" and self._calls else finish))  # type: ignore[arg-type]
+            if finish == "stop" and self._calls:
+                finish = "tool_calls"
+            out.append(Finish(finish))  # type: ignore[arg-type]
         if isinstance(usage, dict) and (reason or "promptTokenCount" in usage):
             out.append(_usage(usage))
         return out
