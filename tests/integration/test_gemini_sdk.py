@@ -174,8 +174,9 @@ def test_count_tokens(gateway, upstream_model):
     assert 0 < short.total_tokens < long.total_tokens
 
 
-def test_models(gateway):
-    with client(gateway) as c:
+@pytest.mark.parametrize("version", ["v1beta", "v1"])
+def test_models(gateway, version):
+    with client(gateway, version=version) as c:
         names = [m.name for m in c.models.list()]
         one = c.models.get(model=OPENAI_MODEL)
     assert f"models/{OPENAI_MODEL}" in names and f"models/{ANTHROPIC_MODEL}" in names
