@@ -41,7 +41,7 @@ Mapping choices:
   ``reasoning_effort``.
 * What no worker can honour is refused, naming the field: ``candidateCount``
   above 1, non-image ``inlineData``/``fileData``, built-in tools
-  (``googleSearch``, ``codeExecution``, ...).
+  (``googleSearch``, ``codeExecution``, ...), ``cachedContent``.
 """
 
 from __future__ import annotations
@@ -366,6 +366,9 @@ def decode(body: object, model: str, *, stream: bool = False) -> ChatRequest:
     if type(body) is not dict:
         raise BadRequest("The request body must be a JSON object.")
     raw, body = body, camel(body)
+    if body.get("cachedContent") is not None:  # held by Google: no worker here has it
+        raise _V.bad_value("cachedContent", "cached contents are not supported by this "
+                                            "gateway; send the contents themselves")
     messages = _contents(body.get("contents"))
     system = _system(body.get("systemInstruction"))
     if system is not None:

@@ -231,6 +231,7 @@ def test_decode_count_tokens_both_shapes() -> None:
      "toolConfig.functionCallingConfig.allowedFunctionNames[0]"),
     (body(toolConfig={"functionCallingConfig": {"mode": "SOMETIMES"}}),
      "toolConfig.functionCallingConfig.mode"),
+    (body(cached_content="cachedContents/abc"), "cachedContent"),
 ])
 def test_decode_errors_name_the_field(raw: dict[str, Any], param: str) -> None:
     with pytest.raises(BadRequest) as caught:
