@@ -42,8 +42,8 @@ from .observability import Metrics
 from .pool_metrics import PoolCollector
 from .replicas import Drains, build_stores
 from .runtime_workers import RuntimeWorkers
-from .routes import (accounts as account_routes, chat, keys as key_routes, models, ops, responses,
-                     worker_admin)
+from .routes import (accounts as account_routes, chat, gemini, keys as key_routes, models, ops,
+                     responses, worker_admin)
 from .routes.ui import UI_PATH, UI_STATIC_PATH, OperatorPage
 from .worker_settings import EMBEDDED_SAMPLING
 from .state import apply_policy, open_state, rebuild_budgets
@@ -237,6 +237,9 @@ def create_app(settings: Any) -> Starlette:
     )]
     routes = [
         *(Route(r.path, r, methods=[r.method], name=r.handler.__name__) for r in hot),
+        # Gemini methods (the model in the path) are dispatched by the middleware only
+        Route("/v1beta/models", gemini.list_models, methods=["GET"]),
+        Route("/v1beta/models/{model_id:path}", gemini.get_model, methods=["GET"]),
         Route("/v1/responses/{response_id}", responses.get_response, methods=["GET"]),
         Route("/v1/responses/{response_id}", responses.delete_response, methods=["DELETE"]),
         Route("/v1/responses/{response_id}/input_items", responses.list_input_items,
@@ -274,7 +277,7 @@ def create_app(settings: Any) -> Starlette:
         Route(UI_PATH, operator_page.page, methods=["GET", "HEAD"]),
         Route(UI_STATIC_PATH, operator_page.asset, methods=["GET", "HEAD"]),
     ]
-    table = hot_table(hot)
+    table = hot_table([*hot, *gemini.hot_routes(gw)])
 
     def front(app: Any) -> GatewayMiddleware:
         return GatewayMiddleware(app, keys=keys, max_body_bytes=server.max_body_bytes,

@@ -34,6 +34,8 @@ class RequestRecord:
         self.stream = False
 
     def error_dialect(self) -> str:
+        if self.dialect == "gemini":
+            return "gemini"
         if self.path.startswith("/v1/messages"):
             return "anthropic"
         if self.anthropic_version and self.path.startswith("/v1/models"):

@@ -40,7 +40,7 @@ class WorkerSettings(BaseModel):
     name: str
     kind: Literal["remote", "process", "local", "cli"] = "remote"
     # remote: an HTTP endpoint
-    dialect: Literal["openai", "anthropic"] | None = None
+    dialect: Literal["openai", "anthropic", "gemini"] | None = None
     url: str | None = None
     # process: a worker program of ours, supervised, speaking poolgate's worker protocol
     # (cli: the vendor binary, default found on PATH)

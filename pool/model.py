@@ -40,7 +40,8 @@ __all__ = [
     "Completion", "Dialect", "Role",
 ]
 
-Dialect = Literal["openai_chat", "anthropic", "openai_responses", "openai_completions", "native"]
+Dialect = Literal["openai_chat", "anthropic", "openai_responses", "openai_completions", "native",
+                  "gemini"]
 Role = Literal["system", "developer", "user", "assistant"]
 FinishReason = Literal["stop", "length", "tool_calls", "stop_sequence", "content_filter"]
 

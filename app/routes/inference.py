@@ -35,9 +35,10 @@ log = structlog.get_logger("poolgate.request")
 
 # client dialect -> error envelope dialect and response id prefix
 ERROR_DIALECT = {"openai_chat": "openai", "anthropic": "anthropic",
-                 "openai_responses": "openai", "openai_completions": "openai", "native": "openai"}
+                 "openai_responses": "openai", "openai_completions": "openai", "native": "openai",
+                 "gemini": "gemini"}
 ID_PREFIX = {"openai_chat": "chatcmpl-", "anthropic": "msg_", "openai_responses": "resp_",
-             "openai_completions": "cmpl-", "native": "gen-"}
+             "openai_completions": "cmpl-", "native": "gen-", "gemini": ""}
 
 
 Finalize = Callable[[dict[str, Any], str], Awaitable[None]]
