@@ -95,7 +95,7 @@ async def count_tokens(gw: Gateway, request: Incoming, record: RequestRecord) ->
         body = await read_json(request, gw.max_body_bytes)
         chat = gemini.decode_count_tokens(body, _model(request))
         record.model = chat.model
-        gw.teams.check_model(record.key, chat.model)
+        await gw.teams.admit(record.key, chat.model)  # one request of the key's rpm
         if not gw.pool.knows(chat.model):
             raise model_not_found(chat.model)
         worker, routed = gw.pool.pick(chat)
