@@ -29,6 +29,7 @@ from .driver import CliDriver, Conversation, DriverConfig
 from .events import (CliHealth, ConversationSetup, LoginRequired, PendingToolCall, RateLimited,
                      Retrying, SessionStarted, TextChunk, ThinkingChunk, ToolAnswer, ToolExecuted,
                      ToolOutput, ToolsPending, Turn, TurnFailed, TurnFinished, TurnUsage)
+from .scrub import account_secrets, scrub
 from .history import (answer_message, canonical_arguments, conversation_hash, flatten, split,
                       system_text, tool_result_text)
 
@@ -205,7 +206,7 @@ class CliHost:
             raise
         except Exception as exc:
             log.warning("cli.open_failed", worker=self.config.name, error=type(exc).__name__,
-                        detail=str(exc)[:300])
+                        detail=self._scrub(str(exc)))
             raise UpstreamUnavailable(f"worker {self.config.name} could not start a "
                                       f"{self.config.cli} conversation") from None
         slot = _Slot(conv, setup)
@@ -285,13 +286,25 @@ class CliHost:
                 self._refused = (self.health.detail.get("credentials"),)
                 self.health = CliHealth(login="logged_out", version=self.health.version,
                                         account=self.health.account)
-                log.warning("cli.logged_out", worker=self.config.name)
-                raise UpstreamUnavailable(f"worker {self.config.name}: the account is logged out "
-                                          f"({ev.message})", code="login_required", status=503)
+                log.warning("cli.logged_out", worker=self.config.name,
+                            detail=self._scrub(ev.message))
+                raise UpstreamUnavailable(f"worker {self.config.name}: the account is logged out",
+                                          code="login_required", status=503)
             elif kind is TurnFailed:
-                raise _failure(self.config.name, ev, self.cooldown_until if self._cooling() else None)
+                log.warning("cli.turn_failed", worker=self.config.name, kind=ev.kind,
+                            status=ev.status, detail=self._scrub(ev.message))
+                raise _failure(self.config.name, self.config.cli, ev,
+                               self.cooldown_until if self._cooling() else None)
         raise UpstreamUnavailable(f"worker {self.config.name}: the {self.config.cli} CLI ended "
                                   "the turn without a result")
+
+    def _scrub(self, text: str) -> str:
+        """Vendor text for a log line: without the account's secrets, cut."""
+        try:
+            secrets = account_secrets(self.config.home, self.config.env)
+        except Exception:  # noqa: BLE001 - the credential shapes still go
+            secrets = set()
+        return scrub(text, secrets)
 
     def _executed(self, call: ToolExecuted, output: str, is_error: bool,
                   answer: list[Any]) -> ExecutedTool:
@@ -350,8 +363,16 @@ def _tool_answers(new: tuple[Message, ...]) -> list[ToolAnswer]:
             for m in new for p in m.parts if isinstance(p, ToolResultPart)]
 
 
-def _failure(worker: str, ev: TurnFailed, cooldown_until: float | None) -> GatewayError:
-    message = f"worker {worker}: {ev.message}"
+# what a client is told: poolgate's own words, never the CLI's (it may print tokens)
+_SAYS = {"timeout": "the {cli} CLI did not answer in time",
+         "invalid_request": "the {cli} worker refused the request",
+         "interrupted": "the turn was interrupted",
+         "rate_limit": "the account is rate limited", "overloaded": "the account is rate limited"}
+
+
+def _failure(worker: str, cli: str, ev: TurnFailed, cooldown_until: float | None) -> GatewayError:
+    says = _SAYS.get(ev.kind, "the {cli} CLI failed the turn").format(cli=cli)
+    message = f"worker {worker}: {says}" + (f" (upstream status {ev.status})" if ev.status else "")
     if cooldown_until is not None or ev.status == 429 or ev.kind == "rate_limit":
         retry = max(1.0, (cooldown_until or time.time() + _RATE_LIMIT_DEFAULT) - time.time())
         return Overloaded(message, code="rate_limited", retry_after=round(retry))

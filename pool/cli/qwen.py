@@ -9,9 +9,16 @@ driver does about Qwen's habits (all verified on 0.15.10):
   ``can_use_tool``); the CLI answers with its session id.
 * ``memory.enableManagedAutoMemory = false`` is written into the home's
   ``.qwen/settings.json``; otherwise every prompt costs a second upstream call.
-* Chat mode: every built-in tool excluded and ``--system-prompt`` replacing the
+* Chat mode: every built-in tool excluded and the system prompt replacing the
   agent prompt (1.8 KB requests instead of 64 KB). Agent mode: ``--approval-mode
   yolo``, and any ``can_use_tool`` is allowed.
+* Nothing a client wrote goes on the command line (Qwen's yargs would take a
+  prompt ``--openai-base-url=…`` for an option and drop one starting ``-``):
+  the system prompt is a private file named by ``QWEN_SYSTEM_MD`` (read by the
+  CLI at every turn, so it lives as long as the conversation), which *replaces*
+  Qwen's own prompt like ``--system-prompt`` did; Qwen has no file or protocol
+  form of ``--append-system-prompt``, so in agent mode too a client's system
+  prompt replaces Qwen's agent prompt. The model goes as ``--model=…``.
 * ``interrupt`` ends the whole process, so the driver SIGKILLs it instead (it
   may ignore SIGTERM) and the next turn respawns with ``--resume <sid>``.
 * A conversation opened with history gets it as a transcript written in
@@ -31,6 +38,7 @@ from typing import Any, AsyncIterator, Mapping, Sequence
 
 import structlog
 
+from ..errors import BadRequest
 from .content import turn_blocks
 from .driver import DriverConfig, DriverError
 from .events import (
@@ -42,6 +50,8 @@ from .qwen_home import QwenHome
 from .qwen_tools import PREFIX, SdkToolServer
 from .qwen_transcript import write_transcript
 from .proc import JsonLineProcess, find_binary
+from .prompt_file import PromptFile, remove_stale, safe_value
+from .scrub import account_secrets
 from .turns import guarded
 
 __all__ = ["QwenDriver", "QwenConversation", "CHAT_EXCLUDED_TOOLS"]
@@ -98,6 +108,7 @@ class QwenDriver:
     async def start(self) -> CliHealth:
         self.command = find_binary(self.config.command, "qwen", self.config.env)
         self.home.mkdir(parents=True, exist_ok=True)
+        remove_stale(self.home)
         Path(self.config.cwd).mkdir(parents=True, exist_ok=True)
         self.account.write()
         try:
@@ -125,7 +136,13 @@ class QwenDriver:
             detail["reason"] = self.logged_out_reason
         return CliHealth(login=login, version=self.version, account=None, detail=detail)
 
+    def secrets(self) -> set[str]:
+        """The account's secret values (scrubbed from what the CLI prints)."""
+        return account_secrets(self.home, self.config.env)
+
     async def open(self, setup: ConversationSetup) -> QwenConversation:
+        if not safe_value(setup.model, 128):
+            raise BadRequest("model: not a value the qwen CLI takes", param="model")
         conversation = QwenConversation(self, setup)
         if setup.history:
             conversation.resume_from(write_transcript(self.home, self.config.cwd, setup.history,
@@ -161,6 +178,7 @@ class QwenConversation:
         self._resumable = True   # false after a crash: the session on disk is suspect
         self._interrupted = False
         self._requests = 0
+        self._prompt: PromptFile | None = None   # the system prompt (QWEN_SYSTEM_MD)
 
     @property
     def session_id(self) -> str | None:
@@ -203,16 +221,25 @@ class QwenConversation:
     def argv(self) -> list[str]:
         d, setup = self.driver, self.setup
         argv = [*d.command, "--auth-type", d.auth_type, "--input-format", "stream-json",
-                "-o", "stream-json", "--include-partial-messages", "--model", setup.model,
+                "-o", "stream-json", "--include-partial-messages", f"--model={setup.model}",
                 "--approval-mode", d.approval_mode]
         if d.config.mode == "chat":
-            argv += ["--exclude-tools", ",".join(CHAT_EXCLUDED_TOOLS),
-                     "--system-prompt", setup.system or DEFAULT_CHAT_SYSTEM]
-        elif setup.system:
-            argv += ["--append-system-prompt", setup.system]
+            argv += ["--exclude-tools", ",".join(CHAT_EXCLUDED_TOOLS)]
         if self._session_id is not None:
             argv += ["--resume", self._session_id]
         return argv + list(d.extra_args)
+
+    def env(self) -> dict[str, str]:
+        """The driver's environment, plus ``QWEN_SYSTEM_MD`` naming the system prompt's file."""
+        env = self.driver.env()
+        env.pop("QWEN_SYSTEM_MD", None)
+        chat = self.driver.config.mode == "chat"
+        if chat or self.setup.system:
+            if self._prompt is None:
+                text = self.setup.system or DEFAULT_CHAT_SYSTEM
+                self._prompt = PromptFile(self.driver.home, text, "system.md")
+            env["QWEN_SYSTEM_MD"] = self._prompt.path
+        return env
 
     def _control_id(self) -> str:
         self._requests += 1
@@ -222,8 +249,9 @@ class QwenConversation:
         """Start the process and handshake; a terminal event when that failed."""
         self._interrupted = False
         try:
-            proc = await JsonLineProcess.spawn(self.argv(), env=self.driver.env(),
-                                               cwd=self.driver.config.cwd, label="qwen")
+            proc = await JsonLineProcess.spawn(self.argv(), env=self.env(),
+                                               cwd=self.driver.config.cwd, label="qwen",
+                                               secrets=self.driver.secrets)
         except DriverError as exc:
             return TurnFailed("upstream", f"qwen: {exc}")
         self._proc, self._lines = proc, proc.lines()
@@ -373,5 +401,9 @@ class QwenConversation:
 
     async def close(self) -> None:
         self._closed = True
-        if self._proc is not None:
-            await self._proc.close()
+        try:
+            if self._proc is not None:
+                await self._proc.close()
+        finally:
+            if self._prompt is not None:
+                self._prompt.remove()
