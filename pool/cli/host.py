@@ -270,7 +270,7 @@ class CliHost:
                             cooldown_until=self.cooldown_until)
             elif kind is Retrying:
                 log.info("cli.upstream_retry", worker=self.config.name, attempt=ev.attempt,
-                         status=ev.status, error=ev.error)
+                         status=ev.status, error=self._scrub(str(ev.error)) if ev.error else None)
             elif kind is SessionStarted:
                 pass
             elif kind in (TurnFinished, ToolsPending):

@@ -124,3 +124,25 @@ def test_claude_gets_the_system_prompt_as_text_never_as_arguments(claude, system
     assert not any(system[:40] in arg for arg in proc["argv"])
     # read at startup: the file is gone once the CLI is up
     assert list(home.glob(".poolgate-prompt-*")) == []
+
+
+def test_what_a_failing_cli_prints_never_reaches_the_client_and_is_scrubbed_in_logs(
+        tmp_path: Path, capfd):
+    token = "plain-account-secret"  # no credential shape: only the account's file knows it
+    with FakeUpstream(api_key=token, models=(CLAUDE_MODEL,)) as upstream:
+        worker = fake_claude_worker("claude-a", claude_home(tmp_path / "a", token),
+                                    upstream.anthropic_url, tmp_path / "claude.log",
+                                    env={"FAKE_CLAUDE_FAULT": "leak-token"})
+        with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
+            wait_for(lambda: worker_info(http)["claude-a"]["state"] == "ready")
+            r = http.post("/v1/messages", headers={"authorization": "Bearer sk-team-a"}, json={
+                "model": CLAUDE_MODEL, "max_tokens": 16,
+                "messages": [{"role": "user", "content": "hello"}]})
+    assert r.status_code == 502
+    message = r.json()["error"]["message"]
+    assert message == "worker claude-a: the claude CLI failed the turn"
+    assert token not in r.text and "Bearer" not in r.text
+    out, err = capfd.readouterr()
+    logs = out + err
+    assert "cli.turn_failed" in logs and "claude exited with 1" in logs
+    assert token not in logs and "[redacted]" in logs
