@@ -305,7 +305,7 @@ class ClaudeConversation:
     def _reply_tool(self, answer: ToolAnswer) -> None:
         request_id, mcp_id = self._held.pop(answer.call_id)
         self._respond(request_id, {"mcp_response": {"jsonrpc": "2.0", "id": mcp_id, "result": {
-            "content": [{"type": "text", "text": answer.content}], "isError": answer.is_error}}})
+            "content": answer.blocks(), "isError": answer.is_error}}})
 
 
 def _account(home: str) -> str | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
@@ -181,7 +182,11 @@ class CliHost:
                      and s.conv.alive and _knobs(s.setup) == knobs), None)
         if slot is not None:
             answers = _tool_answers(new)
-            if slot.pending and {a.call_id for a in answers} >= set(slot.pending):
+            note = _note(new)
+            if slot.pending and {a.call_id for a in answers} >= set(slot.pending) \
+                    and note is not None:
+                if note:  # text after the results: it reaches the CLI with the last one
+                    answers[-1] = dataclasses.replace(answers[-1], note=note)
                 self.counts["hits"] += 1
                 return slot, slot.conv.answer_tools(answers)
             if not slot.pending and not answers:
@@ -356,6 +361,15 @@ def _flush_text(text: list[str], answer: list[Any]) -> None:
 
 def _knobs(setup: ConversationSetup) -> tuple[object, ...]:
     return (setup.max_tokens, setup.effort, setup.thinking_budget)
+
+
+def _note(new: tuple[Message, ...]) -> str | None:
+    """The text a client sent with its tool results ("" for none); None when the
+    turn holds more than text (an image): only a rebuilt conversation takes that."""
+    extra = [p for m in new for p in m.parts if not isinstance(p, ToolResultPart)]
+    if not all(isinstance(p, TextPart) for p in extra):
+        return None
+    return "\n\n".join(p.text for p in extra if p.text)
 
 
 def _tool_answers(new: tuple[Message, ...]) -> list[ToolAnswer]:

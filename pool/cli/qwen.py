@@ -337,6 +337,8 @@ class QwenConversation:
         if self._session_id:
             yield SessionStarted(self._session_id, self.setup.model)
         parser = QwenTurnParser(self._totals, client_tool_prefix=PREFIX if self._tools else None)
+        if self._tools is not None:
+            self._tools.new_turn()
         self._send({"type": "user", "message": {"role": "user", "content": turn_blocks(turn)}})
         async for event in self._pump(parser):
             yield event

@@ -263,7 +263,8 @@ class Cli:
             if response is None:
                 return None
             result = response.get("result", {})
-            text = "".join(c.get("text", "") for c in result.get("content", []))
+            blocks = result.get("content", [])  # several: passed on as blocks, like the real CLI
+            text = blocks if len(blocks) > 1 else "".join(c.get("text", "") for c in blocks)
             return {"type": "tool_result", "tool_use_id": use["id"], "content": text,
                     "is_error": bool(result.get("isError"))}
         if name == "Read":  # a built-in tool: the file, relative to the working directory
