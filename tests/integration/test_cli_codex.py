@@ -222,7 +222,7 @@ def test_kill_9_mid_turn_ends_the_stream_and_the_worker_restarts(tmp_path, upstr
                         killed = app_server_pid(home)
                         assert killed is not None
                         os.kill(killed, signal.SIGKILL)
-            assert "exited" in str(err.value)
+            assert "the codex CLI failed the turn" in str(err.value)
         wait_for(lambda: app_server_pid(home) not in (None, killed) and
                  workers(http)["codex-a"]["state"] == "ready", timeout=30)
         assert workers(http)["codex-a"]["restarts"] >= 1
