@@ -12,13 +12,9 @@ driver does about Qwen's habits (all verified on 0.15.10):
 * Chat mode: every built-in tool excluded and the system prompt replacing the
   agent prompt (1.8 KB requests instead of 64 KB). Agent mode: ``--approval-mode
   yolo``, and any ``can_use_tool`` is allowed.
-* Nothing a client wrote goes on the command line (Qwen's yargs would take a
-  prompt ``--openai-base-url=…`` for an option and drop one starting ``-``):
-  the system prompt is a private file named by ``QWEN_SYSTEM_MD`` (read by the
-  CLI at every turn, so it lives as long as the conversation), which *replaces*
-  Qwen's own prompt like ``--system-prompt`` did; Qwen has no file or protocol
-  form of ``--append-system-prompt``, so in agent mode too a client's system
-  prompt replaces Qwen's agent prompt. The model goes as ``--model=…``.
+* Nothing a client wrote goes on the command line: the system prompt is a
+  private file named by ``QWEN_SYSTEM_MD`` (:mod:`pool.cli.qwen_prompt`), the
+  model goes as ``--model=…``.
 * ``interrupt`` ends the whole process, so the driver SIGKILLs it instead (it
   may ignore SIGTERM) and the next turn respawns with ``--resume <sid>``.
 * A conversation opened with history gets it as a transcript written in
@@ -51,6 +47,7 @@ from .qwen_tools import PREFIX, SdkToolServer
 from .qwen_transcript import write_transcript
 from .proc import JsonLineProcess, find_binary
 from .prompt_file import PromptFile, remove_stale, safe_value
+from .qwen_prompt import QwenPrompts
 from .scrub import account_secrets
 from .turns import guarded
 
@@ -94,6 +91,11 @@ class QwenDriver:
         self.version: str | None = None
         self.logged_out_reason: str | None = None
         self._conversations: weakref.WeakSet[QwenConversation] = weakref.WeakSet()
+        self.prompts = QwenPrompts(str(self.home), config.cwd, self.env, self._probe_argv)
+
+    def _probe_argv(self, model: str) -> list[str]:
+        return [*self.command, "--auth-type", self.auth_type, "--input-format", "stream-json",
+                "-o", "stream-json", f"--model={model}", *self.extra_args]
 
     # --- the process environment ---
 
@@ -233,11 +235,7 @@ class QwenConversation:
         """The driver's environment, plus ``QWEN_SYSTEM_MD`` naming the system prompt's file."""
         env = self.driver.env()
         env.pop("QWEN_SYSTEM_MD", None)
-        chat = self.driver.config.mode == "chat"
-        if chat or self.setup.system:
-            if self._prompt is None:
-                text = self.setup.system or DEFAULT_CHAT_SYSTEM
-                self._prompt = PromptFile(self.driver.home, text, "system.md")
+        if self._prompt is not None:
             env["QWEN_SYSTEM_MD"] = self._prompt.path
         return env
 
@@ -248,6 +246,12 @@ class QwenConversation:
     async def _spawn(self) -> CliEvent | None:
         """Start the process and handshake; a terminal event when that failed."""
         self._interrupted = False
+        if self._prompt is None:
+            self._prompt = await self.driver.prompts.file_for(
+                self.driver.config.mode, self.setup.model, self.setup.system, DEFAULT_CHAT_SYSTEM)
+            if self._closed and self._prompt is not None:  # closed while Qwen was asked
+                self._prompt.remove()
+                return TurnFailed("upstream", "qwen: conversation closed")
         try:
             proc = await JsonLineProcess.spawn(self.argv(), env=self.env(),
                                                cwd=self.driver.config.cwd, label="qwen",

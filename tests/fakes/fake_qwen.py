@@ -4,7 +4,8 @@ Run as ``python fake_qwen.py --auth-type openai --input-format stream-json
 -o stream-json [--include-partial-messages] --model M [--exclude-tools a,b]
 [--system-prompt S] [--resume SID]``, options parsed as yargs does
 (``--openai-base-url`` and ``--openai-api-key`` too); ``QWEN_SYSTEM_MD`` names a
-file replacing the system prompt, read for every request. Replies come from ``OPENAI_BASE_URL``
+file replacing the system prompt, read for every request; ``QWEN_WRITE_SYSTEM_MD``
+names a file it writes its own base prompt into at startup. Replies come from ``OPENAI_BASE_URL``
 (a fake upstream), so they are deterministic. What it copies from the real CLI
 (each verified on the real binary against the same fake upstream):
 
@@ -48,6 +49,7 @@ VERSION = "0.15.10"
 TOOLS = ("list_directory", "read_file", "grep_search", "glob", "edit", "write_file",
          "run_shell_command", "todo_write", "web_fetch")
 _write_lock = threading.Lock()
+BASE_PROMPT = "You are Qwen Code, an interactive CLI agent."
 
 
 def log(entry: dict) -> None:
@@ -158,7 +160,7 @@ class Session:
     def system_prompt(self) -> str:
         """As Qwen builds it for every request: ``QWEN_SYSTEM_MD`` (a file read
         each time) or ``--system-prompt`` replace the agent prompt."""
-        text = self.args.get("system-prompt") or "You are Qwen Code, an interactive CLI agent."
+        text = self.args.get("system-prompt") or BASE_PROMPT
         system_md = os.environ.get("QWEN_SYSTEM_MD")
         if system_md and system_md.lower() not in ("0", "false", "1", "true"):
             if not os.path.exists(system_md):
@@ -349,6 +351,9 @@ def main() -> None:
     args = parse_args(sys.argv[1:])
     home = Path(os.environ.get("HOME", "."))
     session = Session(args, home, Path.cwd())
+    if os.environ.get("QWEN_WRITE_SYSTEM_MD"):  # Qwen writes its own base prompt at startup
+        with open(os.environ["QWEN_WRITE_SYSTEM_MD"], "w", encoding="utf-8") as fh:
+            fh.write(BASE_PROMPT)
     if not session.key:
         emit({"type": "result", "subtype": "error_during_execution", "session_id": session.id,
               "is_error": True, "num_turns": 0, "usage": {"input_tokens": 0, "output_tokens": 0},

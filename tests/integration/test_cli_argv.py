@@ -146,3 +146,22 @@ def test_what_a_failing_cli_prints_never_reaches_the_client_and_is_scrubbed_in_l
     logs = out + err
     assert "cli.turn_failed" in logs and "claude exited with 1" in logs
     assert token not in logs and "[redacted]" in logs
+
+
+def test_qwen_agent_mode_keeps_its_own_prompt_and_appends_the_clients(tmp_path: Path):
+    with FakeUpstream(api_key=QWEN_KEY, models=(QWEN_MODEL,)) as upstream:
+        log = tmp_path / "qwen.log"
+        worker = fake_cli_worker("qwen", "qwen-a", tmp_path / "a", upstream.url, log,
+                                 api_key=QWEN_KEY, mode="agent")
+        with serve(worker) as srv, openai_client(srv) as oai:
+            for word in ("one", "two"):  # two conversations: Qwen's prompt is asked for once
+                oai.chat.completions.create(model=QWEN_MODEL, messages=[
+                    {"role": "system", "content": f"--- agent rules {word}"},
+                    {"role": "user", "content": word}])
+            for word in ("one", "two"):
+                assert _system_sent(upstream, word) == (
+                    f"You are Qwen Code, an interactive CLI agent.\n\n---\n\n--- agent rules {word}")
+            # the probe that wrote Qwen's prompt, then the two conversations
+            assert len([p for p in processes(log) if "--approval-mode" not in p["argv"]]) == 1
+            assert not any("agent rules" in _cmdline(p["pid"]) for p in processes(log)
+                           if Path(f"/proc/{p['pid']}").exists())

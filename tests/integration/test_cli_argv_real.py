@@ -110,3 +110,23 @@ def test_real_claude_gets_the_system_prompt_as_text(tmp_path: Path, claude_bin: 
         bodies = [r.body for r in upstream.requests if r.body and r.path == "/v1/messages"]
         assert any(system in [b.get("text") for b in body["system"]] for body in bodies), \
             json.dumps([body["system"] for body in bodies])[:500]
+
+
+def test_real_qwen_agent_mode_appends_the_clients_prompt_to_its_own(tmp_path: Path,
+                                                                   qwen_bin: str):
+    system = "- agent rules: be brief"
+    with FakeUpstream(api_key=QWEN_KEY, models=(QWEN_MODEL,)) as upstream:
+        worker = WorkerSettings(
+            name="qwen-real", kind="cli", cli="qwen", models=(QWEN_MODEL,), mode="agent",
+            home=str(tmp_path / "acct"), command=(qwen_bin,), ready_timeout=60,
+            env={"OPENAI_BASE_URL": upstream.url, "OPENAI_API_KEY": QWEN_KEY,
+                 "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=60) as http:
+            wait_for(lambda: worker_info(http)["qwen-real"]["state"] == "ready", timeout=60)
+            assert _ask(srv, QWEN_MODEL, system, "who are you") == "echo: who are you"
+            assert _on_a_command_line(system) == []
+        posts = [r.body for r in upstream.requests if r.body is not None]
+        prompt = posts[0]["messages"][0]["content"]
+        # Qwen's own agent prompt (written by Qwen itself), then the client's after a rule
+        assert prompt.startswith("You are Qwen Code, an interactive CLI agent developed by")
+        assert f"\n\n---\n\n{system}" in prompt and len(posts[0]["tools"]) > 5
