@@ -24,6 +24,7 @@ from sessions.responses import MemoryResponseStore, ResponseStore
 from sessions.shared import MemoryDrainedSet, MemoryLocks
 from sessions.upstream import MemoryUpstreamSessions, SessionIndex
 
+from .observability import current_request
 from .record import RequestRecord
 from .replicas import Drains
 from .teams import Teams
@@ -78,7 +79,9 @@ class Gateway:
         if any(w.kind == "cli" for w in workers):
             # cli workers keep per-team state by the key's name (the only readers of
             # key_name): a copy of the request for them, none on the hot path
-            routed = replace(routed, key_name=key)
+            record = current_request.get()
+            routed = replace(routed, key_name=key,
+                             request_id=record.request_id if record is not None else None)
             if prefer is None:
                 prefix = request_prefix_hash(routed)  # the cli worker holding this conversation
                 if prefix is not None:

@@ -153,7 +153,7 @@ class CliHost:
         answer: list[Any] = []
         try:
             started = False
-            async for event in self._translate(steps, answer):
+            async for event in self._translate(steps, answer, request.request_id):
                 if not started:  # only once the CLI answered: a failure before can go elsewhere
                     started = True
                     yield Start(model=request.model)
@@ -226,7 +226,8 @@ class CliHost:
             raise Overloaded(f"worker {self.config.name} has no free conversation", retry_after=1)
         await self._discard(min(idle, key=lambda s: s.last_used))
 
-    async def _translate(self, steps: AsyncIterator[Any], answer: list[Any]) -> AsyncIterator[Event]:
+    async def _translate(self, steps: AsyncIterator[Any], answer: list[Any],
+                         request_id: str | None = None) -> AsyncIterator[Event]:
         """The driver's events as canonical ones; ``answer`` collects the parts a
         client will send back (text, executed tools, tool calls), in order."""
         text: list[str] = []
@@ -291,14 +292,14 @@ class CliHost:
                 self._refused = (self.health.detail.get("credentials"),)
                 self.health = CliHealth(login="logged_out", version=self.health.version,
                                         account=self.health.account)
-                log.warning("cli.logged_out", worker=self.config.name,
+                log.warning("cli.logged_out", worker=self.config.name, request_id=request_id,
                             detail=self._scrub(ev.message))
-                raise UpstreamUnavailable(f"worker {self.config.name}: the account is logged out",
-                                          code="login_required", status=503)
+                raise UpstreamUnavailable(f"worker {self.config.name}: the account is logged out"
+                                          + _naming(request_id), code="login_required", status=503)
             elif kind is TurnFailed:
-                log.warning("cli.turn_failed", worker=self.config.name, kind=ev.kind,
-                            status=ev.status, detail=self._scrub(ev.message))
-                raise _failure(self.config.name, self.config.cli, ev,
+                log.warning("cli.turn_failed", worker=self.config.name, request_id=request_id,
+                            kind=ev.kind, status=ev.status, detail=self._scrub(ev.message))
+                raise _failure(self.config.name, self.config.cli, ev, request_id,
                                self.cooldown_until if self._cooling() else None)
         raise UpstreamUnavailable(f"worker {self.config.name}: the {self.config.cli} CLI ended "
                                   "the turn without a result")
@@ -384,9 +385,17 @@ _SAYS = {"timeout": "the {cli} CLI did not answer in time",
          "rate_limit": "the account is rate limited", "overloaded": "the account is rate limited"}
 
 
-def _failure(worker: str, cli: str, ev: TurnFailed, cooldown_until: float | None) -> GatewayError:
+def _naming(request_id: str | None) -> str:
+    """Names the client's request in a message (its ``x-request-id``)."""
+    return f" (request {request_id})" if request_id else ""
+
+
+def _failure(worker: str, cli: str, ev: TurnFailed, request_id: str | None,
+             cooldown_until: float | None) -> GatewayError:
     says = _SAYS.get(ev.kind, "the {cli} CLI failed the turn").format(cli=cli)
-    message = f"worker {worker}: {says}" + (f" (upstream status {ev.status})" if ev.status else "")
+    notes = [f"upstream status {ev.status}"] if ev.status else []
+    notes += [f"request {request_id}"] if request_id else []
+    message = f"worker {worker}: {says}" + (f" ({', '.join(notes)})" if notes else "")
     if cooldown_until is not None or ev.status == 429 or ev.kind == "rate_limit":
         retry = max(1.0, (cooldown_until or time.time() + _RATE_LIMIT_DEFAULT) - time.time())
         return Overloaded(message, code="rate_limited", retry_after=round(retry))

@@ -140,7 +140,8 @@ def test_what_a_failing_cli_prints_never_reaches_the_client_and_is_scrubbed_in_l
                 "messages": [{"role": "user", "content": "hello"}]})
     assert r.status_code == 502
     message = r.json()["error"]["message"]
-    assert message == "worker claude-a: the claude CLI failed the turn"
+    request_id = r.headers["x-request-id"]
+    assert message == f"worker claude-a: the claude CLI failed the turn (request {request_id})"
     assert token not in r.text and "Bearer" not in r.text
     out, err = capfd.readouterr()
     logs = out + err
