@@ -41,6 +41,7 @@ from .codex_thread import CodexThread
 from .driver import DriverConfig, DriverError, credentials_stamp
 from .events import CliHealth, ConversationSetup
 from .proc import JsonLineProcess, find_binary
+from .scrub import account_secrets
 
 __all__ = ["CodexDriver"]
 
@@ -81,6 +82,9 @@ class CodexDriver:
 
     # --- process ---------------------------------------------------------------------------
 
+    def _secrets(self) -> set[str]:
+        return account_secrets(self.config.home, self.config.env)
+
     async def start(self) -> CliHealth:
         env = {**self.config.env, "CODEX_HOME": self.config.home}
         binary = native_binary(find_binary(self.config.command, "codex", env), env)
@@ -88,7 +92,8 @@ class CodexDriver:
         Path(self.config.cwd).mkdir(parents=True, exist_ok=True)
         argv = app_server_argv(binary, chat=self.config.mode == "chat", options=self.options)
         self.process = await JsonLineProcess.spawn(argv, env=env, cwd=self.config.cwd,
-                                                   label="codex app-server")
+                                                   label="codex app-server",
+                                                   secrets=self._secrets)
         proc = self.process.proc
         assert proc.stdout is not None and proc.stdin is not None
         self._rpc = CodexRpc(proc.stdout, proc.stdin)

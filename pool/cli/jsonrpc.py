@@ -30,6 +30,7 @@ import structlog
 
 from .content import dig, turn_blocks
 from .driver import DriverConfig, DriverError
+from .scrub import account_secrets
 from .events import (
     CliEvent, CliHealth, ConversationSetup, LoginRequired, SessionStarted, TextChunk,
     ThinkingChunk, ToolAnswer, ToolExecuted, ToolOutput, Turn, TurnFailed, TurnFinished, TurnUsage,
@@ -107,7 +108,9 @@ class JsonRpcDriver:
             if self._agent is not None:
                 await self._agent.proc.close(grace=0.5)
             proc = await JsonLineProcess.spawn(self.config.command or (), env=self.env(),
-                                               cwd=self.config.cwd, label="jsonrpc agent")
+                                               cwd=self.config.cwd, label="jsonrpc agent",
+                                               secrets=lambda: account_secrets(
+                                                   self.config.home, self.config.env))
             agent = Agent(proc, self.options, self.config.mode)
             if self.options.initialize:
                 try:

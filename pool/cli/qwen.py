@@ -48,7 +48,7 @@ from .qwen_transcript import write_transcript
 from .proc import JsonLineProcess, find_binary
 from .prompt_file import PromptFile, remove_stale, safe_value
 from .qwen_prompt import QwenPrompts
-from .scrub import account_secrets
+from .scrub import account_secrets, scrub
 from .turns import guarded
 
 __all__ = ["QwenDriver", "QwenConversation", "CHAT_EXCLUDED_TOOLS"]
@@ -123,7 +123,7 @@ class QwenDriver:
             raise DriverError(f"qwen: cannot run {self.command[0]}: {exc!r}") from None
         if proc.returncode != 0:
             raise DriverError(f"qwen --version exited {proc.returncode}: "
-                              f"{err.decode(errors='replace').strip()[-300:]}")
+                              f"{scrub(err.decode(errors='replace').strip(), self.secrets())}")
         self.version = out.decode(errors="replace").strip().splitlines()[-1] if out.strip() else None
         log.info("cli.qwen.started", worker=self.config.name, version=self.version)
         return await self.health()
@@ -159,7 +159,7 @@ class QwenDriver:
     def note_terminal(self, event: CliEvent) -> None:
         """Remember a logged-out account until its credentials change (a restart)."""
         if isinstance(event, LoginRequired):
-            self.logged_out_reason = event.message
+            self.logged_out_reason = scrub(event.message, self.secrets())
         elif not isinstance(event, TurnFailed):
             self.logged_out_reason = None
 
