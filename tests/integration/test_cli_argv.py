@@ -11,6 +11,7 @@ import stat
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from tests.fakes.upstreams import FakeUpstream
@@ -166,3 +167,13 @@ def test_qwen_agent_mode_keeps_its_own_prompt_and_appends_the_clients(tmp_path: 
             assert len([p for p in processes(log) if "--approval-mode" not in p["argv"]]) == 1
             assert not any("agent rules" in _cmdline(p["pid"]) for p in processes(log)
                            if Path(f"/proc/{p['pid']}").exists())
+
+
+def test_an_effort_that_is_not_one_short_line_is_a_400_naming_it(claude):
+    srv, upstream, log, home = claude
+    with openai_client(srv) as oai:
+        with pytest.raises(openai.BadRequestError) as err:
+            oai.chat.completions.create(model=CLAUDE_MODEL, reasoning_effort="high\n--tools=Bash",
+                                        messages=[{"role": "user", "content": "hi"}])
+    assert err.value.body["param"] == "reasoning_effort"
+    assert spawns(log) == [] and upstream.requests == []
