@@ -50,7 +50,8 @@ __all__ = [
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-NPM_PREFIX = REPO_ROOT / ".cache" / "npm"
+# POOLGATE_NPM_PREFIX: another prefix, to try other versions without touching the shared cache
+NPM_PREFIX = Path(os.environ.get("POOLGATE_NPM_PREFIX") or REPO_ROOT / ".cache" / "npm")
 
 # package -> version the fixtures were recorded with (both verified offline).
 PINNED_VERSIONS: Mapping[str, str] = {

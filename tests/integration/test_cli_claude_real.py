@@ -19,8 +19,8 @@ import pytest
 from app.factory import create_app
 from app.settings import ServerSettings, Settings, WorkerSettings
 from tests.fakes.upstreams import FakeUpstream
-from tests.integration.clis import (CLAUDE_CODE, NPM_PREFIX, _base_env, ensure_cli, result_event,
-                                    run_claude)
+from tests.integration.clis import (CLAUDE_CODE, NPM_PREFIX, PINNED_VERSIONS, _base_env,
+                                    ensure_cli, result_event, run_claude)
 from tests.support.cli_accounts import claude_home
 from tests.support.server import ServerThread
 
@@ -96,7 +96,7 @@ def test_turns_streamed_and_reused_through_the_real_claude(served):
     assert bodies[1]["messages"][1]["content"][0]["text"] == "echo: hello real claude"
     assert _counts(http, {"hits": 1, "misses": 1, "rebuilds": 0}) == {"hits": 1, "misses": 1, "rebuilds": 0}
     info = http.get("/internal/workers").json()["workers"][0]
-    assert (info["cli"], info["version"], info["login"]) == ("claude", "2.1.197", "ready")
+    assert (info["cli"], info["version"], info["login"]) == ("claude", PINNED_VERSIONS["@anthropic-ai/claude-code"], "ready")
 
 
 def test_client_tool_round_trip_through_the_real_claude(served):
