@@ -47,6 +47,7 @@ from .qwen_tools import PREFIX, SdkToolServer
 from .qwen_transcript import write_transcript
 from .proc import JsonLineProcess, find_binary
 from .prompt_file import PromptFile, remove_stale, safe_value
+from .qwen_launch import CHAT_EXCLUDED_TOOLS, direct_command
 from .qwen_prompt import QwenPrompts
 from .scrub import account_secrets, scrub
 from .turns import guarded
@@ -55,13 +56,6 @@ __all__ = ["QwenDriver", "QwenConversation", "CHAT_EXCLUDED_TOOLS"]
 
 log = structlog.get_logger("pool.cli.qwen")
 
-#: every built-in tool of Qwen Code 0.15.x (unknown names are ignored by the CLI)
-CHAT_EXCLUDED_TOOLS = (
-    "tool_search", "agent", "task", "task_stop", "send_message", "skill", "list_directory",
-    "read_file", "read_many_files", "grep_search", "glob", "edit", "write_file",
-    "run_shell_command", "todo_write", "ask_user_question", "web_fetch", "web_search",
-    "monitor", "save_memory", "exit_plan_mode", "lsp",
-)
 DEFAULT_CHAT_SYSTEM = "You are a helpful assistant."
 _OPTIONS = {"auth_type", "approval_mode", "extra_args"}
 _HANDSHAKE_TIMEOUT = 60.0
@@ -108,7 +102,8 @@ class QwenDriver:
     # --- CliDriver ---
 
     async def start(self) -> CliHealth:
-        self.command = find_binary(self.config.command, "qwen", self.config.env)
+        self.command = direct_command(find_binary(self.config.command, "qwen", self.config.env),
+                                      self.config.env)
         self.home.mkdir(parents=True, exist_ok=True)
         remove_stale(self.home)
         Path(self.config.cwd).mkdir(parents=True, exist_ok=True)
