@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator
 
 import structlog
 
-from ..errors import BadRequest, GatewayError, Overloaded, UpstreamTimeout, UpstreamUnavailable
+from ..errors import BadRequest, GatewayError, Overloaded, UpstreamUnavailable
 from ..model import (ChatRequest, Event, ExecutedTool, ExecutedToolPart, Finish, Message, ReasoningDelta, ReasoningEnd, Start,
                      TextDelta, TextPart, ToolCallDelta, ToolCallEnd, ToolCallPart, ToolCallStart,
                      ToolResultPart, Usage)
@@ -30,6 +30,7 @@ from .driver import CliDriver, Conversation, DriverConfig
 from .events import (CliHealth, ConversationSetup, LoginRequired, PendingToolCall, RateLimited,
                      Retrying, SessionStarted, TextChunk, ThinkingChunk, ToolAnswer, ToolExecuted,
                      ToolOutput, ToolsPending, Turn, TurnFailed, TurnFinished, TurnUsage)
+from .failures import RATE_LIMIT_DEFAULT, client_error, naming
 from .scrub import account_secrets, scrub
 from .history import (answer_message, canonical_arguments, conversation_hash, flatten, split,
                       system_text, tool_result_text)
@@ -41,7 +42,6 @@ log = structlog.get_logger("pool.cli")
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 _STOP = {"end_turn": "stop", "max_tokens": "length", "stop_sequence": "stop_sequence",
          "refusal": "content_filter"}
-_RATE_LIMIT_DEFAULT = 60.0  # seconds of cooldown when the CLI does not say when the limit resets
 
 
 @dataclass(eq=False)
@@ -269,7 +269,7 @@ class CliHost:
                                            ev.cache_creation_tokens)):
                     usage[i] += value or 0
             elif kind is RateLimited:
-                until = ev.reset_at or time.time() + _RATE_LIMIT_DEFAULT
+                until = ev.reset_at or time.time() + RATE_LIMIT_DEFAULT
                 if not self._cooling() or until > (self.cooldown_until or 0):
                     self.cooldown_until = until
                 log.warning("cli.rate_limited", worker=self.config.name,
@@ -295,11 +295,11 @@ class CliHost:
                 log.warning("cli.logged_out", worker=self.config.name, request_id=request_id,
                             detail=self._scrub(ev.message))
                 raise UpstreamUnavailable(f"worker {self.config.name}: the account is logged out"
-                                          + _naming(request_id), code="login_required", status=503)
+                                          + naming(request_id), code="login_required", status=503)
             elif kind is TurnFailed:
                 log.warning("cli.turn_failed", worker=self.config.name, request_id=request_id,
                             kind=ev.kind, status=ev.status, detail=self._scrub(ev.message))
-                raise _failure(self.config.name, self.config.cli, ev, request_id,
+                raise client_error(self.config.name, self.config.cli, ev, request_id,
                                self.cooldown_until if self._cooling() else None)
         raise UpstreamUnavailable(f"worker {self.config.name}: the {self.config.cli} CLI ended "
                                   "the turn without a result")
@@ -376,31 +376,3 @@ def _note(new: tuple[Message, ...]) -> str | None:
 def _tool_answers(new: tuple[Message, ...]) -> list[ToolAnswer]:
     return [ToolAnswer(p.call_id, tool_result_text(p), p.is_error)
             for m in new for p in m.parts if isinstance(p, ToolResultPart)]
-
-
-# what a client is told: poolgate's own words, never the CLI's (it may print tokens)
-_SAYS = {"timeout": "the {cli} CLI did not answer in time",
-         "invalid_request": "the {cli} worker refused the request",
-         "interrupted": "the turn was interrupted",
-         "rate_limit": "the account is rate limited", "overloaded": "the account is rate limited"}
-
-
-def _naming(request_id: str | None) -> str:
-    """Names the client's request in a message (its ``x-request-id``)."""
-    return f" (request {request_id})" if request_id else ""
-
-
-def _failure(worker: str, cli: str, ev: TurnFailed, request_id: str | None,
-             cooldown_until: float | None) -> GatewayError:
-    says = _SAYS.get(ev.kind, "the {cli} CLI failed the turn").format(cli=cli)
-    notes = [f"upstream status {ev.status}"] if ev.status else []
-    notes += [f"request {request_id}"] if request_id else []
-    message = f"worker {worker}: {says}" + (f" ({', '.join(notes)})" if notes else "")
-    if cooldown_until is not None or ev.status == 429 or ev.kind == "rate_limit":
-        retry = max(1.0, (cooldown_until or time.time() + _RATE_LIMIT_DEFAULT) - time.time())
-        return Overloaded(message, code="rate_limited", retry_after=round(retry))
-    if ev.kind == "timeout":
-        return UpstreamTimeout(message)
-    if ev.kind == "invalid_request":
-        return BadRequest(message)
-    return UpstreamUnavailable(message)

@@ -3,7 +3,7 @@
 ``qwen --auth-type openai --input-format stream-json -o stream-json
 --include-partial-messages --model M`` reads user messages and control
 requests on stdin, one JSON per line, and runs one turn at a time. What the
-driver does about Qwen's habits (all verified on 0.15.10):
+driver does about Qwen's habits (verified on 0.15.10, and on 0.24.4 since):
 
 * ``initialize`` goes first (without it a tool needing approval hangs with no
   ``can_use_tool``); the CLI answers with its session id.
@@ -85,11 +85,12 @@ class QwenDriver:
         self.version: str | None = None
         self.logged_out_reason: str | None = None
         self._conversations: weakref.WeakSet[QwenConversation] = weakref.WeakSet()
-        self.prompts = QwenPrompts(str(self.home), config.cwd, self.env, self._probe_argv)
+        self.prompts = QwenPrompts(str(self.home), config.cwd, self.env, self.argv)
 
-    def _probe_argv(self, model: str) -> list[str]:
+    def argv(self, model: str, *options: str) -> list[str]:
+        """A stream-json ``qwen`` command line (no client text but the checked model)."""
         return [*self.command, "--auth-type", self.auth_type, "--input-format", "stream-json",
-                "-o", "stream-json", f"--model={model}", *self.extra_args]
+                "-o", "stream-json", f"--model={model}", *options, *self.extra_args]
 
     # --- the process environment ---
 
@@ -216,15 +217,13 @@ class QwenConversation:
         return self._resumable and self._session_id is not None
 
     def argv(self) -> list[str]:
-        d, setup = self.driver, self.setup
-        argv = [*d.command, "--auth-type", d.auth_type, "--input-format", "stream-json",
-                "-o", "stream-json", "--include-partial-messages", f"--model={setup.model}",
-                "--approval-mode", d.approval_mode]
+        d = self.driver
+        options = ["--include-partial-messages", "--approval-mode", d.approval_mode]
         if d.config.mode == "chat":
-            argv += ["--exclude-tools", ",".join(CHAT_EXCLUDED_TOOLS)]
+            options += ["--exclude-tools", ",".join(CHAT_EXCLUDED_TOOLS)]
         if self._session_id is not None:
-            argv += ["--resume", self._session_id]
-        return argv + list(d.extra_args)
+            options += ["--resume", self._session_id]
+        return d.argv(self.setup.model, *options)
 
     def env(self) -> dict[str, str]:
         """The driver's environment, plus ``QWEN_SYSTEM_MD`` naming the system prompt's file."""
