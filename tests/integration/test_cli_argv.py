@@ -6,7 +6,6 @@ children behind a real poolgate."""
 from __future__ import annotations
 
 import json
-import os
 import stat
 from pathlib import Path
 
