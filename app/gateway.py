@@ -24,6 +24,7 @@ from sessions.responses import MemoryResponseStore, ResponseStore
 from sessions.shared import MemoryDrainedSet, MemoryLocks
 from sessions.upstream import MemoryUpstreamSessions, SessionIndex
 
+from .observability import current_request
 from .record import RequestRecord
 from .replicas import Drains
 from .teams import Teams
@@ -81,7 +82,9 @@ class Gateway:
             # cli workers keep per-team state (conversations) by the key (the only
             # readers of key_name): its id, so a new key with an old name inherits
             # nothing; a copy of the request for them, none on the hot path
-            routed = replace(routed, key_name=self.keyring.id_of(key))
+            record = current_request.get()
+            routed = replace(routed, key_name=self.keyring.id_of(key),
+                             request_id=record.request_id if record is not None else None)
             if prefer is None:
                 prefix = request_prefix_hash(routed)  # the cli worker holding this conversation
                 if prefix is not None:
