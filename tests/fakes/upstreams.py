@@ -161,6 +161,22 @@ class _Frames(Response):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+def _forged_thinking(messages: list[Any]) -> str | None:
+    """Where the first assistant thinking block whose signature is not the one
+    this fake gave its text (:func:`signature_for`) stands, or ``None``."""
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") != "assistant":
+            continue
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for j, block in enumerate(content):
+            if isinstance(block, dict) and block.get("type") == "thinking" and (
+                    block.get("signature") != signature_for(str(block.get("thinking")))):
+                return f"messages.{i}.content.{j}"
+    return None
+
+
 class FakeUpstream:
     """See the module docstring. ``api_key``: when set, requests must carry it
     (OpenAI ``Authorization: Bearer``; Anthropic ``x-api-key`` or Bearer)."""
@@ -284,6 +300,10 @@ class FakeUpstream:
             return error_response(400, "anthropic", "max_tokens: Field required")
         if not isinstance(body.get("messages"), list):
             return error_response(400, "anthropic", "messages: Field required")
+        forged = _forged_thinking(body["messages"])
+        if forged is not None:  # as the real API: a thinking block comes back as it was signed
+            return error_response(400, "anthropic",
+                                  f"{forged}: Invalid `signature` in `thinking` block")
         return await self._answer(script_anthropic(body), body, "anthropic", request)
 
     async def _answer(self, script: Script, body: dict[str, Any], dialect: str,
