@@ -90,7 +90,8 @@ async def count_tokens(gw: Gateway, request: Incoming, record: RequestRecord) ->
         body = await read_json(request, gw.max_body_bytes)
         chat = anthropic_messages.decode_count_tokens(body, request.headers)
         record.model = chat.model
-        gw.teams.check_model(record.key, chat.model)
+        if not gw.teams.sees(record.key, chat.model):
+            raise gw.unknown_model(record.key, chat.model)
         exact = None
         if gw.pool.knows(chat.model):
             worker, routed = gw.pool.pick(chat)

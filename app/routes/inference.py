@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from pool.accumulate import fold_answer
-from pool.errors import GatewayError, UpstreamUnavailable
+from pool.errors import GatewayError, NotFound, UpstreamUnavailable
 from pool.model import ChatRequest, Completion, Event
 from pool.tokens import estimate_tokens
 
@@ -94,7 +94,10 @@ async def _with_retry(gw: Gateway, request: Request, chat: ChatRequest, record: 
     failure try once more on another eligible worker. Raises the GatewayError
     the client must see, with ``.worker`` naming the last worker tried."""
     if record.key in gw.teams.policies:  # the key's models, rate and budget
-        await gw.teams.admit(record.key, chat.model)
+        try:
+            await gw.teams.admit(record.key, chat.model)
+        except NotFound:  # a model outside the key's list: the list it has
+            raise gw.unknown_model(record.key, chat.model) from None
     tried: list[str] = []
     failure: GatewayError | None = None
     while True:
