@@ -11,6 +11,7 @@ uvicorn in a background thread on ``127.0.0.1`` with an ephemeral port::
         fake.requests       # [Received(path, headers, body), ...]
         fake.peers          # the client (host, port) of each request
         fake.disconnects    # clients that went away while the fake held a stream
+        fake.check_signatures = True  # 400 for a thinking block it did not sign
 
 What it answers is scripted by the text of the last user message:
 
@@ -191,6 +192,9 @@ class FakeUpstream:
         self.answers: list[bytes] = []  # each answer's body bytes as sent
         self.models_delay = 0.0  # seconds /v1/models (the health probe) takes to answer
         self.always_stream = False  # answer with SSE even when the request did not ask
+        # refuse, as the real API, a thinking block whose signature this fake did not
+        # give its text (off by default: recorded fixtures carry other servers' signatures)
+        self.check_signatures = False
         self.port = 0
         self._ids = itertools.count(1)
         self._server: uvicorn.Server | None = None
@@ -300,7 +304,7 @@ class FakeUpstream:
             return error_response(400, "anthropic", "max_tokens: Field required")
         if not isinstance(body.get("messages"), list):
             return error_response(400, "anthropic", "messages: Field required")
-        forged = _forged_thinking(body["messages"])
+        forged = _forged_thinking(body["messages"]) if self.check_signatures else None
         if forged is not None:  # as the real API: a thinking block comes back as it was signed
             return error_response(400, "anthropic",
                                   f"{forged}: Invalid `signature` in `thinking` block")

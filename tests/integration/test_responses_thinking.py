@@ -2,7 +2,8 @@
 goes up, the thinking comes back as ``reasoning`` items whose signature rides
 in ``encrypted_content`` and returns to the upstream byte for byte (the fake
 refuses a thinking block whose signature is not the one it gave). Real
-uvicorn, the real openai SDK, a fake Anthropic upstream that records bodies."""
+uvicorn, the real openai SDK, a fake Anthropic upstream that records bodies
+(and checks signatures, for these tests)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,13 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Weather fo
 
 @pytest.fixture
 def client(gateway):
-    with openai.OpenAI(base_url=gateway.openai_base, api_key=CLIENT_KEY, max_retries=0) as c:
-        yield c
+    gateway.fake.check_signatures = True
+    try:
+        with openai.OpenAI(base_url=gateway.openai_base, api_key=CLIENT_KEY,
+                           max_retries=0) as c:
+            yield c
+    finally:
+        gateway.fake.check_signatures = False
 
 
 @pytest.mark.parametrize("effort, budget, max_tokens", [
