@@ -26,17 +26,18 @@ $(STAMP): pyproject.toml Makefile
 
 # the test environment adds the Transformers engine (CPU torch from this machine's disk)
 # and the Debian packages the tests drive for real: redis-server, Chromium (for
-# Playwright; its own browser download cannot work offline) and PostgreSQL (tests start
-# throwaway clusters with its initdb, which Debian keeps in /usr/lib/postgresql/<ver>/bin,
-# off PATH). Installed only when missing.
+# Playwright; its own browser download cannot work offline), bubblewrap (the sandbox of
+# agent-mode cli workers) and PostgreSQL (tests start throwaway clusters with its initdb,
+# which Debian keeps in /usr/lib/postgresql/<ver>/bin, off PATH). Installed only when missing.
 $(TSTAMP): $(STAMP)
 	$(MAKE) sysdeps
 	$(BIN)/python -m pip install -q -e '.[local,transformers,test]'
 	rm -f $(VENV)/.installed-test-* && touch $(TSTAMP)
 
-SYSDEPS := redis-server chromium
+# command:Debian package; bubblewrap (bwrap) is the sandbox of agent-mode cli workers
+SYSDEPS := redis-server:redis-server chromium:chromium bwrap:bubblewrap
 sysdeps:
-	@missing=""; for c in $(SYSDEPS); do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
+	@missing=""; for p in $(SYSDEPS); do command -v $${p%%:*} >/dev/null || missing="$$missing $${p#*:}"; done; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || missing="$$missing postgresql"; \
 	if [ -n "$$missing" ]; then \
 	  if command -v apt-get >/dev/null; then \

@@ -104,11 +104,28 @@ class Gateway:
             session, _source = owned_session_key(self.keyring.id_of(key), routed, headers)
             return await policy.choose(routed, session, free)
 
-        lease = await self.admission.acquire(key=key, workers=workers, choose=choose)
+        teams = self.teams
+        if teams.slots is not None and key in teams.policies:  # no Redis for the others
+            await teams.take_slot(key)  # the key's max_in_flight, across the replicas
+            try:
+                lease = await self.admission.acquire(key=key, workers=workers, choose=choose)
+            except BaseException:
+                teams.slots.give_back(key)
+                raise
+        else:
+            lease = await self.admission.acquire(key=key, workers=workers, choose=choose)
         policy.placed(routed, lease.worker)
         self.pool.acquire(lease.worker)
         self.metrics.in_flight_started(lease.worker.name)
         return lease, routed
+
+    async def admit_key(self, key: str, model: str) -> None:
+        """The key's policy for one request: its models (else a 404 naming
+        those it has), its rate and its budget."""
+        try:
+            await self.teams.admit(key, model)
+        except NotFound:
+            raise self.unknown_model(key, model) from None
 
     def unknown_model(self, key: str, model: str) -> NotFound:
         """The 404 for ``model``, naming the models ``key`` may use (as ``/v1/models`` lists them)."""
@@ -120,6 +137,8 @@ class Gateway:
             lease.release()
             self.pool.release(lease.worker)
             self.metrics.in_flight_finished(lease.worker.name)
+            if self.teams.slots is not None:
+                self.teams.slots.give_back(lease.key)
 
     def background(self, work: Any) -> None:
         """Run ``work`` (an awaitable) without waiting for it; keep a reference
@@ -141,7 +160,8 @@ class Gateway:
                 "routing": routing, "prefix": prefix, "bindings": self.bindings.stats(),
                 "responses": self.responses.stats(), "cli_sessions": self.cli_session_stats(),
                 "redis": self.redis.stats() if self.redis is not None else None,
-                "limits": self.limit_stats()}
+                "limits": self.limit_stats(),
+                "slots": self.teams.slots.stats() if self.teams.slots is not None else None}
 
     def limit_stats(self) -> dict[str, int] | None:
         """The shared rate windows' counters (leases taken locally, Redis round

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 import time
-from random import getrandbits
 from typing import Any, Callable, Mapping
 
 import orjson
@@ -26,6 +25,7 @@ from pool.errors import AuthenticationFailed, GatewayError, NotFound, PayloadToo
 from .access import ADMIN, CLIENT, METRICS, PUBLIC, required_credential, route_path
 from .errors import error_body, error_status
 from .hot import Incoming, raw_headers
+from .http import random_hex
 from .observability import current_request
 from .record import RequestRecord
 
@@ -78,7 +78,7 @@ class GatewayMiddleware:
         given = raw.get(b"x-request-id")
         request_id = given.decode("latin-1") if given is not None else None
         if request_id is None or not _SAFE_ID.match(request_id):
-            request_id = f"{getrandbits(128):032x}"  # unique, not secret: no system call
+            request_id = random_hex(32)  # the OS's CSPRNG: one id never tells the next
         path = route_path(scope)
         record = RequestRecord(request_id, scope["method"], path, started)
         record.anthropic_version = b"anthropic-version" in raw

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Literal
 
 import orjson
@@ -47,6 +47,7 @@ REDIS_URL_ENV = "POOLGATE_REDIS_URL"
 DATABASE_URL_ENV = "POOLGATE_DATABASE_URL"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SECTIONS = ("server", "responses", "routing", "cli_sessions")  # tables whose keys merge field by field across layers
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
@@ -91,6 +92,12 @@ class ServerSettings(BaseModel):
     # workers are its processes, their names repeat on every replica); None: the
     # host name and a random suffix, new at every start
     replica_id: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,64}$")
+
+    # every Redis key of this deployment starts with "<redis_prefix>:" (deployments sharing
+    # one Redis need different ones; the replicas of one deployment, the same)
+    redis_prefix: str = Field("poolgate", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    # the only environment variables a worker registered at run time may name in api_key_env
+    runtime_secret_envs: tuple[str, ...] = ()
     admin_token_env: str | None = "POOLGATE_ADMIN_TOKEN"
     admin_token: SecretStr | None = None  # resolved from admin_token_env
     metrics_token_env: str | None = "POOLGATE_METRICS_TOKEN"
@@ -127,6 +134,14 @@ class ServerSettings(BaseModel):
         if not url.get_secret_value().startswith(("sqlite://", "postgresql://", "postgres://")):
             raise ValueError("database_url must start with sqlite:// or postgresql://")
         return url
+
+    @field_validator("runtime_secret_envs")
+    @classmethod
+    def _check_secret_envs(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        for name in names:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+        return names
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod
@@ -331,9 +346,14 @@ REGISTRABLE = frozenset({
 })
 
 
-def registered_worker(data: Mapping[str, Any], environ: Mapping[str, str]) -> WorkerSettings:
+def registered_worker(data: Mapping[str, Any], environ: Mapping[str, str],
+                      secret_envs: Collection[str] = ()) -> WorkerSettings:
     """A remote worker registered at run time, validated as a ``[[workers]]``
-    entry is and its key resolved from ``environ``; ``ConfigError`` otherwise."""
+    entry is and its key resolved from ``environ``; ``ConfigError`` otherwise.
+
+    Its ``api_key_env`` must be one of ``secret_envs`` (``server.runtime_secret_envs``):
+    whoever registers a worker chooses where its key is sent, so only variables the
+    operator set aside for that may be named, never the admin token or cloud credentials."""
     if "api_key" in data:
         raise ConfigError(["api_key: secrets never go in a request body; name the environment "
                            "variable that holds it in api_key_env"])
@@ -348,6 +368,9 @@ def registered_worker(data: Mapping[str, Any], environ: Mapping[str, str]) -> Wo
     except ValidationError as exc:
         raise ConfigError([_format_error(err) for err in exc.errors()]) from None
     env = worker.api_key_env
+    if env is not None and env not in secret_envs:
+        raise ConfigError([f"api_key_env: {env} is not listed in server.runtime_secret_envs "
+                           "(the variables a worker registered at run time may name)"])
     if env is not None and not environ.get(env):
         raise ConfigError([f"api_key_env: environment variable {env} is not set"])
     return _resolve_worker(worker, environ)
@@ -356,10 +379,26 @@ def registered_worker(data: Mapping[str, Any], environ: Mapping[str, str]) -> Wo
 def check_config(path: str, environ: Mapping[str, str]) -> list[str]:
     """Every problem with the configuration at ``path`` (as ``serve`` would load it), or []."""
     try:
-        load_settings(path, environ)
+        settings = load_settings(path, environ)
     except ConfigError as exc:
         return exc.problems
-    return []
+    return _sandbox_problems(settings)
+
+
+def _sandbox_problems(settings: Settings) -> list[str]:
+    """Agent-mode cli workers whose sandbox this machine cannot give (``serve``
+    refuses them the same way)."""
+    from pool.cli.sandbox import SandboxUnavailable  # lazily: check-config stays light
+
+    from .factory import cli_spec
+    problems = []
+    for i, worker in enumerate(settings.workers):
+        if worker.kind == "cli" and worker.mode == "agent":
+            try:
+                cli_spec(worker, settings.environment)
+            except SandboxUnavailable as exc:
+                problems.append(f"workers[{i}].sandbox: {exc}")
+    return problems
 
 
 def _read_toml(path: str, problems: list[str]) -> dict:

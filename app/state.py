@@ -22,7 +22,7 @@ from .gateway import Gateway
 from .key_sync import apply_policy, follow_key_changes, sync_keys
 
 __all__ = ["open_state", "apply_policy", "day_start", "month_start", "seed_budgets",
-           "budget_totals"]
+           "budget_totals", "rebuild_budgets"]
 
 log = structlog.get_logger("poolgate.state")
 
@@ -41,11 +41,12 @@ def budget_totals(gw: Gateway, now: float) -> dict[str, tuple[int, int]]:
     """Key name -> (today's, this month's) input + output tokens in the database,
     for every key with a budget. Totals are the ledger's rows of the key's id
     (a new key with an old name starts at zero). Blocking: call in a thread."""
-    assert gw.ledger is not None
+    if gw.ledger is None:
+        return {}
     today = gw.ledger.tokens_by_key(day_start(now))
     month = gw.ledger.tokens_by_key(month_start(now))
     out = {}
-    for policy in gw.teams.policies.values():
+    for policy in list(gw.teams.policies.values()):  # a copy: the loop may change it meanwhile
         if policy.budget_day is None and policy.budget_month is None:
             continue
         key_id = gw.keyring.id_of(policy.name)
@@ -79,9 +80,19 @@ async def open_state(gw: Gateway, state_dir: str | None, stack: contextlib.Async
     stack.callback(gw.ledger.close)
     gw.keystore = KeyStore(db)
     await sync_keys(gw)
-    await seed_budgets(gw)
+    await rebuild_budgets(gw)
     if key_poll is not None:
         task = asyncio.ensure_future(follow_key_changes(gw, key_poll))
         stack.callback(task.cancel)
     log.info("state.opened", where=db.where,
              runtime_keys=len([n for n in gw.keyring.names if n not in gw.config_keys]))
+
+
+async def rebuild_budgets(gw: Gateway) -> None:
+    """Start (or restart, after Redis lost them) the budgets at the database's
+    totals: the truth budgets are rebuilt from (a shared database answers for
+    every replica; one SQLite per replica, for this replica's requests only)."""
+    totals = await asyncio.to_thread(budget_totals, gw, time.time())
+    await gw.teams.limits.rebuild(totals)
+    if totals:
+        log.info("state.budgets_seeded", keys=len(totals))

@@ -74,6 +74,14 @@ class WorkerSettings(BaseModel):
     tool_timeout: float = Field(300.0, gt=0)  # a held client tool call is released after this
     conversation_idle: float = Field(900.0, gt=0)  # an idle conversation is closed after this
     cli_options: dict[str, Any] = Field(default_factory=dict)  # driver-specific (jsonrpc methods)
+    # agent mode: what the CLI's tools run in (pool/cli/sandbox.py); "auto" takes the strongest
+    # that works here and refuses agent mode when none does; "none" must be written out
+    sandbox: Literal["auto", "bwrap", "uid", "none"] = "auto"
+    sandbox_paths: tuple[str, ...] = ()  # more paths the sandbox shows read-only
+    workspace_root: str | None = None  # agent mode: one workspace per key; default <home>-workspaces
+    login_timeout: float = Field(600.0, gt=0)  # a login ends by then, code or not (its locks freed)
+    # a refused account is tried again (a one-token turn) after this, doubling up to an hour
+    login_probe_interval: float = Field(60.0, gt=0)
     # cli: the account's logged-in files at start-up (a session bundle, docs/accounts.md)
     bundle: str | None = None  # a bundle file (tar.gz)
     bundle_env: str | None = None  # an environment variable holding a bundle, base64

@@ -14,12 +14,11 @@ import time
 from typing import Any, Callable
 
 from .bindings import MemoryBindingStore
-from .redis_link import PREFIX, RedisDown, RedisLink
+from .redis_link import RedisDown, RedisLink
 from .upstream import MemoryUpstreamSessions
 
 __all__ = ["RedisBindingStore", "RedisUpstreamSessions", "cli_index_keys"]
 
-_BIND = PREFIX + "bind:"
 
 # KEYS[1] binding; ARGV expected ('' = unbound), worker, ttl (ms)
 _CLAIM = """
@@ -64,7 +63,7 @@ return n
 """
 
 
-def cli_index_keys(replica: str, prefix: str = PREFIX) -> tuple[str, str]:
+def cli_index_keys(replica: str, prefix: str) -> tuple[str, str]:
     """The key name prefixes of a replica's cli session index: of its entries
     (``+ <conversation hash>``) and of its workers' sorted sets (``+ <worker>``).
     Per replica: cli workers are processes of one replica, and their names
@@ -91,6 +90,7 @@ class RedisBindingStore:
                  fresh: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl = ttl
         self._link = link
+        self._bind = link.prefix + "bind:"
         self.local = MemoryBindingStore(ttl=ttl, max_items=max_items)
         self._claim = link.client.register_script(_CLAIM)
         self._fallbacks = 0
@@ -116,7 +116,7 @@ class RedisBindingStore:
         client = self._link.client
         try:
             worker = _text(await self._link.call(
-                lambda: client.getex(_BIND + key, px=int(self.ttl * 1000))))
+                lambda: client.getex(self._bind + key, px=int(self.ttl * 1000))))
         except RedisDown:
             self._fallbacks += 1
             return await self.local.get(key)
@@ -133,7 +133,7 @@ class RedisBindingStore:
         await self.local.set(key, worker, ttl)
         client = self._link.client
         try:
-            await self._link.call(lambda: client.set(_BIND + key, worker, px=int(ttl * 1000)))
+            await self._link.call(lambda: client.set(self._bind + key, worker, px=int(ttl * 1000)))
         except RedisDown:
             self._fallbacks += 1
         else:
@@ -144,7 +144,7 @@ class RedisBindingStore:
         self._confirmed.pop(key, None)
         client = self._link.client
         try:
-            await self._link.call(lambda: client.delete(_BIND + key))
+            await self._link.call(lambda: client.delete(self._bind + key))
         except RedisDown:
             self._fallbacks += 1
 
@@ -153,7 +153,7 @@ class RedisBindingStore:
         ttl = self.ttl if ttl is None else ttl
         try:
             held = _text(await self._link.call(lambda: self._claim(
-                keys=[_BIND + key], args=[expected or "", worker, int(ttl * 1000)])))
+                keys=[self._bind + key], args=[expected or "", worker, int(ttl * 1000)])))
         except RedisDown:
             self._fallbacks += 1
             return await self.local.claim(key, expected, worker, ttl)
@@ -174,11 +174,11 @@ class RedisUpstreamSessions:
     ``maxmemory``), plus a sorted set per worker, by expiry, so its entries can
     be dropped at once."""
 
-    def __init__(self, link: RedisLink, *, replica: str, prefix: str = PREFIX,
+    def __init__(self, link: RedisLink, *, replica: str,
                  max_entries: int = 10_000, max_age: float = 6 * 3600) -> None:
         self._link = link
         self._ttl_ms = int(max_age * 1000)
-        self._entry, self._worker = cli_index_keys(replica, prefix)
+        self._entry, self._worker = cli_index_keys(replica, link.prefix)
         self.local = MemoryUpstreamSessions(max_entries=max_entries, max_age=max_age)
         self._put = link.client.register_script(_CLI_PUT)
         self._drop_worker = link.client.register_script(_DROP_WORKER)

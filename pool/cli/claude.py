@@ -101,8 +101,9 @@ class ClaudeDriver:
                 "--allowedTools", ",".join(MCP_PREFIX + t.name for t in setup.tools)]
         if setup.effort:
             argv += ["--effort", setup.effort]
+        cwd = setup.workspace or self.config.cwd
         if setup.history:
-            write_transcript(self.config.home, self.config.cwd, session_id, setup.model,
+            write_transcript(self.config.home, cwd, session_id, setup.model,
                              setup.history, (t.name for t in setup.tools), self.version)
             argv += ["--resume", session_id]
         else:
@@ -112,14 +113,14 @@ class ClaudeDriver:
             env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(setup.max_tokens)
         if setup.thinking_budget:
             env["MAX_THINKING_TOKENS"] = str(setup.thinking_budget)
+        argv = self.config.sandboxed(argv, cwd=cwd, env=env)
         try:
-            proc = await JsonLineProcess.spawn(argv, env=env, cwd=self.config.cwd, label="claude")
+            proc = await JsonLineProcess.spawn(argv, env=env, cwd=cwd, label="claude")
         except BaseException:
-            forget_session(self.config.home, self.config.cwd, session_id)
+            forget_session(self.config.home, cwd, session_id)
             raise
         conversation = ClaudeConversation(proc, setup, session_id, self.idle_timeout)
-        conversation.on_closed = lambda: forget_session(self.config.home, self.config.cwd,
-                                                        session_id)
+        conversation.on_closed = lambda: forget_session(self.config.home, cwd, session_id)
         try:
             await conversation.initialize()
         except BaseException:

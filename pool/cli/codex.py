@@ -88,7 +88,11 @@ class CodexDriver:
         private_dir(self.config.home)
         private_dir(self.config.cwd)
         argv = app_server_argv(binary, chat=self.config.mode == "chat", options=self.options)
-        self.process = await JsonLineProcess.spawn(argv, env=env, cwd=self.config.cwd,
+        # one app-server serves every key: its sandbox shows all of this account's workspaces
+        cwd = self.config.workspace_root if self.config.mode == "agent" and \
+            self.config.workspace_root else self.config.cwd
+        argv = self.config.sandboxed(argv, cwd=cwd, env=env)
+        self.process = await JsonLineProcess.spawn(argv, env=env, cwd=cwd,
                                                    label="codex app-server")
         proc = self.process.proc
         assert proc.stdout is not None and proc.stdin is not None
@@ -152,7 +156,10 @@ class CodexDriver:
                                   "credentials": credentials_stamp(
                                       os.path.join(self.config.home, "auth.json"))}
         if account is None:
-            return CliHealth(login="logged_out", version=self.version, detail=detail)
+            # a provider that needs no OpenAI login (a custom model_provider) serves as it is
+            ready = answer.get("requiresOpenaiAuth") is False
+            return CliHealth(login="ready" if ready else "logged_out", version=self.version,
+                             detail=detail)
         detail["auth"] = account.get("type")
         if account.get("planType"):
             detail["plan"] = account["planType"]
@@ -175,7 +182,8 @@ class CodexDriver:
     async def open(self, setup: ConversationSetup) -> CodexThread:
         chat = self.config.mode == "chat"
         params: dict[str, Any] = {
-            "cwd": self.config.cwd, "model": setup.model, "approvalPolicy": "never",
+            "cwd": setup.workspace or self.config.cwd, "model": setup.model,
+            "approvalPolicy": "never",
             "sandbox": "read-only" if chat else self.options.sandbox, "ephemeral": True,
             # says when a model response is complete (how many tool calls it made)
             "experimentalRawEvents": self.options.raw_events,

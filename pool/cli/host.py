@@ -24,7 +24,7 @@ import structlog
 from ..errors import BadRequest, GatewayError, Overloaded, UpstreamTimeout, UpstreamUnavailable
 from ..model import (ChatRequest, Event, ExecutedTool, ExecutedToolPart, Finish, Message, ReasoningDelta, ReasoningEnd, Start,
                      TextDelta, TextPart, ToolCallDelta, ToolCallEnd, ToolCallPart, ToolCallStart,
-                     ToolResultPart, Usage)
+                     Sampling, ToolResultPart, Usage)
 from .driver import CliDriver, Conversation, DriverConfig
 from .events import (CliHealth, ConversationSetup, LoginRequired, PendingToolCall, RateLimited,
                      Retrying, SessionStarted, TextChunk, ThinkingChunk, ToolAnswer, ToolExecuted,
@@ -135,8 +135,42 @@ class CliHost:
 
     # --- one request ----------------------------------------------------------------------
 
-    async def answer(self, request: ChatRequest) -> AsyncIterator[Event]:
+    async def probe_login(self, params: Any = None) -> dict[str, Any]:
+        """Try a logged-out account again (the gateway's account state machine
+        calls this, with a backoff): a changed credentials file is enough; an
+        account refused with credentials that cannot show a change (an API key,
+        an ``apiKeyHelper``, a Qwen or jsonrpc account) gets a one-token turn,
+        and is ready again once the upstream answers it."""
         if self.health.login != "ready":
+            await self.recheck_login()
+        # refused by the upstream (a turn, or the session a jsonrpc agent opens at start)
+        refused = self._refused is not None or bool(self.health.detail.get("reason"))
+        if self.health.login == "ready" or not refused:
+            return await self.status()
+        model = params.get("model") if isinstance(params, dict) else None
+        probe = ChatRequest(model=str(model or ""), dialect="anthropic",
+                            messages=(Message("user", (TextPart("Reply with one word."),)),),
+                            sampling=Sampling(max_tokens=1))
+        before = list(self._slots)
+        try:
+            async for _ in self.answer(probe, probe=True):
+                pass
+        except GatewayError as exc:
+            log.info("cli.login_probe_refused", worker=self.config.name, code=exc.code)
+        else:
+            self._refused = None
+            health = await self.driver.health()
+            self.health = health if health.login == "ready" else CliHealth(
+                login="ready", version=health.version, account=health.account,
+                detail=health.detail)
+            log.info("cli.logged_in", worker=self.config.name, account=self.health.account,
+                     by="probe")
+        for slot in [s for s in self._slots if s not in before]:  # nobody's conversation
+            await self._discard(slot)
+        return await self.status()
+
+    async def answer(self, request: ChatRequest, *, probe: bool = False) -> AsyncIterator[Event]:
+        if self.health.login != "ready" and not probe:
             raise UpstreamUnavailable(f"worker {self.config.name}: the account is "
                                       f"{self.health.login.replace('_', ' ')}",
                                       code="login_required", status=503)
@@ -203,10 +237,13 @@ class CliHost:
         setup = ConversationSetup(
             model=request.model, system=system, tools=request.tools,
             history=history if loads else (), max_tokens=request.sampling.max_tokens,
-            effort=request.reasoning_effort, thinking_budget=request.thinking_budget)
+            effort=request.reasoning_effort, thinking_budget=request.thinking_budget,
+            workspace=self.config.workspace(request.key_name))
         turn = new if loads or not history else (flatten(history, new),)
         await self._make_room()  # reserves the room: from here on it is counted as opening
         try:
+            if setup.workspace:  # the key's workspace exists before its CLI looks for it
+                self.config.sandbox.prepare(setup.workspace)
             conv = await self.driver.open(setup)
         except GatewayError:
             raise

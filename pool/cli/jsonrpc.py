@@ -122,8 +122,12 @@ class JsonRpcDriver:
                 return self._agent
             if self._agent is not None:
                 await self._agent.proc.close(grace=0.5)
-            proc = await JsonLineProcess.spawn(self.config.command or (), env=self.env(),
-                                               cwd=self.config.cwd, label="jsonrpc agent")
+            env, cwd = self.env(), self.config.workspace_root or self.config.cwd
+            if self.config.mode != "agent":
+                cwd = self.config.cwd
+            # one process serves every key: its sandbox shows all of this account's workspaces
+            argv = self.config.sandboxed(self.config.command or (), cwd=cwd, env=env)
+            proc = await JsonLineProcess.spawn(argv, env=env, cwd=cwd, label="jsonrpc agent")
             agent = Agent(proc, self.options, self.config.mode)
             if self.options.initialize:
                 try:
@@ -169,7 +173,7 @@ class JsonRpcDriver:
         agent = await self._ensure_agent()
         conversation = JsonRpcConversation(self, agent, setup)
         spare, self._spare = self._spare, None
-        if spare is not None and spare[0] is agent:
+        if spare is not None and spare[0] is agent and setup.workspace in (None, self.config.cwd):
             conversation.adopt(spare[1])
         self._conversations.add(conversation)
         return conversation
@@ -225,7 +229,8 @@ class JsonRpcConversation:
 
     async def _start_session(self) -> CliEvent:
         # shielded: a request cancelled meanwhile still learns the session, to end it
-        starting = asyncio.ensure_future(self.agent.new_session(self.driver.config.cwd))
+        starting = asyncio.ensure_future(
+            self.agent.new_session(self.setup.workspace or self.driver.config.cwd))
         try:
             session_id = await asyncio.shield(starting)
         except asyncio.CancelledError:

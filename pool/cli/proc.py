@@ -84,12 +84,12 @@ class JsonLineProcess:
 
     @classmethod
     async def spawn(cls, argv: Sequence[str], *, env: Mapping[str, str], cwd: str,
-                    label: str) -> JsonLineProcess:
+                    label: str, new_session: bool = False) -> JsonLineProcess:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, env=dict(env), cwd=cwd, limit=_LINE_LIMIT,
-                preexec_fn=_die_with_parent)
+                preexec_fn=_die_with_parent, start_new_session=new_session)
         except OSError as exc:
             raise DriverError(f"cannot run {argv[0]}: {exc.strerror}") from None
         return cls(proc, label)

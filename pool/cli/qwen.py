@@ -128,7 +128,7 @@ class QwenDriver:
     async def open(self, setup: ConversationSetup) -> QwenConversation:
         conversation = QwenConversation(self, setup)
         if setup.history:
-            conversation.resume_from(write_transcript(self.home, self.config.cwd, setup.history,
+            conversation.resume_from(write_transcript(self.home, conversation.cwd, setup.history,
                                                       version=self.version))
         self._conversations.add(conversation)
         return conversation
@@ -151,6 +151,7 @@ class QwenConversation:
     def __init__(self, driver: QwenDriver, setup: ConversationSetup) -> None:
         self.driver = driver
         self.setup = setup
+        self.cwd = setup.workspace or driver.config.cwd
         self._proc: JsonLineProcess | None = None
         self._lines: AsyncIterator[dict[str, Any]] | None = None
         self._tools = SdkToolServer(setup.tools) if setup.tools else None
@@ -224,8 +225,9 @@ class QwenConversation:
         """Start the process and handshake; a terminal event when that failed."""
         self._interrupted = False
         try:
-            proc = await JsonLineProcess.spawn(self.argv(), env=self.driver.env(),
-                                               cwd=self.driver.config.cwd, label="qwen")
+            env = self.driver.env()
+            argv = self.driver.config.sandboxed(self.argv(), cwd=self.cwd, env=env)
+            proc = await JsonLineProcess.spawn(argv, env=env, cwd=self.cwd, label="qwen")
         except DriverError as exc:
             return TurnFailed("upstream", f"qwen: {exc}")
         self._proc, self._lines = proc, proc.lines()

@@ -8,7 +8,8 @@ stdio, as recorded against it:
 * ``initialize`` → ``{userAgent, codexHome, platformFamily, platformOs}``,
   then the client's ``initialized`` notification;
 * ``account/read`` → ``{"account": {"type": "apiKey"} | null,
-  "requiresOpenaiAuth": true}`` from ``$CODEX_HOME/auth.json``;
+  "requiresOpenaiAuth": …}`` from ``$CODEX_HOME/auth.json`` and the provider's
+  ``requires_openai_auth`` (default: true for ``openai`` only, as Codex does);
 * ``account/login/start`` (``chatgpt``): see codex_fake_login.py;
 * ``thread/start`` / ``thread/resume`` (threads are kept in
   ``$CODEX_HOME/sessions/<id>.json``; an unknown id is the real
@@ -150,7 +151,8 @@ class Server:
 
     def rpc_account_read(self, params: dict[str, Any]) -> dict[str, Any]:
         account = {"type": "apiKey"} if self.upstream.key() else None
-        return {"account": account, "userId": None, "requiresOpenaiAuth": True,
+        return {"account": account, "userId": None,
+                "requiresOpenaiAuth": self.upstream.requires_openai_auth,
                 "workspaceRouting": None}
 
     def rpc_account_login_start(self, params: dict[str, Any]) -> dict[str, Any]:
