@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import CLIENT_KEY
+from .conftest import ANTHROPIC_MODEL, CLIENT_KEY
 
 pytestmark = [pytest.mark.cli, pytest.mark.slow]
 
@@ -53,23 +53,57 @@ def node_modules() -> Path:
     return PREFIX / "node_modules"
 
 
-def test_default_multi_turn_flow(gateway, upstream_model, node_modules, tmp_path):
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
+def run_flow(gateway, model: str, node_modules: Path, home: Path, **extra: str) -> dict:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
            "NODE_PATH": str(node_modules), "BASE_URL": gateway.openai_base,
-           "API_KEY": CLIENT_KEY, "MODEL": upstream_model, "NO_PROXY": "127.0.0.1"}
+           "API_KEY": CLIENT_KEY, "MODEL": model, "NO_PROXY": "127.0.0.1", **extra}
     proc = subprocess.run([shutil.which("node"), str(SCRIPT)], env=env, capture_output=True,
                           text=True, timeout=120, stdin=subprocess.DEVNULL, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["texts"] == ["echo: first question", "echo: second question",
                             "echo: third question"]
+    out["bodies"] = [json.loads(b) if isinstance(b, str) else b for b in out["bodies"]]
+    return out
+
+
+def references(body: dict) -> list[str]:
+    return [item["id"] for item in body["input"] if item.get("type") == "item_reference"]
+
+
+def test_default_multi_turn_flow(gateway, upstream_model, node_modules, tmp_path):
+    out = run_flow(gateway, upstream_model, node_modules, tmp_path)
     # the SDK did send references (its default), one per earlier answer
-    bodies = [json.loads(b) if isinstance(b, str) else b for b in out["bodies"]]
-    kinds = [[item.get("type", "message") for item in body["input"]] for body in bodies[1:]]
-    assert kinds[0].count("item_reference") == 1 and kinds[1].count("item_reference") == 2
+    refs = [references(body) for body in out["bodies"]]
+    assert [len(r) for r in refs] == [0, 1, 2]
     # and the upstream saw the whole conversation, the referenced answers in place
     sent = json.dumps(gateway.fake.last.body)
     assert "item_reference" not in sent
     order = ["first question", "echo: first question", "second question",
              "echo: second question", "third question"]
     assert [sent.index(text) for text in order] == sorted(sent.index(text) for text in order)
+
+
+def test_reasoning_multi_turn_over_anthropic(gateway, node_modules, tmp_path):
+    """Medium effort to an Anthropic upstream: each turn thinks, and the SDK
+    refers back to the reasoning items as well; they reach the upstream as the
+    signed thinking blocks they were (this fake refuses any other)."""
+    gateway.fake.check_signatures = True
+    try:
+        out = run_flow(gateway, ANTHROPIC_MODEL, node_modules, tmp_path, REASONING="1",
+                       PREFIX="[[think]] ")
+    finally:
+        gateway.fake.check_signatures = False
+    assert out["reasoning"] == ["Thinking about: first question",
+                                "Thinking about: second question",
+                                "Thinking about: third question"]
+    assert out["bodies"][0]["reasoning"] == {"effort": "medium", "summary": "auto"}
+    refs = [references(body) for body in out["bodies"]]
+    assert [sorted(r[:2] for r in ids) for ids in refs] == [[], ["ms", "rs"],
+                                                            ["ms", "ms", "rs", "rs"]]
+    sent = gateway.fake.last.body
+    assert sent["thinking"] == {"type": "enabled", "budget_tokens": 4096}
+    thoughts = [block for message in sent["messages"] if message["role"] == "assistant"
+                for block in message["content"] if block["type"] == "thinking"]
+    assert [t["thinking"] for t in thoughts] == ["Thinking about: first question",
+                                                 "Thinking about: second question"]
