@@ -11,15 +11,17 @@ Anthropic wants ``budget_tokens`` of at least 1024 and below ``max_tokens``
   from the client, ``max_tokens`` becomes the budget plus the usual default;
   with a cap, thinking takes at most half of it, and is left off when that
   half is under 1024. ``none``/``minimal`` (and efforts nobody defines) mean
-  no thinking, and so does a forced tool choice, which Anthropic refuses to
-  combine with thinking.
+  no thinking, and so do two things Anthropic refuses to combine with it: a
+  forced tool choice, and a last assistant turn that called a tool without
+  its signed thinking first (what a Chat Completions client sends back: it
+  has nowhere to keep the signature).
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from pool.model import ChatRequest
+from pool.model import ChatRequest, ReasoningPart, TextPart, ToolCallPart
 
 __all__ = ["EFFORT_BUDGETS", "MIN_BUDGET", "thinking"]
 
@@ -40,12 +42,27 @@ def thinking(req: ChatRequest, default_max_tokens: int) -> tuple[dict[str, Any] 
         return _enabled(min(max(MIN_BUDGET, req.thinking_budget), max_tokens - 1)), max_tokens
     budget = EFFORT_BUDGETS.get(req.reasoning_effort or "")
     forced = req.tool_choice is not None and req.tool_choice.mode in ("required", "named")
-    if budget is None or forced:
+    if budget is None or forced or _unsigned_tool_turn(req):
         return None, max_tokens
     if cap is None:
         return _enabled(budget), budget + default_max_tokens
     budget = min(budget, cap // 2)
     return (_enabled(budget) if budget >= MIN_BUDGET else None), cap
+
+
+def _unsigned_tool_turn(req: ChatRequest) -> bool:
+    """The last assistant message calls a tool but does not open with signed
+    (or redacted) thinking, which Anthropic requires of it when thinking is on."""
+    last = next((m for m in reversed(req.messages) if m.role == "assistant"), None)
+    if last is None or not any(type(p) is ToolCallPart for p in last.parts):
+        return False
+    for part in last.parts:  # the first part that becomes a block (as build_body sends them)
+        if type(part) is ReasoningPart:
+            if part.signature is not None or part.redacted_data is not None:
+                return False
+        elif type(part) is not TextPart or part.text:
+            return True
+    return True
 
 
 def _enabled(budget: int) -> dict[str, Any]:

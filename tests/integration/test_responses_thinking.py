@@ -21,13 +21,13 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Weather fo
 
 @pytest.fixture
 def client(gateway):
-    gateway.fake.check_signatures = True
+    gateway.fake.check_thinking = True
     try:
         with openai.OpenAI(base_url=gateway.openai_base, api_key=CLIENT_KEY,
                            max_retries=0) as c:
             yield c
     finally:
-        gateway.fake.check_signatures = False
+        gateway.fake.check_thinking = False
 
 
 @pytest.mark.parametrize("effort, budget, max_tokens", [
@@ -100,3 +100,29 @@ def test_a_tampered_signature_is_the_upstreams_400(client):
     with pytest.raises(openai.BadRequestError):
         client.responses.create(model=ANTHROPIC_MODEL, store=False, input=[
             {"role": "user", "content": "hmm"}, item, {"role": "user", "content": "more"}])
+
+
+def test_a_chat_client_tool_loop_with_effort_keeps_working(gateway):
+    """A Chat Completions client cannot send the signed thinking back, and
+    Anthropic refuses thinking on a tool-use turn without it: the effort (a
+    hint) gives way on that turn rather than failing it."""
+    gateway.fake.check_thinking = True
+    try:
+        with openai.OpenAI(base_url=gateway.openai_base, api_key=CLIENT_KEY,
+                           max_retries=0) as chat:
+            tools = [{"type": "function", "function": {
+                "name": WEATHER["name"], "parameters": WEATHER["parameters"]}}]
+            asked = [{"role": "user",
+                      "content": '[[think]] weather? [[tool:get_weather {"city": "Rome"}]]'}]
+            first = chat.chat.completions.create(model=ANTHROPIC_MODEL, messages=asked,
+                                                 tools=tools, reasoning_effort="high")
+            assert gateway.fake.last.body["thinking"]["budget_tokens"] == 16384
+            call = first.choices[0].message.tool_calls[0]
+            second = chat.chat.completions.create(
+                model=ANTHROPIC_MODEL, tools=tools, reasoning_effort="high",
+                messages=[*asked, first.choices[0].message.model_dump(exclude_none=True),
+                          {"role": "tool", "tool_call_id": call.id, "content": "Hot"}])
+    finally:
+        gateway.fake.check_thinking = False
+    assert second.choices[0].message.content == "tool said: Hot"
+    assert "thinking" not in gateway.fake.last.body

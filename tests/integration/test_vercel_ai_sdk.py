@@ -88,12 +88,12 @@ def test_reasoning_multi_turn_over_anthropic(gateway, node_modules, tmp_path):
     """Medium effort to an Anthropic upstream: each turn thinks, and the SDK
     refers back to the reasoning items as well; they reach the upstream as the
     signed thinking blocks they were (this fake refuses any other)."""
-    gateway.fake.check_signatures = True
+    gateway.fake.check_thinking = True
     try:
         out = run_flow(gateway, ANTHROPIC_MODEL, node_modules, tmp_path, REASONING="1",
                        PREFIX="[[think]] ")
     finally:
-        gateway.fake.check_signatures = False
+        gateway.fake.check_thinking = False
     assert out["reasoning"] == ["Thinking about: first question",
                                 "Thinking about: second question",
                                 "Thinking about: third question"]

@@ -7,17 +7,29 @@ from typing import Any
 
 import pytest
 
-from pool.model import ChatRequest, Message, Sampling, TextPart, Tool, ToolChoice
+from pool.model import (
+    ChatRequest, Message, ReasoningPart, Sampling, TextPart, Tool, ToolCallPart, ToolChoice,
+    ToolResultPart,
+)
 from pool.remote import anthropic_messages as am
 
 DEFAULT = am.DEFAULT_MAX_TOKENS
 WEATHER = Tool("weather", "Weather by city", {"type": "object", "properties": {}})
 
 
-def req(effort: str | None, max_tokens: int | None = None, **kw: Any) -> ChatRequest:
-    return ChatRequest(model="up", messages=(Message("user", (TextPart("x"),)),),
-                       dialect="openai_responses", reasoning_effort=effort,
-                       sampling=Sampling(max_tokens=max_tokens), **kw)
+def req(effort: str | None, max_tokens: int | None = None, *,
+        turn: tuple[Any, ...] = (), **kw: Any) -> ChatRequest:
+    """A request; ``turn``: the parts of an assistant turn that called a tool, answered."""
+    messages = [Message("user", (TextPart("x"),))]
+    if turn:
+        messages += [Message("assistant", turn),
+                     Message("user", (ToolResultPart("c1", (TextPart("ok"),)),))]
+    return ChatRequest(model="up", messages=tuple(messages), dialect="openai_responses",
+                       reasoning_effort=effort, sampling=Sampling(max_tokens=max_tokens), **kw)
+
+
+CALL = ToolCallPart("c1", "weather", "{}")
+SIGNED = ReasoningPart("hm", signature="SIG")
 
 
 CASES = [
@@ -43,6 +55,14 @@ CASES = [
      None, DEFAULT),
     ("high", None, {"tools": (WEATHER,), "tool_choice": ToolChoice("auto")},
      16384, 16384 + DEFAULT),
+    # a tool turn must open with its signed thinking when thinking is on
+    ("high", None, {"turn": (SIGNED, CALL)}, 16384, 16384 + DEFAULT),
+    ("high", None, {"turn": (TextPart(""), ReasoningPart("", redacted_data="R"), CALL)},
+     16384, 16384 + DEFAULT),
+    ("high", None, {"turn": (CALL,)}, None, DEFAULT),
+    ("high", None, {"turn": (ReasoningPart("unsigned"), CALL)}, None, DEFAULT),
+    ("high", None, {"turn": (TextPart("let me look"), SIGNED, CALL)}, None, DEFAULT),
+    ("high", None, {"turn": (SIGNED, TextPart("done"))}, 16384, 16384 + DEFAULT),
 ]
 
 
