@@ -128,7 +128,8 @@ class Gateway:
             raise self.unknown_model(key, model) from None
 
     def unknown_model(self, key: str, model: str) -> NotFound:
-        """The 404 for ``model``, naming the models ``key`` may use (as ``/v1/models`` lists them)."""
+        """The 404 for ``model``, naming the models ``key`` may use (as
+        ``/v1/models`` lists them for it)."""
         return model_not_found(model, [entry.id for entry in self.pool.models()
                                        if self.teams.sees(key, entry.id)])
 
