@@ -13,6 +13,7 @@ from auth.keys import KeyRing, TokenGate
 from auth.limits import MemoryLimits
 from pool.admission import AdmissionGuard, Lease
 from pool.cli.history import request_prefix_hash
+from pool.errors import NotFound
 from pool.model import ChatRequest
 from pool.pool import Pool
 from pool.worker import Worker
@@ -27,7 +28,7 @@ from sessions.upstream import MemoryUpstreamSessions, SessionIndex
 from .observability import current_request
 from .record import RequestRecord
 from .replicas import Drains
-from .teams import Teams
+from .teams import Teams, model_not_found
 
 __all__ = ["Gateway"]
 
@@ -77,7 +78,12 @@ class Gateway:
         the global, per-key and per-worker limits (waiting up to the
         deadline), and the worker the model's policy picks among the free ones
         (``prefer`` first when it is free)."""
-        workers, routed = self.pool.eligible(chat, exclude)
+        try:
+            workers, routed = self.pool.eligible(chat, exclude)
+        except NotFound as exc:
+            if exc.code != "model_not_found":
+                raise
+            raise self.unknown_model(key, chat.model) from None
         if any(w.kind == "cli" for w in workers):
             # cli workers keep per-team state (conversations) by the key (the only
             # readers of key_name): its id, so a new key with an old name inherits
@@ -115,6 +121,20 @@ class Gateway:
         self.pool.acquire(lease.worker)
         self.metrics.in_flight_started(lease.worker.name)
         return lease, routed
+
+    async def admit_key(self, key: str, model: str) -> None:
+        """The key's policy for one request: its models (else a 404 naming
+        those it has), its rate and its budget."""
+        try:
+            await self.teams.admit(key, model)
+        except NotFound:
+            raise self.unknown_model(key, model) from None
+
+    def unknown_model(self, key: str, model: str) -> NotFound:
+        """The 404 for ``model``, naming the models ``key`` may use (as
+        ``/v1/models`` lists them for it)."""
+        return model_not_found(model, [entry.id for entry in self.pool.models()
+                                       if self.teams.sees(key, entry.id)])
 
     def release(self, lease: Lease) -> None:
         if not lease.released:

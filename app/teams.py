@@ -13,14 +13,14 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from auth.limits import KeyPolicy, LimitStore, Refusal
 from pool.admission import KeyLimitExceeded
 from pool.errors import GatewayError, NotFound
 
 __all__ = ["Teams", "RateLimited", "policy_from_settings", "policy_from_mapping",
-           "policy_as_mapping", "model_not_found", "refusal_headers"]
+           "policy_as_mapping", "model_not_found", "refusal_headers", "LISTED_MODELS"]
 
 _BUDGET_NAMES = {"budget_day": "daily", "budget_month": "monthly"}
 
@@ -38,10 +38,24 @@ class RateLimited(GatewayError):
         self.headers = headers
 
 
-def model_not_found(model: str) -> NotFound:
-    """The same 404 the pool gives a model nobody serves."""
-    return NotFound(f"The model '{model}' does not exist or is not served here.",
-                    param="model", code="model_not_found")
+#: served models an unknown-model error names at most
+LISTED_MODELS = 20
+
+
+def model_not_found(model: str, served: Sequence[str] | None = None) -> NotFound:
+    """The 404 for a model nobody serves (or the key may not use); ``served``,
+    when given, the models the key may use, named in the message (the first
+    :data:`LISTED_MODELS`, then how many more)."""
+    message = f"The model '{model}' does not exist or is not served here."
+    if served is not None:
+        if not served:
+            message += " No model is served to this API key."
+        else:
+            more = len(served) - LISTED_MODELS
+            message += (" Models served to this API key: " + ", ".join(served[:LISTED_MODELS])
+                        + (f" and {more} more (GET /v1/models lists them all)." if more > 0
+                           else "."))
+    return NotFound(message, param="model", code="model_not_found")
 
 
 def policy_from_mapping(name: str, policy: Any) -> KeyPolicy:

@@ -52,7 +52,7 @@ async def completions(gw: Gateway, request: Incoming, record: RequestRecord) -> 
             return await serve(gw, request, chats[0], openai_completions, record)
         record.model = chats[0].model
         if record.key in gw.teams.policies:  # one request, whatever the number of prompts
-            await gw.teams.admit(record.key, record.model)
+            await gw.admit_key(record.key, record.model)
         done = await _complete_all(gw, request, chats, record)
     except GatewayError as exc:
         record.error = exc.kind
@@ -102,7 +102,7 @@ async def count_tokens(gw: Gateway, request: Incoming, record: RequestRecord) ->
         body = await read_json(request, gw.max_body_bytes)
         chat = anthropic_messages.decode_count_tokens(body, request.headers)
         record.model = chat.model
-        await gw.teams.admit(record.key, chat.model)
+        await gw.admit_key(record.key, chat.model)
         exact = None
         if gw.pool.knows(chat.model):
             worker, routed = gw.pool.pick(chat)

@@ -22,7 +22,6 @@ from ..hot import HotRoute, Incoming
 from ..http import error_response, json_response, read_json
 from ..record import RequestRecord
 from ..streaming import EventStreamResponse
-from ..teams import model_not_found
 from .inference import serve
 
 __all__ = ["hot_routes", "list_models", "get_model", "model_json"]
@@ -95,9 +94,9 @@ async def count_tokens(gw: Gateway, request: Incoming, record: RequestRecord) ->
         body = await read_json(request, gw.max_body_bytes)
         chat = gemini.decode_count_tokens(body, _model(request))
         record.model = chat.model
-        await gw.teams.admit(record.key, chat.model)  # one request of the key's rpm
+        await gw.admit_key(record.key, chat.model)  # one request of the key's rpm
         if not gw.pool.knows(chat.model):
-            raise model_not_found(chat.model)
+            raise gw.unknown_model(record.key, chat.model)
         worker, routed = gw.pool.pick(chat)
         record.worker = worker.name
         counter = getattr(worker, "count_tokens", None)
@@ -147,4 +146,5 @@ async def get_model(request: Request) -> Response:
         for entry in gw.pool.models():
             if entry.id == model_id:
                 return json_response(model_json(entry))
-    return error_response(model_not_found(model_id), "gemini")
+    return error_response(gw.unknown_model(request.scope["state"]["record"].key, model_id),
+                          "gemini")

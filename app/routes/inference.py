@@ -97,7 +97,7 @@ async def _with_retry(gw: Gateway, request: Request, chat: ChatRequest, record: 
     failure try once more on another eligible worker. Raises the GatewayError
     the client must see, with ``.worker`` naming the last worker tried."""
     if not counted and record.key in gw.teams.policies:  # the key's models, rate and budget
-        await gw.teams.admit(record.key, chat.model)
+        await gw.admit_key(record.key, chat.model)
     tried: list[str] = []
     failure: GatewayError | None = None
     while True:

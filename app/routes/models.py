@@ -13,7 +13,6 @@ from pool.pool import ModelEntry
 
 from ..gateway import Gateway
 from ..http import error_response, json_response
-from ..teams import model_not_found
 from . import gemini
 
 __all__ = ["list_models", "get_model"]
@@ -55,4 +54,5 @@ async def get_model(request: Request) -> Response:
     for entry in gw.pool.models():
         if entry.id == model_id and visible:
             return json_response(_anthropic(entry) if anthropic else _openai(entry))
-    return error_response(model_not_found(model_id), "anthropic" if anthropic else "openai")
+    return error_response(gw.unknown_model(request.scope["state"]["record"].key, model_id),
+                          "anthropic" if anthropic else "openai")
