@@ -13,7 +13,6 @@ from starlette.responses import Response
 
 from pool.errors import GatewayError
 from pool.pool import ModelEntry
-from pool.tokens import estimate_tokens
 
 from ..dialects import gemini
 from ..gateway import Gateway
@@ -22,7 +21,7 @@ from ..hot import HotRoute, Incoming
 from ..http import error_response, json_response, read_json
 from ..record import RequestRecord
 from ..streaming import EventStreamResponse
-from .inference import serve
+from .inference import count_input, serve
 
 __all__ = ["hot_routes", "list_models", "get_model", "model_json"]
 
@@ -93,21 +92,11 @@ async def count_tokens(gw: Gateway, request: Incoming, record: RequestRecord) ->
     try:
         body = await read_json(request, gw.max_body_bytes)
         chat = gemini.decode_count_tokens(body, _model(request))
-        record.model = chat.model
-        await gw.admit_key(record.key, chat.model)  # one request of the key's rpm
-        if not gw.pool.knows(chat.model):
-            raise gw.unknown_model(record.key, chat.model)
-        worker, routed = gw.pool.pick(chat)
-        record.worker = worker.name
-        counter = getattr(worker, "count_tokens", None)
-        exact = await counter(routed) if counter is not None else None
+        how, tokens = await count_input(gw, chat, record, known_only=True)
     except GatewayError as exc:
         record.error = exc.kind
         return error_response(exc, "gemini")
-    tokens = exact if exact is not None else estimate_tokens(chat)
-    record.tokens_in = tokens
-    return json_response({"totalTokens": tokens}, headers={
-        "x-poolgate-token-count": "exact" if exact is not None else "estimate"})
+    return json_response({"totalTokens": tokens}, headers=how)
 
 
 _HANDLERS = {"generateContent": generate_content,

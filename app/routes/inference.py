@@ -27,7 +27,7 @@ from ..record import RequestRecord
 from ..relayed import BodyResponse, RelayedEncoder, record_body, relay_for
 from ..streaming import ClientGone, EventStreamResponse, StreamOutcome, until_disconnect
 
-__all__ = ["serve", "complete", "ERROR_DIALECT"]
+__all__ = ["serve", "complete", "count_input", "ERROR_DIALECT"]
 
 T = TypeVar("T")
 
@@ -257,3 +257,26 @@ def _record_stream(record: RequestRecord, outcome: StreamOutcome, gw: Gateway,
     if outcome.first_token_at is not None:
         record.ttft = outcome.first_token_at - record.started
 
+
+async def count_input(gw: Gateway, chat: ChatRequest, record: RequestRecord, *,
+                      known_only: bool) -> tuple[dict[str, str], int]:
+    """The input tokens of ``chat`` for a count_tokens route, and the header
+    saying how they were counted: the worker's own count when it has one (an
+    Anthropic or Gemini upstream, a local tokenizer), else the documented
+    estimate of :func:`pool.tokens.estimate_tokens`. One request of the key's
+    ``rpm`` (an upstream is asked with the operator's credentials); it charges
+    no tokens. A model no worker serves is a 404 when ``known_only``, else
+    estimated (Claude Code falls back to billable calls on a 404)."""
+    record.model = chat.model
+    await gw.admit_key(record.key, chat.model)
+    exact = None
+    if gw.pool.knows(chat.model):
+        worker, routed = gw.pool.pick(chat)
+        record.worker = worker.name
+        counter = getattr(worker, "count_tokens", None)
+        exact = await counter(routed) if counter is not None else None
+    elif known_only:
+        raise gw.unknown_model(record.key, chat.model)
+    tokens = exact if exact is not None else estimate_tokens(chat)
+    record.tokens_in = tokens
+    return {"x-poolgate-token-count": "exact" if exact is not None else "estimate"}, tokens
