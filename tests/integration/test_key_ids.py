@@ -98,3 +98,20 @@ def test_after_a_restart_budgets_count_the_keys_id_not_its_name(fake_upstream, t
             reply = client.chat.completions.create(
                 model=OPENAI_MODEL, messages=[{"role": "user", "content": "hi"}])
         assert reply.choices[0].message.content == "echo: hi"
+
+
+def test_a_budget_added_later_counts_what_the_key_already_used(gateway):
+    """A key used without a budget, then patched to one it has already spent,
+    is refused at once: the budget starts at the ledger's totals of its id."""
+    url, http, _ = gateway
+    made = _create(http, "team-late")
+    with _client(url, made["secret"]) as client:
+        client.chat.completions.create(model=OPENAI_MODEL,
+                                       messages=[{"role": "user", "content": "hi"}])
+        patched = http.patch("/internal/keys/team-late", headers=ADMIN,
+                             json={"budget_tokens": {"day": 1}})
+        assert patched.status_code == 200, patched.text
+        with pytest.raises(openai.RateLimitError) as refused:
+            client.chat.completions.create(model=OPENAI_MODEL,
+                                           messages=[{"role": "user", "content": "hi"}])
+    assert refused.value.body["code"] == "budget_exceeded"

@@ -139,6 +139,22 @@ def test_a_policy_changed_on_one_replica_holds_on_the_other(cluster) -> None:
     assert listed["team-p"]["models"] == ["other-*"]
 
 
+def test_a_budget_patched_on_one_replica_counts_past_usage_on_the_other(cluster) -> None:
+    """A key used (on both replicas) without a budget, then given a budget it
+    has already spent on A, is refused on B too within 2 s: B starts the new
+    budget at the shared ledger's totals of the key."""
+    a, b = cluster.a, cluster.b
+    secret = a.http.post("/internal/keys", headers=ADMIN,
+                         json={"name": "team-bp"}).json()["secret"]
+    _within(lambda: b.chat(secret) == 200, PROPAGATION, "the key accepted on B")
+    assert a.chat(secret) == 200
+    patched = a.http.patch("/internal/keys/team-bp", headers=ADMIN,
+                           json={"budget_tokens": {"day": 1}})
+    assert patched.status_code == 200, patched.text
+    assert a.chat(secret) == 429
+    _within(lambda: b.chat(secret) == 429, PROPAGATION, "the spent budget refused on B")
+
+
 def test_usage_is_the_same_on_every_replica(cluster) -> None:
     a, b = cluster.a, cluster.b
     secret = a.http.post("/internal/keys", headers=ADMIN,
