@@ -77,11 +77,13 @@ class Gateway:
         deadline), and the worker the model's policy picks among the free ones
         (``prefer`` first when it is free)."""
         workers, routed = self.pool.eligible(chat, exclude)
+        # in flight by the key's id: a new key with an old name holds none of the old one's slots
+        key_id = self.keyring.id_of(key)
         if any(w.kind == "cli" for w in workers):
             # cli workers keep per-team state (conversations) by the key (the only
             # readers of key_name): its id, so a new key with an old name inherits
             # nothing; a copy of the request for them, none on the hot path
-            routed = replace(routed, key_name=self.keyring.id_of(key))
+            routed = replace(routed, key_name=key_id)
             if prefer is None:
                 prefix = request_prefix_hash(routed)  # the cli worker holding this conversation
                 if prefix is not None:
@@ -95,19 +97,19 @@ class Gateway:
                 for worker in free:
                     if worker.name == prefer:
                         return worker
-            session, _source = owned_session_key(self.keyring.id_of(key), routed, headers)
+            session, _source = owned_session_key(key_id, routed, headers)
             return await policy.choose(routed, session, free)
 
         teams = self.teams
         if teams.slots is not None and key in teams.policies:  # no Redis for the others
-            await teams.take_slot(key)  # the key's max_in_flight, across the replicas
+            await teams.take_slot(key, key_id)  # the key's max_in_flight, across the replicas
             try:
-                lease = await self.admission.acquire(key=key, workers=workers, choose=choose)
+                lease = await self.admission.acquire(key=key_id, workers=workers, choose=choose)
             except BaseException:
-                teams.slots.give_back(key)
+                teams.slots.give_back(key_id)
                 raise
         else:
-            lease = await self.admission.acquire(key=key, workers=workers, choose=choose)
+            lease = await self.admission.acquire(key=key_id, workers=workers, choose=choose)
         policy.placed(routed, lease.worker)
         self.pool.acquire(lease.worker)
         self.metrics.in_flight_started(lease.worker.name)

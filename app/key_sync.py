@@ -36,7 +36,8 @@ log = structlog.get_logger("poolgate.state")
 def apply_policy(gw: Gateway, policy: KeyPolicy) -> None:
     """Make ``policy`` the key's policy on the request path."""
     gw.teams.set_policy(policy)
-    gw.admission.set_key_limit(policy.name, policy.max_in_flight)
+    # in flight is counted by the key's id (see Gateway.admit); windows by its name
+    gw.admission.set_key_limit(gw.keyring.id_of(policy.name), policy.max_in_flight)
 
 
 async def adopt_policies(gw: Gateway, policies: list[KeyPolicy]) -> None:
@@ -53,7 +54,7 @@ async def forget_key(gw: Gateway, name: str, key_id: str) -> None:
     """``name`` is refused from now on; its windows and stored responses go."""
     gw.keyring.remove(name)  # first: refused from this moment
     await gw.teams.drop(name)
-    gw.admission.set_key_limit(name, None)
+    gw.admission.set_key_limit(key_id, None)
     try:
         deleted = await gw.responses.delete_owner(key_id)
     except Exception as exc:  # Redis away: the entries stay unreadable (no key owns them)

@@ -10,6 +10,7 @@ import pytest
 
 from app.factory import create_app
 from app.settings import ServerSettings, Settings, WorkerSettings
+from tests.support.redis_server import RedisServer
 from tests.support.server import ServerThread
 
 from .conftest import ADMIN_TOKEN, OPENAI_MODEL, UPSTREAM_KEY
@@ -115,3 +116,42 @@ def test_a_budget_added_later_counts_what_the_key_already_used(gateway):
             client.chat.completions.create(model=OPENAI_MODEL,
                                            messages=[{"role": "user", "content": "hi"}])
     assert refused.value.body["code"] == "budget_exceeded"
+
+
+@pytest.fixture(params=["local", "redis"])
+def slots_gateway(request, fake_upstream, tmp_path):
+    """A gateway counting keys' in-flight slots here, or in Redis (shared by replicas)."""
+    redis = RedisServer().start() if request.param == "redis" else None
+    try:
+        settings = Settings(server=ServerSettings(
+            admin_token=ADMIN_TOKEN, state_dir=str(tmp_path),
+            redis_url=redis.url if redis is not None else None),
+            workers=(WorkerSettings(name="openai-up", dialect="openai", url=fake_upstream.url,
+                                    api_key=UPSTREAM_KEY, models=(OPENAI_MODEL,)),))
+        app = create_app(settings)
+        with ServerThread(app) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
+            yield srv.url, http, app.state.gateway
+    finally:
+        if redis is not None:
+            redis.stop()
+
+
+def test_a_new_key_with_an_old_name_inherits_no_slot(slots_gateway):
+    """A deleted key's stream still open holds its own slot, not one of the
+    new key of that name: the new key's max_in_flight is all its own."""
+    url, http, gw = slots_gateway
+    first = _create(http, "team-s", max_in_flight=1)
+    body = {"model": OPENAI_MODEL, "stream": True,
+            "messages": [{"role": "user", "content": "[[hang-after:2]] one two three four"}]}
+    with http.stream("POST", "/v1/chat/completions", json=body,
+                     headers={"authorization": f"Bearer {first['secret']}"}) as held:
+        assert held.status_code == 200
+        frames = held.iter_bytes()  # kept: a dropped iterator closes the stream
+        next(frames)  # the stream is open: the old key's slot is held
+        assert gw.stats()["admission"]["in_flight"] == 1
+        assert http.delete("/internal/keys/team-s", headers=ADMIN).status_code == 200
+        second = _create(http, "team-s", max_in_flight=1)
+        with _client(url, second["secret"]) as client:
+            reply = client.chat.completions.create(model=OPENAI_MODEL,
+                                                   messages=[{"role": "user", "content": "hi"}])
+        assert reply.choices[0].message.content == "echo: hi"
