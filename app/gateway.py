@@ -194,12 +194,12 @@ class Gateway:
         """Charge an answered inference request to its key's windows and ledger."""
         tokens_in = record.tokens_in or 0
         tokens_out = record.tokens_out or 0
-        if record.worker is not None:
+        key_id = record.key_id  # the key that asked, also if its name was given to another since
+        if record.worker is not None and self.keyring.id_of(record.key) == key_id:
             self.teams.charge(record.key, tokens_in + tokens_out)
         if self.ledger is not None:
             self.ledger.add(time.time(), record.key, model, record.worker, tokens_in, tokens_out,
-                            record.tokens_cached or 0, record.status, record.error,
-                            self.keyring.id_of(record.key))
+                            record.tokens_cached or 0, record.status, record.error, key_id)
 
     def finish(self, record: RequestRecord) -> None:
         """The end of every HTTP request: one access log line, the metrics."""

@@ -4,6 +4,9 @@ nothing (responses, usage, budget), and ``anonymous`` cannot be created."""
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
 import openai
 import pytest
@@ -155,3 +158,26 @@ def test_a_new_key_with_an_old_name_inherits_no_slot(slots_gateway):
             reply = client.chat.completions.create(model=OPENAI_MODEL,
                                                    messages=[{"role": "user", "content": "hi"}])
         assert reply.choices[0].message.content == "echo: hi"
+
+
+def test_a_request_of_a_deleted_key_ending_later_is_not_the_new_keys(gateway):
+    """A request of the old key that ends after the key was deleted and made
+    again under its name is the old key's: its row has the old id and its
+    tokens are not charged to the new key's budget."""
+    url, http, _ = gateway
+    first = _create(http, "team-late-end")
+    with ThreadPoolExecutor(1) as pool, _client(url, first["secret"]) as old:
+        slow = pool.submit(old.chat.completions.create, model=OPENAI_MODEL,
+                           messages=[{"role": "user", "content": "[[sleep:1]] slow"}])
+        time.sleep(0.3)  # in flight at the upstream
+        assert http.delete("/internal/keys/team-late-end", headers=ADMIN).status_code == 200
+        second = _create(http, "team-late-end", budget_tokens={"day": 1})
+        assert slow.result(timeout=10).choices[0].message.content == "echo: slow"
+    time.sleep(0.2)  # charged as the request ends, just after its answer was sent
+    with _client(url, second["secret"]) as new:  # the new key's budget is untouched
+        reply = new.chat.completions.create(model=OPENAI_MODEL,
+                                            messages=[{"role": "user", "content": "hi"}])
+    assert reply.choices[0].message.content == "echo: hi"
+    rows = http.get("/internal/usage", headers=ADMIN, params={"group_by": "key"}).json()["rows"]
+    mine = sorted(r["key_id"] for r in rows if r["key"] == "team-late-end")
+    assert mine == sorted([first["id"], second["id"]])
