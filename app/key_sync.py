@@ -95,7 +95,10 @@ async def sync_keys(gw: Gateway) -> bool:
             await forget_key(gw, name, gw.keyring.id_of(name))
             log.info("state.key_revoked", key=name)
     changed = [p for p in (_accept(gw, key) for key in current.values()) if p is not None]
-    if changed:
+    if gw.key_version < 0:  # the first load: open_state seeds every budget next, in one batch
+        for policy in changed:
+            apply_policy(gw, policy)
+    elif changed:
         await adopt_policies(gw, changed)
     if stored or version > 0:
         # a key was made once (maybe on another replica, maybe deleted since):
