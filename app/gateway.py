@@ -102,12 +102,14 @@ class Gateway:
 
         teams = self.teams
         if teams.slots is not None and key in teams.policies:  # no Redis for the others
-            await teams.take_slot(key, key_id)  # the key's max_in_flight, across the replicas
+            shared = await teams.take_slot(key, key_id)  # the key's max_in_flight, across replicas
             try:
                 lease = await self.admission.acquire(key=key_id, workers=workers, choose=choose)
             except BaseException:
-                teams.slots.give_back(key_id)
+                if shared:
+                    teams.slots.give_back(key_id)
                 raise
+            lease.shared_slot = shared  # given back at the end only if taken (a PATCH may come between)
         else:
             lease = await self.admission.acquire(key=key_id, workers=workers, choose=choose)
         policy.placed(routed, lease.worker)
@@ -120,7 +122,7 @@ class Gateway:
             lease.release()
             self.pool.release(lease.worker)
             self.metrics.in_flight_finished(lease.worker.name)
-            if self.teams.slots is not None:
+            if lease.shared_slot:
                 self.teams.slots.give_back(lease.key)
 
     def background(self, work: Any) -> None:

@@ -181,3 +181,43 @@ def test_a_request_of_a_deleted_key_ending_later_is_not_the_new_keys(gateway):
     rows = http.get("/internal/usage", headers=ADMIN, params={"group_by": "key"}).json()["rows"]
     mine = sorted(r["key_id"] for r in rows if r["key"] == "team-late-end")
     assert mine == sorted([first["id"], second["id"]])
+
+
+def test_a_request_admitted_before_max_in_flight_was_set_gives_back_no_slot(fake_upstream,
+                                                                           tmp_path):
+    """A request of a key admitted while it had no ``max_in_flight`` took no
+    shared slot; when it ends after a PATCH set one, the slot a later request
+    holds stays counted in Redis (the other replicas see it)."""
+    redis = RedisServer().start()
+    try:
+        settings = Settings(server=ServerSettings(
+            admin_token=ADMIN_TOKEN, state_dir=str(tmp_path), redis_url=redis.url),
+            workers=(WorkerSettings(name="openai-up", dialect="openai", url=fake_upstream.url,
+                                    api_key=UPSTREAM_KEY, models=(OPENAI_MODEL,)),))
+        app = create_app(settings)
+        with ServerThread(app) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
+            slots = app.state.gateway.teams.slots
+            secret = _create(http, "team-m")["secret"]
+            body = {"model": OPENAI_MODEL, "stream": True,
+                    "messages": [{"role": "user", "content": "[[hang-after:2]] one two three"}]}
+            auth = {"authorization": f"Bearer {secret}"}
+            with http.stream("POST", "/v1/chat/completions", json=body, headers=auth) as early:
+                frames = early.iter_bytes()
+                next(frames)  # in flight, no slot: the key had no max_in_flight
+                assert http.patch("/internal/keys/team-m", headers=ADMIN,
+                                  json={"max_in_flight": 2}).status_code == 200
+                with httpx.Client(base_url=srv.url, timeout=30) as other, \
+                        other.stream("POST", "/v1/chat/completions", json=body,
+                                     headers=auth) as late:
+                    later = late.iter_bytes()
+                    next(later)
+                    assert slots.stats()["held"] == 1  # the late request's slot
+                    early.close()  # the early request ends
+                    deadline = time.monotonic() + 5
+                    while app.state.gateway.stats()["admission"]["in_flight"] != 1:
+                        assert time.monotonic() < deadline, "the early request never ended"
+                        time.sleep(0.02)
+                    time.sleep(0.1)
+                    assert slots.stats()["held"] == 1, "the late request's slot was given back"
+    finally:
+        redis.stop()
