@@ -54,6 +54,9 @@ __all__ = ["create_app", "worker_specs", "remote_spec"]
 log = structlog.get_logger("poolgate")
 
 DEMO_MODELS = {"openai": ("demo",), "anthropic": ("demo-claude",)}
+#: seconds between re-reads of the ledger's budget totals while Redis is down
+#: (a shared database: what the other replicas charged meanwhile)
+BUDGET_RESEED = 2.0
 
 
 def _secret(value: Any) -> str | None:
@@ -340,7 +343,9 @@ async def _start_redis(gw: Gateway, stack: contextlib.AsyncExitStack) -> None:
         if gw.pool.workers:
             await gw.drains.sync(gw)
 
-    watch = asyncio.ensure_future(link.watch(tick, on_down=partial(rebuild_budgets, gw)))
+    # while Redis is down the shared ledger is how a replica learns the others' charges
+    watch = asyncio.ensure_future(link.watch(tick, on_down=partial(rebuild_budgets, gw),
+                                             down_every=BUDGET_RESEED))
     stack.callback(watch.cancel)
 
 

@@ -84,12 +84,14 @@ class Gateway:
             if exc.code != "model_not_found":
                 raise
             raise self.unknown_model(key, chat.model) from None
+        # in flight by the key's id: a new key with an old name holds none of the old one's slots
+        key_id = self.keyring.id_of(key)
         if any(w.kind == "cli" for w in workers):
             # cli workers keep per-team state (conversations) by the key (the only
             # readers of key_name): its id, so a new key with an old name inherits
             # nothing; a copy of the request for them, none on the hot path
             record = current_request.get()
-            routed = replace(routed, key_name=self.keyring.id_of(key),
+            routed = replace(routed, key_name=key_id,
                              request_id=record.request_id if record is not None else None)
             if prefer is None:
                 prefix = request_prefix_hash(routed)  # the cli worker holding this conversation
@@ -104,19 +106,21 @@ class Gateway:
                 for worker in free:
                     if worker.name == prefer:
                         return worker
-            session, _source = owned_session_key(self.keyring.id_of(key), routed, headers)
+            session, _source = owned_session_key(key_id, routed, headers)
             return await policy.choose(routed, session, free)
 
         teams = self.teams
         if teams.slots is not None and key in teams.policies:  # no Redis for the others
-            await teams.take_slot(key)  # the key's max_in_flight, across the replicas
+            shared = await teams.take_slot(key, key_id)  # the key's max_in_flight, across replicas
             try:
-                lease = await self.admission.acquire(key=key, workers=workers, choose=choose)
+                lease = await self.admission.acquire(key=key_id, workers=workers, choose=choose)
             except BaseException:
-                teams.slots.give_back(key)
+                if shared:
+                    teams.slots.give_back(key_id)
                 raise
+            lease.shared_slot = shared  # given back at the end only if taken (a PATCH may come between)
         else:
-            lease = await self.admission.acquire(key=key, workers=workers, choose=choose)
+            lease = await self.admission.acquire(key=key_id, workers=workers, choose=choose)
         policy.placed(routed, lease.worker)
         self.pool.acquire(lease.worker)
         self.metrics.in_flight_started(lease.worker.name)
@@ -141,7 +145,7 @@ class Gateway:
             lease.release()
             self.pool.release(lease.worker)
             self.metrics.in_flight_finished(lease.worker.name)
-            if self.teams.slots is not None:
+            if lease.shared_slot:
                 self.teams.slots.give_back(lease.key)
 
     def background(self, work: Any) -> None:
@@ -215,12 +219,12 @@ class Gateway:
         """Charge an answered inference request to its key's windows and ledger."""
         tokens_in = record.tokens_in or 0
         tokens_out = record.tokens_out or 0
-        if record.worker is not None:
+        key_id = record.key_id  # the key that asked, also if its name was given to another since
+        if record.worker is not None and self.keyring.id_of(record.key) == key_id:
             self.teams.charge(record.key, tokens_in + tokens_out)
         if self.ledger is not None:
             self.ledger.add(time.time(), record.key, model, record.worker, tokens_in, tokens_out,
-                            record.tokens_cached or 0, record.status, record.error,
-                            self.keyring.id_of(record.key))
+                            record.tokens_cached or 0, record.status, record.error, key_id)
 
     def finish(self, record: RequestRecord) -> None:
         """The end of every HTTP request: one access log line, the metrics."""

@@ -151,6 +151,7 @@ class GatewayMiddleware:
                     "Invalid or missing API key. Send it as 'Authorization: Bearer <key>' "
                     "or 'x-api-key: <key>'.")
             record.key = name
+            record.key_id = self.keys.id_of(name)
         content_length = raw.get(b"content-length")
         if content_length is not None:
             try:

@@ -167,26 +167,28 @@ class Teams:
             if refusal is not None:
                 raise _refusal_error(key, refusal, time.time())
 
-    async def take_slot(self, key: str) -> None:
-        """One of the key's ``max_in_flight`` slots shared by the replicas,
+    async def take_slot(self, key: str, key_id: str) -> bool:
+        """One of the ``max_in_flight`` slots of ``key`` (counted under its
+        ``key_id``) shared by the replicas,
         waiting up to ``max_wait`` for one that a request here hands over or,
         looking again at growing intervals up to 0.25 s, one that another
-        replica gave back; raise :class:`KeyLimitExceeded` after that."""
+        replica gave back; raise :class:`KeyLimitExceeded` after that. False
+        when the key has no such limit (no slot taken, none to give back)."""
         policy = self.policies.get(key)
         limit = policy.max_in_flight if policy is not None else None
         slots = self.slots
         if limit is None or slots is None:
-            return
-        if await slots.take(key, limit):
-            return
+            return False
+        if await slots.take(key_id, limit):
+            return True
         loop = asyncio.get_running_loop()
         deadline, pause = loop.time() + self.max_wait, 0.02
         while (left := deadline - loop.time()) > 0:
-            if await slots.wait(key, min(pause, left)):
-                return
+            if await slots.wait(key_id, min(pause, left)):
+                return True
             pause = min(pause * 2, 0.25)
-            if await slots.take(key, limit):
-                return
+            if await slots.take(key_id, limit):
+                return True
         raise KeyLimitExceeded(f"This API key already has {limit} requests in flight; "
                                "retry when one finishes.", code="rate_limit_exceeded",
                                retry_after=1.0)
