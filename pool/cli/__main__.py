@@ -27,7 +27,7 @@ from .registry import make_driver
 from .sandbox import Sandbox
 
 ENV_CONFIG = "POOLGATE_CLI_CONFIG"
-EXIT_REFUSED = 78  # EX_CONFIG: the driver refused to start (the log says why)
+EXIT_REFUSED = 78  # EX_CONFIG: the driver refused to start (the log and last_exit say why)
 log = structlog.get_logger("pool.cli")
 
 
@@ -59,11 +59,12 @@ async def _main(data: dict[str, Any]) -> None:
                    conversation_idle=float(data.get("conversation_idle", 900)),
                    login_recheck=float(data.get("login_recheck", 5)))
     try:
-        await worker_main.serve(host.answer, setup=host.start, calls={"status": host.status,
-                                                                   "probe_login": host.probe_login})
+        await worker_main.serve(host.answer, setup=host.start, refused=(DriverError,),
+                                calls={"status": host.status, "probe_login": host.probe_login})
     except DriverError as exc:
-        # the account cannot run as it is on disk or configured: say why (the log is
-        # where an operator sees it) and exit with EX_CONFIG; the supervisor backs off
+        # the account cannot run as it is on disk or configured: say why (in the log,
+        # and to the gateway: last_exit.detail in /internal/workers) and exit with
+        # EX_CONFIG; the supervisor backs off
         log.error("cli.start_refused", worker=config.name, cli=config.cli, reason=str(exc))
         raise SystemExit(EXIT_REFUSED) from None
     finally:

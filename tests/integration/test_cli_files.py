@@ -119,8 +119,14 @@ def test_qwen_settings_that_are_not_strict_json_are_refused_never_rewritten(tmp_
             said: list[str] = []
             wait_for(lambda: said.extend(capfd.readouterr()) or "cli.start_refused" in "".join(said),
                      timeout=15)
-            time.sleep(1)  # restarts with backoff, refused again each time
-            assert worker_info(http)["qwen-a"]["state"] != "ready"
+            # the operator sees why in the worker's status, not only in the log
+            wait_for(lambda: (worker_info(http)["qwen-a"].get("last_exit") or {}).get("detail"),
+                     timeout=15)
+            info = worker_info(http)["qwen-a"]
+            assert info["state"] != "ready"
+            assert info["last_exit"]["code"] == 78, info["last_exit"]  # EX_CONFIG, not a kill
+            assert "is not strict JSON (line 2, column 3" in info["last_exit"]["detail"]
+            assert "sk-keep-me" not in str(info)
     assert settings.read_bytes() == NOT_STRICT
     text = "".join(said) + "".join(capfd.readouterr())
     assert "is not strict JSON (line 2, column 3" in text and "sk-keep-me" not in text
