@@ -99,12 +99,18 @@ class Sandbox:
 
     def prepare(self, *writable: str) -> None:
         """Create the writable directories (0700); under ``uid``, hand them and
-        the home to the account's uid."""
+        the home to the account's uid, and let it through the directories made
+        above them (the workspace root: 0711, so a tool reaches its workspace by
+        its absolute path, and lists no other)."""
+        above: list[str] = []
         for path in writable:
+            above += _missing_parents(path)
             os.makedirs(path, mode=0o700, exist_ok=True)
         if self.kind == "uid" and self.uid is not None:
             for top in (self.home, *writable):
                 _chown_tree(top, self.uid)
+            for folder in above:
+                os.chmod(folder, 0o711)
 
     def command(self, argv: Sequence[str], *, cwd: str, writable: Sequence[str] = (),
                 env: Mapping[str, str] | None = None) -> list[str]:
@@ -239,6 +245,16 @@ def _install_root(path: str) -> str:
 
 def _under(path: str, roots: Sequence[str]) -> bool:
     return bool(path) and any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def _missing_parents(path: str) -> list[str]:
+    """The directories above ``path`` that do not exist yet (made by us, then)."""
+    found: list[str] = []
+    parent = os.path.dirname(os.path.abspath(path))
+    while parent != os.path.dirname(parent) and not os.path.exists(parent):
+        found.append(parent)
+        parent = os.path.dirname(parent)
+    return found
 
 
 def _chown_tree(top: str, uid: int) -> None:

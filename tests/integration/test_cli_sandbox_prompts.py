@@ -15,6 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import anthropic
 import openai
 import httpx
 import pytest
@@ -98,3 +99,37 @@ def test_the_system_prompt_file_is_read_inside_the_sandbox(root, cli, sandbox):
             assert answer.choices[0].message.content
             sent = [json.dumps(r.body) for r in upstream.requests[before:] if r.body]
             assert sent and any(SYSTEM in body for body in sent), sent[-1][:2000]
+
+
+@pytest.mark.parametrize("sandbox", ["bwrap", "uid"])
+def test_a_tool_reaches_its_key_s_workspace_by_its_absolute_path(root, sandbox):
+    """The CLIs name files by absolute path (Claude's Read takes only those):
+    the key's workspace must be reachable from the root down, also as the
+    account's uid (the worker child creates directories 0700)."""
+    if not os.path.exists(PYTHON):
+        pytest.skip(f"{PYTHON} is not there")
+    if not _works(sandbox, root):
+        pytest.skip(f"sandbox = {sandbox!r} does not work on this machine")
+    model = "claude-sonnet-4-6"
+    home = claude_home(root / "home", TOKEN)
+    with FakeUpstream(api_key=TOKEN, models=(model,)) as upstream:
+        worker = _worker("claude", home, root, upstream, sandbox, model)
+        settings = Settings(server=ServerSettings(admin_token="admin-token",
+                                                  api_keys={"team-a": "sk-team-a"}),
+                            workers=(worker,))
+        with ServerThread(create_app(settings)) as srv, \
+                httpx.Client(base_url=srv.url, timeout=30) as http, \
+                anthropic.Anthropic(base_url=srv.url, api_key="sk-team-a",
+                                    max_retries=0, timeout=60) as client:
+            wait_for(lambda: worker_info(http)["acct"]["state"] == "ready", timeout=30)
+            client.messages.create(model=model, max_tokens=16,
+                                   messages=[{"role": "user", "content": "hi"}])
+            todo = root / "workspaces" / "team-a" / "todo.txt"  # made by the first turn
+            todo.write_text("team-a's own file")
+            todo.chmod(0o644)
+            read = json.dumps({"file_path": str(todo)})
+            out = client.messages.create(model=model, max_tokens=64, messages=[
+                {"role": "user", "content": f"[[tool:Read {read}]]"}])
+    result = next(b.to_dict() for b in out.content if b.type == "mcp_tool_result")
+    assert result["is_error"] is False, result
+    assert result["content"][0]["text"] == "team-a's own file"
