@@ -84,6 +84,11 @@ def test_a_key_s_workspace_name_never_leaves_the_root():
         name = key_dir(hostile)
         assert "/" not in name and not name.startswith(".") and name.startswith("key-")
     assert key_dir("../b") != key_dir("a/b")
+    # a run-time key's id (ChatRequest.key_name): the same name each time, safe, its own
+    first, second = "key:" + "0a" * 12, "key:" + "0b" * 12
+    assert key_dir(first) == key_dir(first) == "key-" + key_dir(first)[4:]
+    assert "/" not in key_dir(first) and ":" not in key_dir(first)
+    assert key_dir(first) != key_dir(second)
 
 
 def test_the_setting_is_named_sandbox_and_defaults_to_auto():
