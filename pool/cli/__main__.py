@@ -24,6 +24,7 @@ from .driver import DriverConfig, DriverError
 from .host import CliHost
 from .private import private_dir
 from .registry import make_driver
+from .scrub import account_secrets, scrub
 from .sandbox import Sandbox
 
 ENV_CONFIG = "POOLGATE_CLI_CONFIG"
@@ -58,8 +59,15 @@ async def _main(data: dict[str, Any]) -> None:
     host = CliHost(driver, config,
                    conversation_idle=float(data.get("conversation_idle", 900)),
                    login_recheck=float(data.get("login_recheck", 5)))
+    async def start() -> None:
+        try:
+            await host.start()
+        except DriverError as exc:  # its text may quote the vendor (an error, stderr)
+            raise DriverError(scrub(str(exc), account_secrets(config.home, config.env))) \
+                from None
+
     try:
-        await worker_main.serve(host.answer, setup=host.start, refused=(DriverError,),
+        await worker_main.serve(host.answer, setup=start, refused=(DriverError,),
                                 calls={"status": host.status, "probe_login": host.probe_login})
     except DriverError as exc:
         # the account cannot run as it is on disk or configured: say why (in the log,
