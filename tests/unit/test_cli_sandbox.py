@@ -96,3 +96,21 @@ def test_the_setting_is_named_sandbox_and_defaults_to_auto():
     assert WorkerSettings(**base).sandbox == "auto"
     with pytest.raises(pydantic.ValidationError, match="sandbox"):
         WorkerSettings(**base, sandbox="chroot")
+
+
+def test_a_script_run_by_an_interpreter_with_options_is_bound_too(tmp_path):
+    """Qwen Code 0.24 runs as ``node --expose-gc <npm>/node_modules/…/cli.js``:
+    the script's install is bound even though an option comes first."""
+    script = tmp_path / "npm" / "node_modules" / "@qwen-code" / "qwen-code" / "cli.js"
+    script.parent.mkdir(parents=True)
+    script.write_text("")
+    node = tmp_path / "node" / "bin" / "node"
+    node.parent.mkdir(parents=True)
+    node.write_text("")
+    box = Sandbox(kind="bwrap", tool="/usr/bin/bwrap", home=str(tmp_path / "home"))
+    argv = box.command([str(node), "--expose-gc", str(script), "--model=m"],
+                       cwd=str(tmp_path / "home"))
+    binds = {argv[i + 1] for i, a in enumerate(argv) if a == "--ro-bind-try"}
+    assert str(tmp_path / "npm" / "node_modules") in binds
+    assert str(tmp_path / "node") in binds
+    assert argv[argv.index("--") + 1:] == [str(node), "--expose-gc", str(script), "--model=m"]
