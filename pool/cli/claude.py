@@ -73,7 +73,8 @@ class ClaudeDriver:
         self._argv0 = find_binary(self.config.command, "claude", self.config.env)
         private_dir(self.config.home)
         private_dir(self.config.cwd)
-        forget_sessions(self.config.home, self.config.cwd)  # left by a worker that died
+        for cwd in self.config.every_cwd():  # left by a worker that died
+            forget_sessions(self.config.home, cwd)
         remove_stale(self.config.home)
         try:  # a probe that hangs is killed (idle_timeout: silence that counts as hung)
             _, out, _ = await run_probe([*self._argv0, "--version"], env=self.env,

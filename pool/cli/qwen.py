@@ -109,7 +109,8 @@ class QwenDriver:
         private_dir(self.home)
         remove_stale(self.home)
         private_dir(self.config.cwd)
-        forget_sessions(self.home, self.config.cwd)  # left by a worker that died
+        for cwd in self.config.every_cwd():  # left by a worker that died
+            forget_sessions(self.home, cwd)
         self.account.write()
         try:  # a probe that hangs is killed (idle_timeout: silence that counts as hung)
             code, out, err = await run_probe(
