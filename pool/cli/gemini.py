@@ -1,0 +1,230 @@
+"""The Gemini CLI driver: one ``gemini --acp`` process per conversation.
+
+Gemini CLI 0.61.0 has two machine modes; measured against a fake Gemini API
+(tests/fakes/gemini_upstream.py), see docs/cli-workers.md:
+
+* ``-p PROMPT -o stream-json``: one turn per process (the prompt comes from
+  argv or stdin, there is no stream-json *input*), 2.5-2.8 s a turn, the next
+  turn a new process with ``--resume``;
+* ``--acp`` (Agent Client Protocol, JSON-RPC on stdio): 2.6 s to the first
+  answer, then 24 ms per warm turn in the same process; several sessions per
+  process; ``session/cancel`` stops a prompt and the process lives on.
+
+So the driver speaks ACP, through the generic machinery of
+:mod:`pool.cli.jsonrpc`. One process per conversation, not per account,
+because the system prompt is per process: it goes in a 0600 file named by
+``GEMINI_SYSTEM_MD`` (client text never on argv), replacing the CLI's own
+agent prompt in chat mode. In chat mode ``tools.core`` in the home's
+settings lets none of the CLI's own tools through (:mod:`pool.cli.gemini_home`).
+
+Accounts: a Google login (``oauth_creds.json`` in ``$HOME/.gemini``) or an API
+key (``GEMINI_API_KEY`` in the worker's ``env``; ``GOOGLE_GEMINI_BASE_URL``
+points the CLI at another Gemini endpoint, read by ``@google/genai``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from pathlib import Path
+from typing import Any, AsyncIterator, Mapping
+
+import structlog
+
+from .content import turn_blocks
+from .driver import DriverConfig, DriverError
+from .events import (
+    CliEvent, CliHealth, ConversationSetup, LoginRequired, RateLimited, Turn, TurnFailed,
+    TurnFinished,
+)
+from .gemini_home import GeminiHome
+from .jsonrpc import JsonRpcConversation, RpcError
+from .jsonrpc_agent import Agent
+from .jsonrpc_options import JsonRpcOptions
+from .private import private_dir
+from .proc import JsonLineProcess, find_binary, run_probe
+
+__all__ = ["GeminiDriver", "GeminiConversation", "DEFAULT_CHAT_SYSTEM", "ACP_OPTIONS"]
+
+log = structlog.get_logger("pool.cli.gemini")
+
+DEFAULT_CHAT_SYSTEM = "You are a helpful assistant."
+#: ACP as Gemini CLI 0.61.0 speaks it: usage in the prompt result's ``_meta.quota``
+ACP_OPTIONS = JsonRpcOptions(usage_path="_meta.quota.token_count")
+_OPTIONS = {"extra_args"}
+_PROBE_TIMEOUT = 60.0
+
+
+class GeminiDriver:
+    """One Gemini CLI account (``home`` is its ``HOME``)."""
+
+    cli = "gemini"
+    can_load_history = False  # the host flattens history into the first turn
+    concurrent_turns = True   # a process per conversation: they run side by side
+
+    def __init__(self, config: DriverConfig) -> None:
+        unknown = sorted(set(config.options) - _OPTIONS)
+        if unknown:
+            raise DriverError(f"cli_options.{unknown[0]}: not an option of the gemini driver "
+                              f"(one of {', '.join(sorted(_OPTIONS))})")
+        extra = config.options.get("extra_args", [])
+        if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
+            raise DriverError("cli_options.extra_args: must be a list of strings")
+        self.config = config
+        self.options = ACP_OPTIONS
+        self.extra_args: tuple[str, ...] = tuple(extra)
+        self.home = Path(config.home)
+        self.account = GeminiHome(self.home, config.env, config.mode)
+        self.command: list[str] = []
+        self.version: str | None = None
+        self.logged_out_reason: str | None = None
+        self._stamp: str | None = None
+        self._conversations: weakref.WeakSet[GeminiConversation] = weakref.WeakSet()
+
+    def env(self, system_file: Path | None = None) -> dict[str, str]:
+        env = dict(self.config.env)
+        env.update(HOME=str(self.home), NO_COLOR="1", TERM="dumb", NO_BROWSER="1")
+        env.pop("GEMINI_SYSTEM_MD", None)
+        if system_file is not None:
+            env["GEMINI_SYSTEM_MD"] = str(system_file)
+        return env
+
+    # --- CliDriver ---
+
+    async def start(self) -> CliHealth:
+        self.command = find_binary(self.config.command, "gemini", self.config.env)
+        private_dir(self.home)
+        private_dir(self.config.cwd)
+        self.account.write()
+        try:
+            code, out, err = await run_probe(
+                [*self.command, "--version"], env=self.env(), cwd=self.config.cwd,
+                timeout=min(_PROBE_TIMEOUT, self.config.idle_timeout))
+        except (OSError, TimeoutError) as exc:
+            raise DriverError(f"gemini: cannot run {self.command[0]}: {type(exc).__name__}") \
+                from None
+        if code != 0:  # stderr stays in the child's log, never in an error a client sees
+            log.warning("cli.gemini.version_failed", worker=self.config.name, code=code,
+                        stderr=err.decode(errors="replace")[-300:])
+            raise DriverError(f"gemini --version exited {code}")
+        lines = out.decode(errors="replace").strip().splitlines()
+        self.version = lines[-1].strip() if lines else None
+        self._stamp = self.account.credentials_stamp()
+        log.info("cli.gemini.started", worker=self.config.name, version=self.version,
+                 auth=self.account.selected_auth())
+        return await self.health()
+
+    async def health(self) -> CliHealth:
+        if self.logged_out_reason and self.account.credentials_stamp() != self._stamp:
+            self.logged_out_reason = None  # the credentials were rewritten: try again
+        login = "ready"
+        if self.logged_out_reason is not None or not self.account.has_credentials():
+            login = "logged_out"
+        detail: dict[str, Any] = {"auth_type": self.account.selected_auth(),
+                                  "conversations": sum(1 for c in self._conversations if c.alive)}
+        if self.logged_out_reason:
+            detail["reason"] = self.logged_out_reason
+        return CliHealth(login=login, version=self.version, detail=detail)
+
+    async def open(self, setup: ConversationSetup) -> GeminiConversation:
+        """Start the conversation's process (its system prompt in a 0600 file)."""
+        system = setup.system if self.config.mode == "agent" else (
+            setup.system or DEFAULT_CHAT_SYSTEM)
+        system_file = self.account.system_prompt_file(system) if system else None
+        try:
+            agent = await self.spawn(setup, setup.workspace or self.config.cwd, system_file)
+        except BaseException:
+            self.account.forget(system_file)
+            raise
+        conversation = GeminiConversation(self, agent, setup, system_file)
+        self._conversations.add(conversation)
+        return conversation
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(c.close() for c in list(self._conversations)),
+                             return_exceptions=True)
+
+    def note_terminal(self, event: CliEvent) -> None:
+        if isinstance(event, LoginRequired):
+            self.logged_out_reason = event.message
+            self._stamp = self.account.credentials_stamp()
+        elif isinstance(event, TurnFinished):
+            self.logged_out_reason = None
+
+    def end_later(self, agent: Agent, session_id: str) -> None:
+        """A session no conversation holds: its process goes with it (see close)."""
+        agent.sessions.pop(session_id, None)
+
+    # --- processes ---
+
+    def argv(self, setup: ConversationSetup) -> list[str]:
+        return [*self.command, "--acp", "--model", setup.model, *self.extra_args]
+
+    async def spawn(self, setup: ConversationSetup, cwd: str,
+                    system_file: Path | None) -> Agent:
+        """A ``gemini --acp`` process, initialized; DriverError when it is not."""
+        env = self.env(system_file)
+        argv = self.config.sandboxed(self.argv(setup), cwd=cwd, env=env)
+        proc = await JsonLineProcess.spawn(argv, env=env, cwd=cwd, label="gemini")
+        agent = Agent(proc, self.options, self.config.mode)
+        try:
+            assert self.options.initialize is not None
+            info = await agent.call(self.options.initialize, self.options.initialize_params,
+                                    timeout=_PROBE_TIMEOUT)
+        except (RpcError, asyncio.TimeoutError) as exc:
+            await proc.close(grace=0.5)
+            log.warning("cli.gemini.initialize_failed", worker=self.config.name,
+                        error=str(exc), exit=proc.why_exited())
+            raise DriverError("gemini: the CLI did not answer initialize") from None
+        agent_info = info.get("agentInfo") if isinstance(info, Mapping) else None
+        if isinstance(agent_info, Mapping) and agent_info.get("version"):
+            self.version = str(agent_info["version"])
+        return agent
+
+
+class GeminiConversation(JsonRpcConversation):
+    """One ``gemini --acp`` process holding one ACP session."""
+
+    def __init__(self, driver: GeminiDriver, agent: Agent, setup: ConversationSetup,
+                 system_file: Path | None) -> None:
+        super().__init__(driver, agent, setup)  # type: ignore[arg-type]
+        self.gemini = driver
+        self._system_file = system_file
+
+    def _failure(self, exc: RpcError) -> CliEvent:
+        """ACP errors of 0.61.0: -32000 (no key, no login) at ``session/new``; an API
+        error fails the prompt with the HTTP status as code and Google's error body
+        as message. That body is the vendor's: only its status goes on."""
+        code, text = exc.code, str(exc)
+        if code == self.o.auth_error_code or code in (401, 403) or "API_KEY_INVALID" in text:
+            return LoginRequired("gemini: the account's credentials were refused")
+        if code == 429 or "RESOURCE_EXHAUSTED" in text:
+            return TurnFailed("overloaded", "gemini: the account hit a rate limit or quota",
+                              status=429)
+        if code is None:  # the process went away (its stderr stays in the child's log)
+            log.warning("cli.gemini.exited", detail=self.agent.proc.why_exited())
+            return TurnFailed("upstream", "gemini: the CLI exited")
+        log.warning("cli.gemini.prompt_failed", code=code, detail=text[:300])
+        status = code if isinstance(code, int) and 400 <= code < 600 else None
+        return TurnFailed("upstream", "gemini: the turn failed"
+                          + (f" (upstream status {status})" if status else ""), status=status)
+
+    async def _run(self, turn: Turn) -> AsyncIterator[CliEvent]:
+        async for event in super()._run(turn):
+            if isinstance(event, TurnFailed) and event.status == 429:
+                yield RateLimited(event.message)
+            elif isinstance(event, TurnFailed) and event.message.startswith("gemini exited"):
+                log.warning("cli.gemini.exited", detail=event.message)  # its stderr: not for clients
+                event = TurnFailed("upstream", "gemini: the CLI exited during the turn")
+            yield event
+
+    def _prompt_blocks(self, turn: Turn) -> list[dict[str, Any]]:
+        self._turns += 1  # the system prompt is the process's own (GEMINI_SYSTEM_MD)
+        return turn_blocks(turn)
+
+    async def close(self) -> None:
+        try:
+            await super().close()
+        finally:  # the process goes with its one session
+            await self.agent.proc.close(grace=0.5)
+            self.gemini.account.forget(self._system_file)

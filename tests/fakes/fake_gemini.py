@@ -1,0 +1,220 @@
+"""A fake Gemini CLI (stdlib only) speaking 0.61.0's ``--acp`` mode.
+
+Run as ``python fake_gemini.py --acp --model M``. Replies come from the
+Gemini API at ``GOOGLE_GEMINI_BASE_URL`` (tests/fakes/gemini_upstream.py)
+with ``GEMINI_API_KEY`` in ``x-goog-api-key``, so they are deterministic.
+What it copies from the real CLI (each seen on 0.61.0 against the same fake):
+
+* ``--version`` prints the version;
+* ``initialize`` → ``{protocolVersion, authMethods, agentInfo: {name:
+  "gemini-cli", version}}``; ``session/new {cwd, mcpServers}`` →
+  ``{sessionId, modes, models}``;
+* ``session/prompt`` posts ``models/M:streamGenerateContent?alt=sse`` with
+  the session's whole history, a ``<session_context>`` part before the first
+  prompt, ``systemInstruction`` from the file ``GEMINI_SYSTEM_MD`` names (else
+  the CLI's long agent prompt), and its tools unless ``tools.core`` in
+  ``$HOME/.gemini/settings.json`` lets none through; streams
+  ``agent_message_chunk`` updates and answers ``{stopReason: "end_turn",
+  _meta: {quota: {token_count: {input_tokens, output_tokens}}}}``;
+* agent mode: a ``functionCall`` of one of its tools is a ``tool_call``
+  update, a ``session/request_permission`` request, then a
+  ``tool_call_update`` (``completed``) and the next upstream call;
+* ``session/cancel`` ends a prompt with ``cancelled``;
+* no ``GEMINI_API_KEY``: ``session/new`` fails with -32000 "Gemini API key
+  is missing or not configured."; an upstream error fails the prompt with a
+  JSON-RPC error whose code is the HTTP status and whose message is the
+  API's error body (a refused key: 400 ``API_KEY_INVALID``).
+
+Test switches (not in the real CLI): ``FAKE_GEMINI_LOG=<file>`` appends
+``{"pid", "argv", "env": {GEMINI_SYSTEM_MD}}`` at start and ``{"pid",
+"stdin"}`` for every message; a prompt holding ``[[crash]]`` exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+VERSION = "0.61.0"
+TOOLS = ("list_directory", "read_file", "grep_search", "glob", "replace", "write_file",
+         "run_shell_command", "web_fetch")
+AGENT_PROMPT = "You are an interactive CLI agent specializing in software engineering tasks."
+_out = threading.Lock()
+_pending: dict[int, threading.Event] = {}
+_answers: dict[int, dict] = {}
+
+
+def log(entry: dict) -> None:
+    path = os.environ.get("FAKE_GEMINI_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"pid": os.getpid(), **entry}) + "\n")
+
+
+def send(obj: dict) -> None:
+    with _out:
+        sys.stdout.write(json.dumps({"jsonrpc": "2.0", **obj}) + "\n")
+        sys.stdout.flush()
+
+
+def settings() -> dict:
+    try:
+        return json.loads((Path(os.environ["HOME"]) / ".gemini" / "settings.json").read_text())
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def tools() -> list[str]:
+    core = settings().get("tools", {}).get("core")
+    return [t for t in TOOLS if core is None or t in core]
+
+
+def system_prompt() -> str:
+    path = os.environ.get("GEMINI_SYSTEM_MD")
+    return Path(path).read_text() if path else AGENT_PROMPT
+
+
+class Cli:
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.sessions: dict[str, list[dict]] = {}
+        self.cancelled: set[str] = set()
+        self.ids = iter(range(1000, 10**9))
+
+    def handle(self, msg: dict) -> None:
+        method, params, mid = msg.get("method"), msg.get("params") or {}, msg.get("id")
+        if method is None and mid in _pending:  # the answer to a permission request
+            _answers[mid] = msg.get("result") or {}
+            _pending.pop(mid).set()
+        elif method == "initialize":
+            send({"id": mid, "result": {"protocolVersion": 1, "authMethods": [
+                {"id": "oauth-personal", "name": "Log in with Google"},
+                {"id": "gemini-api-key", "name": "Gemini API key"}],
+                "agentInfo": {"name": "gemini-cli", "title": "Gemini CLI", "version": VERSION},
+                "agentCapabilities": {"loadSession": True}}})
+        elif method == "session/new":
+            if not os.environ.get("GEMINI_API_KEY"):
+                send({"id": mid, "error": {"code": -32000, "message":
+                      "Gemini API key is missing or not configured."}})
+                return
+            sid = str(uuid.uuid4())
+            self.sessions[sid] = []
+            send({"id": mid, "result": {"sessionId": sid, "modes": {"currentModeId": "default"}}})
+        elif method == "session/prompt":
+            threading.Thread(target=self.prompt, args=(mid, params), daemon=True).start()
+        elif method == "session/cancel":
+            self.cancelled.add(str(params.get("sessionId")))
+        elif mid is not None:
+            send({"id": mid, "error": {"code": -32601, "message": f"Method not found: {method}"}})
+
+    def update(self, sid: str, update: dict) -> None:
+        send({"method": "session/update", "params": {"sessionId": sid, "update": update}})
+
+    def prompt(self, mid, params: dict) -> None:
+        sid = str(params.get("sessionId"))
+        history = self.sessions.get(sid)
+        if history is None:
+            send({"id": mid, "error": {"code": -32602, "message": f"Session not found: {sid}"}})
+            return
+        parts = [{"text": b["text"]} for b in params.get("prompt") or [] if b.get("type") == "text"]
+        if not history:
+            parts.insert(0, {"text": "<session_context>\nThis is the Gemini CLI.\n</session_context>"})
+        if any("[[crash]]" in p["text"] for p in parts):
+            os._exit(1)
+        history.append({"role": "user", "parts": parts})
+        self.cancelled.discard(sid)
+        usage = {"input_tokens": 0, "output_tokens": 0}
+        while True:
+            try:
+                answer = self.generate(sid, history, usage)
+            except urllib.error.HTTPError as exc:
+                history.pop()  # the real CLI's error: the API's status and its body
+                send({"id": mid, "error": {"code": exc.code, "message": exc.read().decode()}})
+                return
+            if sid in self.cancelled:
+                send({"id": mid, "result": {"stopReason": "cancelled"}})
+                return
+            history.append({"role": "model", "parts": answer})
+            calls = [p["functionCall"] for p in answer if "functionCall" in p]
+            if not calls:
+                break
+            history.append({"role": "user", "parts": [self.run_tool(sid, c) for c in calls]})
+        send({"id": mid, "result": {"stopReason": "end_turn",
+                                    "_meta": {"quota": {"token_count": usage}}}})
+
+    def run_tool(self, sid: str, call: dict) -> dict:
+        call_id = f"{call['name']}-{uuid.uuid4().hex[:8]}"
+        self.update(sid, {"sessionUpdate": "tool_call", "toolCallId": call_id, "status": "pending",
+                          "title": call["name"], "kind": "read", "rawInput": call.get("args")})
+        rid = next(self.ids)
+        event = _pending[rid] = threading.Event()
+        send({"id": rid, "method": "session/request_permission", "params": {
+            "sessionId": sid, "toolCall": {"toolCallId": call_id},
+            "options": [{"optionId": "proceed_once", "name": "Allow", "kind": "allow_once"},
+                        {"optionId": "cancel", "name": "Reject", "kind": "reject_once"}]}})
+        event.wait(60)
+        outcome = _answers.pop(rid, {}).get("outcome", {})
+        allowed = outcome.get("optionId") == "proceed_once"
+        output = f"ran {call['name']}" if allowed else "the user refused"
+        self.update(sid, {"sessionUpdate": "tool_call_update", "toolCallId": call_id,
+                          "status": "completed" if allowed else "failed",
+                          "content": [{"type": "content", "content": {"type": "text",
+                                                                       "text": output}}]})
+        return {"functionResponse": {"name": call["name"], "response": {"output": output}}}
+
+    def generate(self, sid: str, history: list[dict], usage: dict) -> list[dict]:
+        body: dict = {"contents": history, "systemInstruction": {
+            "role": "user", "parts": [{"text": system_prompt()}]}}
+        names = tools()
+        if names:
+            body["tools"] = [{"functionDeclarations": [{"name": n} for n in names]}]
+        base = os.environ.get("GOOGLE_GEMINI_BASE_URL", "").rstrip("/")
+        request = urllib.request.Request(
+            f"{base}/v1beta/models/{self.model}:streamGenerateContent?alt=sse",
+            data=json.dumps(body).encode(), method="POST",
+            headers={"content-type": "application/json",
+                     "x-goog-api-key": os.environ.get("GEMINI_API_KEY", "")})
+        parts: list[dict] = []
+        with urllib.request.urlopen(request, timeout=120) as response:
+            for raw in response:
+                line = raw.decode().strip()
+                if not line.startswith("data:") or sid in self.cancelled:
+                    continue
+                chunk = json.loads(line[5:])
+                meta = chunk.get("usageMetadata") or {}
+                usage["input_tokens"] += meta.get("promptTokenCount", 0)
+                usage["output_tokens"] += meta.get("candidatesTokenCount", 0)
+                for part in chunk["candidates"][0]["content"]["parts"]:
+                    parts.append(part)
+                    if "text" in part:
+                        self.update(sid, {"sessionUpdate": "agent_message_chunk",
+                                          "content": {"type": "text", "text": part["text"]}})
+        return parts
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    if "--version" in argv or "-v" in argv:
+        print(VERSION)
+        return
+    model = argv[argv.index("--model") + 1] if "--model" in argv else "gemini-2.5-pro"
+    log({"argv": argv, "env": {"GEMINI_SYSTEM_MD": os.environ.get("GEMINI_SYSTEM_MD")}})
+    cli = Cli(model)
+    for line in sys.stdin:
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue
+        log({"stdin": msg})
+        if isinstance(msg, dict):
+            cli.handle(msg)
+
+
+if __name__ == "__main__":
+    main()

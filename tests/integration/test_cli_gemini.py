@@ -1,0 +1,153 @@
+"""Gemini CLI workers behind a real poolgate, driven by the real SDKs: the
+fake ``gemini`` CLI (tests/fakes/fake_gemini.py, ``--acp`` as 0.61.0 speaks
+it) in supervised worker children, its replies from a fake Gemini API."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from app.settings import WorkerSettings
+from tests.fakes.gemini_upstream import FakeGemini
+from tests.support.cli_accounts import read_log, wait_for
+from tests.support.cli_fakes import anthropic_client, openai_client, serve, worker_info
+
+pytestmark = pytest.mark.slow
+
+KEY = "gemini-key-a"
+MODEL = "gemini-2.5-pro"
+FAKE_GEMINI = Path(__file__).resolve().parents[1] / "fakes" / "fake_gemini.py"
+
+
+def gemini_worker(name: str, home: Path, base_url: str, log: Path, *, api_key: str | None,
+                  **extra: Any) -> WorkerSettings:
+    env = {"GOOGLE_GEMINI_BASE_URL": base_url, "FAKE_GEMINI_LOG": str(log),
+           "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    if api_key is not None:
+        env["GEMINI_API_KEY"] = api_key
+    return WorkerSettings(name=name, kind="cli", cli="gemini", models=(MODEL,), home=str(home),
+                          command=(sys.executable, str(FAKE_GEMINI)), env=env,
+                          health_interval=0.5, health_timeout=2.0, backoff_initial=0.2,
+                          backoff_max=2.0, stop_timeout=5.0, **extra)
+
+
+def processes(log: Path) -> list[dict[str, Any]]:
+    return [e for e in read_log(log) if "argv" in e]
+
+
+def prompts(log: Path) -> list[dict[str, Any]]:
+    return [{"pid": e["pid"], **e["stdin"]} for e in read_log(log)
+            if e.get("stdin", {}).get("method") == "session/prompt"]
+
+
+@pytest.fixture
+def upstream():
+    with FakeGemini(api_key=KEY) as fake:
+        yield fake
+
+
+@pytest.fixture
+def one(tmp_path: Path, upstream: FakeGemini):
+    log = tmp_path / "gemini.log"
+    worker = gemini_worker("gemini-a", tmp_path / "a", upstream.url, log, api_key=KEY)
+    with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
+        wait_for(lambda: worker_info(http)["gemini-a"]["state"] == "ready")
+        yield srv, http, log, tmp_path / "a"
+
+
+def test_a_turn_and_a_streamed_turn_in_chat_mode(one, upstream):
+    srv, http, log, home = one
+    secret_system = "Be terse. (client text: never on argv)"
+    with openai_client(srv) as oai:
+        out = oai.chat.completions.create(model=MODEL, messages=[
+            {"role": "system", "content": secret_system},
+            {"role": "user", "content": "hello gemini"}])
+    assert out.choices[0].message.content == "echo: hello gemini"
+    assert out.choices[0].finish_reason == "stop"
+    assert out.usage.prompt_tokens > 0 and out.usage.completion_tokens == 3
+    with anthropic_client(srv) as ant, \
+            ant.messages.stream(model=MODEL, max_tokens=64, messages=[
+                {"role": "user", "content": "streamed words here"}]) as stream:
+        chunks = list(stream.text_stream)
+        final = stream.get_final_message()
+    assert "".join(chunks) == "echo: streamed words here" and len(chunks) > 1
+    assert final.stop_reason == "end_turn" and final.usage.output_tokens == 4
+    # chat mode: none of the CLI's tools, the client's system prompt from a file
+    first = upstream.generations()[0].body
+    assert "tools" not in first
+    assert first["systemInstruction"]["parts"][0]["text"] == secret_system
+    first_process = processes(log)[0]
+    assert "--acp" in first_process["argv"]
+    assert first_process["argv"][first_process["argv"].index("--model") + 1] == MODEL
+    assert not any(secret_system in arg for p in processes(log) for arg in p["argv"])
+    info = worker_info(http)["gemini-a"]
+    assert (info["cli"], info["version"], info["login"]) == ("gemini", "0.61.0", "ready")
+
+
+def test_the_system_prompt_file_is_private_and_goes_with_its_conversation(one, upstream):
+    srv, http, log, home = one
+    with openai_client(srv) as oai:
+        oai.chat.completions.create(model=MODEL, messages=[
+            {"role": "system", "content": "private words"}, {"role": "user", "content": "hi"}])
+    path = Path(processes(log)[0]["env"]["GEMINI_SYSTEM_MD"])
+    assert path.read_text() == "private words"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    http.post("/internal/workers/gemini-a/restart", headers={"authorization": "Bearer admin-token"})
+    wait_for(lambda: not path.exists())
+
+
+def test_second_turn_sends_only_the_new_turn_to_the_same_process(one, upstream):
+    srv, http, log, _ = one
+    history = [{"role": "user", "content": "first question"}]
+    with openai_client(srv) as oai:
+        first = oai.chat.completions.create(model=MODEL, messages=history)
+        history += [{"role": "assistant", "content": first.choices[0].message.content},
+                    {"role": "user", "content": "second question"}]
+        second = oai.chat.completions.create(model=MODEL, messages=history)
+    assert second.choices[0].message.content == "echo: second question"
+    sent = prompts(log)
+    assert [m["params"]["prompt"] for m in sent] == [
+        [{"type": "text", "text": "first question"}], [{"type": "text", "text": "second question"}]]
+    assert sent[0]["pid"] == sent[1]["pid"] and len(processes(log)) == 1
+    # the upstream saw one conversation growing
+    contents = upstream.generations()[-1].body["contents"]
+    assert [c["role"] for c in contents] == ["user", "model", "user"]
+    assert second.usage.completion_tokens == 3  # the turn's, not the session's
+
+
+def test_history_it_never_saw_is_flattened_into_a_new_conversation(one, upstream):
+    srv, http, log, _ = one
+    with openai_client(srv) as oai:
+        out = oai.chat.completions.create(model=MODEL, messages=[
+            {"role": "user", "content": "my name is Ada"},
+            {"role": "assistant", "content": "Hello Ada"},
+            {"role": "user", "content": "who am I"}])
+    text = prompts(log)[0]["params"]["prompt"][0]["text"]
+    assert "my name is Ada" in text and "Hello Ada" in text and "who am I" in text
+    assert out.choices[0].message.content.startswith("echo: ")
+
+
+def test_no_api_key_is_a_logged_out_account(tmp_path: Path, upstream):
+    log = tmp_path / "gemini.log"
+    worker = gemini_worker("gemini-a", tmp_path / "a", upstream.url, log, api_key=None)
+    with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
+        wait_for(lambda: worker_info(http)["gemini-a"]["login"] == "logged_out")
+
+
+def test_a_refused_key_logs_the_account_out_without_the_vendor_text(tmp_path: Path, upstream):
+    log = tmp_path / "gemini.log"
+    worker = gemini_worker("gemini-a", tmp_path / "a", upstream.url, log, api_key="wrong-key")
+    with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
+        wait_for(lambda: worker_info(http)["gemini-a"]["state"] == "ready")
+        with openai_client(srv) as oai, pytest.raises(openai.APIStatusError) as caught:
+            oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+        assert "API key not valid" not in str(caught.value.body)
+        wait_for(lambda: worker_info(http)["gemini-a"]["login"] == "logged_out")
