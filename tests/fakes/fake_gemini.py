@@ -171,9 +171,7 @@ class Cli:
     def generate(self, sid: str, history: list[dict], usage: dict) -> list[dict]:
         body: dict = {"contents": history, "systemInstruction": {
             "role": "user", "parts": [{"text": system_prompt()}]}}
-        names = tools()
-        if names:
-            body["tools"] = [{"functionDeclarations": [{"name": n} for n in names]}]
+        body["tools"] = [{"functionDeclarations": [{"name": n} for n in tools()]}]
         base = os.environ.get("GOOGLE_GEMINI_BASE_URL", "").rstrip("/")
         request = urllib.request.Request(
             f"{base}/v1beta/models/{self.model}:streamGenerateContent?alt=sse",

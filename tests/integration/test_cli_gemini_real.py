@@ -1,0 +1,73 @@
+"""The real Gemini CLI 0.61.0 (npm, in .cache/npm-gemini) behind a real
+poolgate as a ``gemini`` cli worker on an API key, against a fake Gemini API
+(``GOOGLE_GEMINI_BASE_URL``), driven by the real SDKs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.settings import WorkerSettings
+from tests.fakes.gemini_upstream import FakeGemini
+from tests.integration.clis import GEMINI_CLI, GEMINI_PREFIX, ensure_cli
+from tests.support.cli_accounts import wait_for
+from tests.support.cli_fakes import anthropic_client, openai_client, serve, worker_info
+
+pytestmark = [pytest.mark.cli, pytest.mark.slow]
+
+KEY = "gemini-real-account-key"
+MODEL = "gemini-2.5-pro"
+
+
+@pytest.fixture(scope="module")
+def gemini_bin() -> str:
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not installed: cannot install Gemini CLI")
+    path = ensure_cli(*GEMINI_CLI, prefix=GEMINI_PREFIX)
+    assert path is not None
+    return path
+
+
+def _worker(home: Path, gemini_bin: str, upstream: FakeGemini, **extra) -> WorkerSettings:
+    return WorkerSettings(
+        name="gemini-real", kind="cli", cli="gemini", models=(MODEL,), home=str(home),
+        command=(gemini_bin,), ready_timeout=60, health_interval=2.0, health_timeout=5.0,
+        env={"GOOGLE_GEMINI_BASE_URL": upstream.url, "GEMINI_API_KEY": KEY,
+             "PATH": os.environ.get("PATH", "/usr/bin:/bin")}, **extra)
+
+
+def test_real_gemini_turns_through_poolgate(tmp_path: Path, gemini_bin: str):
+    with FakeGemini(api_key=KEY) as upstream:
+        with serve(_worker(tmp_path / "acct", gemini_bin, upstream)) as srv, \
+                httpx.Client(base_url=srv.url, timeout=60) as http:
+            info = wait_for(lambda: (w := worker_info(http)["gemini-real"])["state"] == "ready"
+                            and w, timeout=60)
+            assert (info["cli"], info["version"], info["login"]) == ("gemini", "0.61.0", "ready")
+            history = [{"role": "system", "content": "Answer briefly."},
+                       {"role": "user", "content": "hello real gemini"}]
+            with openai_client(srv) as oai:
+                out = oai.chat.completions.create(model=MODEL, messages=history, timeout=90,
+                                                  max_tokens=64)
+            assert out.choices[0].message.content == "echo: hello real gemini"
+            assert out.choices[0].finish_reason == "stop" and out.usage.completion_tokens == 4
+            history.append({"role": "assistant", "content": out.choices[0].message.content})
+            with anthropic_client(srv) as ant, ant.messages.stream(
+                    model=MODEL, max_tokens=64, system="Answer briefly.", timeout=90,
+                    messages=history[1:] + [{"role": "user", "content": "and a second turn"}],
+            ) as stream:
+                chunks = list(stream.text_stream)
+            assert "".join(chunks) == "echo: and a second turn" and len(chunks) > 1
+    generations = upstream.generations()
+    assert len(generations) == 2
+    first, second = generations[0].body, generations[1].body
+    # chat mode: the client's system prompt replaces the CLI's, none of its tools
+    assert first["systemInstruction"]["parts"][0]["text"] == "Answer briefly."
+    assert [d for t in first.get("tools", []) for d in t["functionDeclarations"]] == []
+    assert len(str(first)) < 4000
+    # the second turn went to the same CLI session: the history grew in one conversation
+    assert [c["role"] for c in second["contents"]] == ["user", "model", "user"]
+    assert generations[0].headers["x-goog-api-key"] == KEY
