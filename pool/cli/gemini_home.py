@@ -77,12 +77,25 @@ class GeminiHome(QwenHome):
         return selected if isinstance(selected, str) else self.auth_type
 
     def has_credentials(self) -> bool:
-        """An API key in the environment, or a Google login's ``oauth_creds.json``."""
+        """An API key (the environment, or an ``.env`` the CLI reads), or a Google
+        login's ``oauth_creds.json``."""
         if self.selected_auth() == API_KEY_AUTH:
-            return bool(self.env.get("GEMINI_API_KEY") or self.env.get("GOOGLE_API_KEY"))
+            return bool(self.env.get("GEMINI_API_KEY") or self.env.get("GOOGLE_API_KEY")
+                        or self._dotenv_key())
         if self.selected_auth() == OAUTH_AUTH:
             return self.oauth_path().is_file()
         return True  # Vertex, a gateway: known by the first turn
+
+    def _dotenv_key(self) -> bool:
+        for dotenv in (self.home / ".gemini" / ".env", self.home / ".env"):
+            try:
+                lines = dotenv.read_text().splitlines()
+            except OSError:
+                continue
+            if any(line.strip().startswith(("GEMINI_API_KEY=", "GOOGLE_API_KEY="))
+                   and line.split("=", 1)[1].strip() for line in lines):
+                return True
+        return False
 
     def credentials_stamp(self) -> str | None:
         return credentials_stamp(str(self.oauth_path()))
