@@ -128,9 +128,9 @@ class GeminiDriver:
 
     async def open(self, setup: ConversationSetup) -> GeminiConversation:
         """Start the conversation's process (its system prompt in a 0600 file)."""
-        system = setup.system if self.config.mode == "agent" else (
-            setup.system or DEFAULT_CHAT_SYSTEM)
-        system_file = self.account.system_prompt_file(system) if system else None
+        system_file = None  # agent mode keeps the CLI's own prompt: the client's goes first
+        if self.config.mode == "chat":
+            system_file = self.account.system_prompt_file(setup.system or DEFAULT_CHAT_SYSTEM)
         try:
             agent = await self.spawn(setup, setup.workspace or self.config.cwd, system_file)
         except BaseException:
@@ -219,8 +219,14 @@ class GeminiConversation(JsonRpcConversation):
             yield event
 
     def _prompt_blocks(self, turn: Turn) -> list[dict[str, Any]]:
-        self._turns += 1  # the system prompt is the process's own (GEMINI_SYSTEM_MD)
-        return turn_blocks(turn)
+        """Chat mode: the system prompt is the process's (GEMINI_SYSTEM_MD). Agent
+        mode: that file would replace the CLI's agent prompt, so the client's goes
+        first in the first prompt."""
+        blocks = turn_blocks(turn)
+        if self._turns == 0 and self.setup.system and self.gemini.config.mode == "agent":
+            blocks.insert(0, {"type": "text", "text": self.setup.system})
+        self._turns += 1
+        return blocks
 
     async def close(self) -> None:
         try:

@@ -26,7 +26,7 @@ What it copies from the real CLI (each seen on 0.61.0 against the same fake):
   API's error body (a refused key: 400 ``API_KEY_INVALID``).
 
 Test switches (not in the real CLI): ``FAKE_GEMINI_LOG=<file>`` appends
-``{"pid", "argv", "env": {GEMINI_SYSTEM_MD}}`` at start and ``{"pid",
+``{"pid", "argv", "cwd", "env": {GEMINI_SYSTEM_MD}}`` at start and ``{"pid",
 "stdin"}`` for every message; a prompt holding ``[[crash]]`` exits 1.
 """
 
@@ -202,7 +202,8 @@ def main() -> None:
         print(VERSION)
         return
     model = argv[argv.index("--model") + 1] if "--model" in argv else "gemini-2.5-pro"
-    log({"argv": argv, "env": {"GEMINI_SYSTEM_MD": os.environ.get("GEMINI_SYSTEM_MD")}})
+    log({"argv": argv, "cwd": os.getcwd(),
+         "env": {"GEMINI_SYSTEM_MD": os.environ.get("GEMINI_SYSTEM_MD")}})
     cli = Cli(model)
     for line in sys.stdin:
         try:

@@ -151,3 +151,30 @@ def test_a_refused_key_logs_the_account_out_without_the_vendor_text(tmp_path: Pa
             oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
         assert "API key not valid" not in str(caught.value.body)
         wait_for(lambda: worker_info(http)["gemini-a"]["login"] == "logged_out")
+
+
+def test_agent_mode_runs_the_cli_s_tools_in_the_key_s_workspace(tmp_path: Path, upstream):
+    home = tmp_path / "a"
+    log = home / "gemini.log"  # in the home: the sandbox shows the CLI nothing else
+    worker = gemini_worker("gemini-a", home, upstream.url, log, api_key=KEY, mode="agent")
+    with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
+        wait_for(lambda: worker_info(http)["gemini-a"]["state"] == "ready")
+        with anthropic_client(srv) as ant:
+            out = ant.beta.messages.create(model=MODEL, max_tokens=64, system="Be careful.",
+                                           messages=[{"role": "user", "content":
+                                                      '[[tool:read_file {"path": "notes.txt"}]]'}])
+        assert worker_info(http)["gemini-a"]["sandbox"] in ("bwrap", "uid")
+    kinds = [b.type for b in out.content]
+    assert kinds == ["mcp_tool_use", "mcp_tool_result", "text"], kinds
+    assert out.content[0].name == "read_file" and out.content[0].input == {"path": "notes.txt"}
+    assert out.content[1].content[0].text == "ran read_file"
+    assert out.content[2].text == "tool said: ran read_file"
+    assert out.stop_reason == "end_turn"
+    started = processes(log)[0]
+    assert started["cwd"] == f"{home}-workspaces/team-a"
+    assert started["env"]["GEMINI_SYSTEM_MD"] is None  # the CLI keeps its own agent prompt
+    first = prompts(log)[0]["params"]["prompt"]
+    assert first[0]["text"] == "Be careful."
+    declared = [d["name"] for t in upstream.generations()[0].body["tools"]
+                for d in t["functionDeclarations"]]
+    assert "read_file" in declared and "run_shell_command" in declared
