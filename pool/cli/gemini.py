@@ -14,7 +14,7 @@ So the driver speaks ACP, through the generic machinery of
 :mod:`pool.cli.jsonrpc`. One process per conversation, not per account,
 because the system prompt is per process: it goes in a 0600 file named by
 ``GEMINI_SYSTEM_MD`` (client text never on argv), replacing the CLI's own
-agent prompt in chat mode. In chat mode ``tools.core`` in the home's
+agent prompt in chat mode. In chat mode ``tools.exclude`` in the home's
 settings lets none of the CLI's own tools through (:mod:`pool.cli.gemini_home`).
 
 Accounts: a Google login (``oauth_creds.json`` in ``$HOME/.gemini``) or an API
@@ -25,24 +25,27 @@ points the CLI at another Gemini endpoint, read by ``@google/genai``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import weakref
 from pathlib import Path
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Mapping, Sequence
 
 import structlog
 
 from .content import turn_blocks
 from .driver import DriverConfig, DriverError
 from .events import (
-    CliEvent, CliHealth, ConversationSetup, LoginRequired, RateLimited, Turn, TurnFailed,
-    TurnFinished,
+    CliEvent, CliHealth, ConversationSetup, LoginRequired, PendingToolCall, RateLimited, ToolAnswer,
+    ToolsPending, Turn, TurnFailed, TurnFinished,
 )
 from .gemini_home import GeminiHome
+from .gemini_tools import SERVER_NAME, HeldCall, ToolServer
 from .jsonrpc import JsonRpcConversation, RpcError
 from .jsonrpc_agent import Agent
 from .jsonrpc_options import JsonRpcOptions
 from .private import private_dir
 from .proc import JsonLineProcess, find_binary, run_probe
+from .turns import guarded
 
 __all__ = ["GeminiDriver", "GeminiConversation", "DEFAULT_CHAT_SYSTEM", "ACP_OPTIONS"]
 
@@ -53,6 +56,9 @@ DEFAULT_CHAT_SYSTEM = "You are a helpful assistant."
 ACP_OPTIONS = JsonRpcOptions(usage_path="_meta.quota.token_count")
 _OPTIONS = {"extra_args"}
 _PROBE_TIMEOUT = 60.0
+_TOOL_GRACE = 0.3  # after a held client tool call: how long to wait for its parallel siblings
+#: ACP tool call ids of the client's tools (MCP server ``gw``), as 0.61.0 makes them
+CLIENT_TOOL_PREFIX = f"mcp_{SERVER_NAME}_"
 
 
 class GeminiDriver:
@@ -131,12 +137,17 @@ class GeminiDriver:
         system_file = None  # agent mode keeps the CLI's own prompt: the client's goes first
         if self.config.mode == "chat":
             system_file = self.account.system_prompt_file(setup.system or DEFAULT_CHAT_SYSTEM)
+        tools = ToolServer(setup.tools) if setup.tools else None
         try:
-            agent = await self.spawn(setup, setup.workspace or self.config.cwd, system_file)
+            if tools is not None:
+                await tools.start()
+            agent = await self.spawn(setup, setup.workspace or self.config.cwd, system_file, tools)
         except BaseException:
             self.account.forget(system_file)
+            if tools is not None:
+                await tools.close()
             raise
-        conversation = GeminiConversation(self, agent, setup, system_file)
+        conversation = GeminiConversation(self, agent, setup, system_file, tools)
         self._conversations.add(conversation)
         return conversation
 
@@ -160,13 +171,20 @@ class GeminiDriver:
     def argv(self, setup: ConversationSetup) -> list[str]:
         return [*self.command, "--acp", "--model", setup.model, *self.extra_args]
 
-    async def spawn(self, setup: ConversationSetup, cwd: str,
-                    system_file: Path | None) -> Agent:
-        """A ``gemini --acp`` process, initialized; DriverError when it is not."""
+    async def spawn(self, setup: ConversationSetup, cwd: str, system_file: Path | None,
+                    tools: ToolServer | None = None) -> Agent:
+        """A ``gemini --acp`` process, initialized; DriverError when it is not.
+        With client tools its session gets their MCP server, and the workspace is
+        trusted (the CLI connects to no MCP server in an untrusted folder)."""
         env = self.env(system_file)
+        options = self.options
+        if tools is not None:
+            env["GEMINI_CLI_TRUST_WORKSPACE"] = "true"
+            options = dataclasses.replace(options, session_params={
+                "mcpServers": [tools.acp_entry()]})
         argv = self.config.sandboxed(self.argv(setup), cwd=cwd, env=env)
         proc = await JsonLineProcess.spawn(argv, env=env, cwd=cwd, label="gemini")
-        agent = Agent(proc, self.options, self.config.mode)
+        agent = GeminiAgent(proc, options, self.config.mode)
         try:
             assert self.options.initialize is not None
             info = await agent.call(self.options.initialize, self.options.initialize_params,
@@ -182,14 +200,74 @@ class GeminiDriver:
         return agent
 
 
+class GeminiAgent(Agent):
+    """The ACP process; the client's tools (MCP server ``gw``) may always run:
+    asking about them is the client's business, not the CLI's."""
+
+    def _permission(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        tool_call = params.get("toolCall")
+        call_id = str(tool_call.get("toolCallId", "")) if isinstance(tool_call, Mapping) else ""
+        if call_id.startswith(CLIENT_TOOL_PREFIX):
+            for option in params.get("options") or []:
+                if isinstance(option, Mapping) and option.get("kind") == "allow_once":
+                    return {"outcome": {"outcome": "selected", "optionId": option.get("optionId")}}
+        return super()._permission(params)
+
+
 class GeminiConversation(JsonRpcConversation):
     """One ``gemini --acp`` process holding one ACP session."""
 
     def __init__(self, driver: GeminiDriver, agent: Agent, setup: ConversationSetup,
-                 system_file: Path | None) -> None:
+                 system_file: Path | None, tools: ToolServer | None = None) -> None:
         super().__init__(driver, agent, setup)  # type: ignore[arg-type]
         self.gemini = driver
         self._system_file = system_file
+        self._tools = tools
+        self._reply: asyncio.Future[Any] | None = None  # a prompt held at client tool calls
+        if tools is not None:
+            tools.deliver = self._queue.put_nowait
+
+    def _update(self, params: Mapping[str, Any]) -> CliEvent | None:
+        update = params.get("update")
+        call_id = str(update.get("toolCallId", "")) if isinstance(update, Mapping) else ""
+        if call_id.startswith(CLIENT_TOOL_PREFIX):
+            return None  # the client's own tool: it sees the call, not an executed pair
+        return super()._update(params)
+
+    async def _pump(self, reply: asyncio.Future[Any]) -> AsyncIterator[CliEvent]:
+        """As the generic loop, and a client tool call (held by the MCP server)
+        is a PendingToolCall; once the CLI has said nothing for a moment after
+        one (parallel calls arrive together), the step ends with ToolsPending."""
+        idle, held = self.driver.config.idle_timeout, False
+        while True:
+            try:
+                async with asyncio.timeout(_TOOL_GRACE if held else idle):
+                    item = await self._queue.get()
+            except TimeoutError:
+                if held:
+                    self._reply = reply
+                    yield ToolsPending()
+                else:
+                    yield await self._stalled(idle)
+                return
+            if isinstance(item, HeldCall):
+                held = True
+                yield PendingToolCall(item.call_id, item.name, item.arguments)
+                continue
+            events, done = await self._consume(item, reply)
+            for event in events:
+                yield event
+            if done:
+                return
+
+    async def answer_tools(self, answers: Sequence[ToolAnswer]) -> AsyncIterator[CliEvent]:
+        reply, self._reply = self._reply, None
+        if self._tools is None or reply is None or not self._tools.answer(answers):
+            yield TurnFailed("invalid_request", "gemini: no tool call is held")
+            return
+        async for event in guarded(self._pump(reply), on_terminal=self.driver.note_terminal,
+                                   on_abandon=self.interrupt):
+            yield event
 
     def _failure(self, exc: RpcError) -> CliEvent:
         """ACP errors of 0.61.0: -32000 (no key, no login) at ``session/new``; an API
@@ -232,5 +310,7 @@ class GeminiConversation(JsonRpcConversation):
         try:
             await super().close()
         finally:  # the process goes with its one session
+            if self._tools is not None:
+                await self._tools.close()
             await self.agent.proc.close(grace=0.5)
             self.gemini.account.forget(self._system_file)

@@ -5,8 +5,10 @@ conversation's system prompt, and whether the home holds credentials.
 auto-update off, and an auth type when it has none (``gemini-api-key`` when
 the worker's environment has ``GEMINI_API_KEY``, else ``oauth-personal``: a
 Google account logged in with ``oauth_creds.json``). In chat mode
-``tools.core`` names no real tool, so the CLI offers the model none of its
-own (48 KB first request with its 16 tools → 0.8 KB, measured on 0.61.0).
+``tools.exclude`` lists every built-in tool, so the CLI offers the model none
+of its own (48 KB first request with its 16 tools → 0.8 KB, measured on
+0.61.0). Not ``tools.core``: that allow-list also hides the client's tools
+(MCP, seen by the model as ``mcp_gw_<name>``).
 Every other key the account's settings hold is kept.
 """
 
@@ -21,12 +23,17 @@ from .driver import credentials_stamp
 from .private import FILE_MODE, private_dir, remove_quietly, write_private
 from .qwen_home import QwenHome, _merge
 
-__all__ = ["GeminiHome", "API_KEY_AUTH", "OAUTH_AUTH", "NO_TOOLS"]
+__all__ = ["GeminiHome", "API_KEY_AUTH", "OAUTH_AUTH", "CHAT_EXCLUDED_TOOLS"]
 
 API_KEY_AUTH = "gemini-api-key"
 OAUTH_AUTH = "oauth-personal"
-#: ``tools.core`` in chat mode: an allow-list matching no tool of the CLI
-NO_TOOLS = ["poolgate_no_builtin_tools"]
+#: ``tools.exclude`` in chat mode: every built-in tool of Gemini CLI 0.61.0
+CHAT_EXCLUDED_TOOLS = [
+    "update_topic", "list_directory", "read_file", "grep_search", "glob", "replace", "write_file",
+    "web_fetch", "run_shell_command", "list_background_processes", "read_background_output",
+    "google_web_search", "write_todos", "enter_plan_mode", "invoke_agent", "activate_skill",
+    "read_many_files", "save_memory", "ask_user", "exit_plan_mode", "complete_task",
+]
 _SETTINGS: dict[str, Any] = {
     "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
     "privacy": {"usageStatisticsEnabled": False},
@@ -61,9 +68,9 @@ class GeminiHome(QwenHome):
         tools = settings.get("tools")
         changed = False
         if self.mode == "chat":
-            defaults["tools"] = {"core": NO_TOOLS}
-        elif isinstance(tools, dict) and tools.get("core") == NO_TOOLS:
-            del tools["core"]  # left by chat mode: the CLI's tools back on
+            defaults["tools"] = {"exclude": CHAT_EXCLUDED_TOOLS}
+        elif isinstance(tools, dict) and tools.get("exclude") == CHAT_EXCLUDED_TOOLS:
+            del tools["exclude"]  # left by chat mode: the CLI's tools back on
             changed = True
         private_dir(self.home, ".gemini")
         if _merge(settings, defaults) or changed or not path.exists():

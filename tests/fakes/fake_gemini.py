@@ -12,13 +12,20 @@ What it copies from the real CLI (each seen on 0.61.0 against the same fake):
 * ``session/prompt`` posts ``models/M:streamGenerateContent?alt=sse`` with
   the session's whole history, a ``<session_context>`` part before the first
   prompt, ``systemInstruction`` from the file ``GEMINI_SYSTEM_MD`` names (else
-  the CLI's long agent prompt), and its tools unless ``tools.core`` in
-  ``$HOME/.gemini/settings.json`` lets none through; streams
+  the CLI's long agent prompt), and its tools but those ``tools.exclude``
+  in ``$HOME/.gemini/settings.json`` lists; streams
   ``agent_message_chunk`` updates and answers ``{stopReason: "end_turn",
   _meta: {quota: {token_count: {input_tokens, output_tokens}}}}``;
 * agent mode: a ``functionCall`` of one of its tools is a ``tool_call``
   update, a ``session/request_permission`` request, then a
   ``tool_call_update`` (``completed``) and the next upstream call;
+* ``mcpServers`` of ``type: "http"`` in ``session/new`` (only in a trusted
+  folder: ``GEMINI_CLI_TRUST_WORKSPACE=true``): MCP ``initialize``,
+  ``notifications/initialized`` and ``tools/list`` over HTTP with the given
+  headers; their tools offered as ``mcp_<server>_<name>``; a call asks
+  ``session/request_permission`` (tool call id ``mcp_<server>_<name>__…``),
+  then posts ``tools/call`` and waits for its answer, then a
+  ``tool_call_update``; the output goes back wrapped in ``<untrusted_context>``;
 * ``session/cancel`` ends a prompt with ``cancelled``;
 * no ``GEMINI_API_KEY``: ``session/new`` fails with -32000 "Gemini API key
   is missing or not configured."; an upstream error fails the prompt with a
@@ -71,8 +78,8 @@ def settings() -> dict:
 
 
 def tools() -> list[str]:
-    core = settings().get("tools", {}).get("core")
-    return [t for t in TOOLS if core is None or t in core]
+    excluded = settings().get("tools", {}).get("exclude") or []
+    return [t for t in TOOLS if t not in excluded]
 
 
 def system_prompt() -> str:
@@ -84,6 +91,7 @@ class Cli:
     def __init__(self, model: str) -> None:
         self.model = model
         self.sessions: dict[str, list[dict]] = {}
+        self.mcp: dict[str, dict[str, dict]] = {}  # session -> tool name -> server
         self.cancelled: set[str] = set()
         self.ids = iter(range(1000, 10**9))
 
@@ -105,6 +113,11 @@ class Cli:
                 return
             sid = str(uuid.uuid4())
             self.sessions[sid] = []
+            self.mcp[sid] = {}
+            if os.environ.get("GEMINI_CLI_TRUST_WORKSPACE") == "true":
+                for server in params.get("mcpServers") or []:
+                    for tool in mcp_tools(server):
+                        self.mcp[sid][f"mcp_{server['name']}_{tool['name']}"] = server
             send({"id": mid, "result": {"sessionId": sid, "modes": {"currentModeId": "default"}}})
         elif method == "session/prompt":
             threading.Thread(target=self.prompt, args=(mid, params), daemon=True).start()
@@ -144,23 +157,43 @@ class Cli:
             calls = [p["functionCall"] for p in answer if "functionCall" in p]
             if not calls:
                 break
-            history.append({"role": "user", "parts": [self.run_tool(sid, c) for c in calls]})
+            history.append({"role": "user", "parts": [
+                self.run_mcp(sid, c) if c["name"] in self.mcp[sid] else self.run_tool(sid, c)
+                for c in calls]})
         send({"id": mid, "result": {"stopReason": "end_turn",
                                     "_meta": {"quota": {"token_count": usage}}}})
+
+    def ask(self, sid: str, call_id: str) -> bool:
+        rid = next(self.ids)
+        event = _pending[rid] = threading.Event()
+        send({"id": rid, "method": "session/request_permission", "params": {
+            "sessionId": sid, "toolCall": {"toolCallId": call_id, "status": "pending"},
+            "options": [{"optionId": "proceed_once", "name": "Allow", "kind": "allow_once"},
+                        {"optionId": "cancel", "name": "Reject", "kind": "reject_once"}]}})
+        event.wait(60)
+        return _answers.pop(rid, {}).get("outcome", {}).get("optionId") == "proceed_once"
+
+    def run_mcp(self, sid: str, call: dict) -> dict:
+        server = self.mcp[sid][call["name"]]
+        call_id = f"{call['name']}__{call['name']}_{uuid.uuid4().int % 10**13}_0"
+        if not self.ask(sid, call_id):
+            return {"functionResponse": {"name": call["name"], "response": {
+                "error": "denied by the user"}}}
+        tool = call["name"][len(f"mcp_{server['name']}_"):]
+        result = mcp_post(server, "tools/call", {"name": tool, "arguments": call.get("args") or {}})
+        text = "\n".join(c.get("text", "") for c in result.get("content") or [])
+        self.update(sid, {"sessionUpdate": "tool_call_update", "toolCallId": call_id,
+                          "status": "completed", "title": f"{tool} ({server['name']} MCP Server)",
+                          "content": [{"type": "content", "content": {"type": "text",
+                                                                       "text": text}}]})
+        return {"functionResponse": {"name": call["name"], "response": {
+            "output": f"<untrusted_context>\n{text}\n</untrusted_context>"}}}
 
     def run_tool(self, sid: str, call: dict) -> dict:
         call_id = f"{call['name']}-{uuid.uuid4().hex[:8]}"
         self.update(sid, {"sessionUpdate": "tool_call", "toolCallId": call_id, "status": "pending",
                           "title": call["name"], "kind": "read", "rawInput": call.get("args")})
-        rid = next(self.ids)
-        event = _pending[rid] = threading.Event()
-        send({"id": rid, "method": "session/request_permission", "params": {
-            "sessionId": sid, "toolCall": {"toolCallId": call_id},
-            "options": [{"optionId": "proceed_once", "name": "Allow", "kind": "allow_once"},
-                        {"optionId": "cancel", "name": "Reject", "kind": "reject_once"}]}})
-        event.wait(60)
-        outcome = _answers.pop(rid, {}).get("outcome", {})
-        allowed = outcome.get("optionId") == "proceed_once"
+        allowed = self.ask(sid, call_id)
         output = f"ran {call['name']}" if allowed else "the user refused"
         self.update(sid, {"sessionUpdate": "tool_call_update", "toolCallId": call_id,
                           "status": "completed" if allowed else "failed",
@@ -171,7 +204,8 @@ class Cli:
     def generate(self, sid: str, history: list[dict], usage: dict) -> list[dict]:
         body: dict = {"contents": history, "systemInstruction": {
             "role": "user", "parts": [{"text": system_prompt()}]}}
-        body["tools"] = [{"functionDeclarations": [{"name": n} for n in tools()]}]
+        body["tools"] = [{"functionDeclarations": [{"name": n} for n in tools()]
+                                                   + [{"name": n} for n in self.mcp[sid]]}]
         base = os.environ.get("GOOGLE_GEMINI_BASE_URL", "").rstrip("/")
         request = urllib.request.Request(
             f"{base}/v1beta/models/{self.model}:streamGenerateContent?alt=sse",
@@ -194,6 +228,34 @@ class Cli:
                         self.update(sid, {"sessionUpdate": "agent_message_chunk",
                                           "content": {"type": "text", "text": part["text"]}})
         return parts
+
+
+def mcp_post(server: dict, method: str, params: dict | None = None) -> dict:
+    """One MCP message over Streamable HTTP (a notification when ``params`` is None)."""
+    message: dict = {"jsonrpc": "2.0", "method": method}
+    if params is not None:
+        message.update(id=next(_mcp_ids), params=params)
+    headers = {h["name"]: h["value"] for h in server.get("headers") or []}
+    request = urllib.request.Request(server["url"], data=json.dumps(message).encode(),
+                                     method="POST", headers={
+                                         "content-type": "application/json",
+                                         "accept": "application/json, text/event-stream",
+                                         **headers})
+    with urllib.request.urlopen(request, timeout=600) as response:
+        body = response.read()
+    return json.loads(body).get("result") or {} if body else {}
+
+
+def mcp_tools(server: dict) -> list[dict]:
+    if server.get("type") != "http":
+        return []
+    mcp_post(server, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                    "clientInfo": {"name": "gemini-cli-mcp-client"}})
+    mcp_post(server, "notifications/initialized")
+    return mcp_post(server, "tools/list", {}).get("tools") or []
+
+
+_mcp_ids = iter(range(1, 10**9))
 
 
 def main() -> None:

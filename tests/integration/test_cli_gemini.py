@@ -4,6 +4,7 @@ it) in supervised worker children, its replies from a fake Gemini API."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import sys
@@ -178,3 +179,39 @@ def test_agent_mode_runs_the_cli_s_tools_in_the_key_s_workspace(tmp_path: Path, 
     declared = [d["name"] for t in upstream.generations()[0].body["tools"]
                 for d in t["functionDeclarations"]]
     assert "read_file" in declared and "run_shell_command" in declared
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+
+
+def test_client_tools_are_held_and_answered_by_the_next_request(one, upstream):
+    srv, http, log, _ = one
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": '[[tool:mcp_gw_get_weather {"city": "Paris"}]]'}]
+    with openai_client(srv) as oai:
+        first = oai.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER])
+        choice = first.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        call = choice.message.tool_calls[0]
+        assert call.function.name == "get_weather"
+        assert json.loads(call.function.arguments) == {"city": "Paris"}
+        messages += [choice.message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": "Sunny 21C"}]
+        second = oai.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER])
+    assert second.choices[0].finish_reason == "stop"
+    assert "Sunny 21C" in second.choices[0].message.content
+    assert len(processes(log)) == 1  # the held call was answered in the same process
+    # the model saw only the client's tool (as the CLI names MCP tools), none of the CLI's
+    declared = [d["name"] for t in upstream.generations()[0].body["tools"]
+                for d in t["functionDeclarations"]]
+    assert declared == ["mcp_gw_get_weather"]
+    # the MCP server is the conversation's own: a bearer token, on loopback
+    server = next(e["stdin"]["params"]["mcpServers"][0] for e in read_log(log)
+                  if e.get("stdin", {}).get("method") == "session/new")
+    assert server["url"].startswith("http://127.0.0.1:")
+    with pytest.raises(httpx.HTTPStatusError):
+        httpx.post(server["url"], json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+                   ).raise_for_status()

@@ -71,3 +71,33 @@ def test_real_gemini_turns_through_poolgate(tmp_path: Path, gemini_bin: str):
     # the second turn went to the same CLI session: the history grew in one conversation
     assert [c["role"] for c in second["contents"]] == ["user", "model", "user"]
     assert generations[0].headers["x-goog-api-key"] == KEY
+
+
+def test_real_gemini_client_tool_round_trip(tmp_path: Path, gemini_bin: str):
+    weather = {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+    messages = [{"role": "user", "content": '[[tool:mcp_gw_get_weather {"city": "Paris"}]]'}]
+    with FakeGemini(api_key=KEY) as upstream:
+        with serve(_worker(tmp_path / "acct", gemini_bin, upstream)) as srv, \
+                httpx.Client(base_url=srv.url, timeout=60) as http:
+            wait_for(lambda: worker_info(http)["gemini-real"]["state"] == "ready", timeout=60)
+            with openai_client(srv) as oai:
+                first = oai.chat.completions.create(model=MODEL, messages=messages,
+                                                    tools=[weather], timeout=90)
+                choice = first.choices[0]
+                assert choice.finish_reason == "tool_calls"
+                call = choice.message.tool_calls[0]
+                assert (call.function.name, call.function.arguments) == (
+                    "get_weather", '{"city": "Paris"}')
+                messages += [choice.message.model_dump(exclude_none=True),
+                             {"role": "tool", "tool_call_id": call.id, "content": "Sunny 21C"}]
+                second = oai.chat.completions.create(model=MODEL, messages=messages,
+                                                     tools=[weather], timeout=90)
+    assert second.choices[0].finish_reason == "stop"
+    assert "Sunny 21C" in second.choices[0].message.content
+    generations = upstream.generations()
+    declared = [d["name"] for t in generations[0].body["tools"] for d in t["functionDeclarations"]]
+    assert declared == ["mcp_gw_get_weather"]  # the client's tool only, none of the CLI's
+    answer = generations[-1].body["contents"][-1]["parts"][0]["functionResponse"]
+    assert "Sunny 21C" in answer["response"]["output"]

@@ -11,7 +11,7 @@ import pytest
 
 from pool.cli.driver import DriverConfig, DriverError
 from pool.cli.gemini import GeminiDriver
-from pool.cli.gemini_home import API_KEY_AUTH, NO_TOOLS, OAUTH_AUTH, GeminiHome
+from pool.cli.gemini_home import API_KEY_AUTH, CHAT_EXCLUDED_TOOLS, OAUTH_AUTH, GeminiHome
 from sessions.bundles import export_bundle, import_bundle, read_bundle
 
 
@@ -28,12 +28,12 @@ def test_chat_mode_settings_keep_the_account_s_own_and_turn_tools_off(tmp_path: 
     settings = _settings(tmp_path)
     assert settings["model"] == {"name": "gemini-2.5-pro"}
     assert settings["security"]["auth"]["selectedType"] == OAUTH_AUTH  # the account's choice
-    assert settings["tools"]["core"] == NO_TOOLS
+    assert settings["tools"]["exclude"] == CHAT_EXCLUDED_TOOLS and "core" not in settings["tools"]
     assert settings["privacy"]["usageStatisticsEnabled"] is False
     assert stat.S_IMODE((tmp_path / ".gemini" / "settings.json").stat().st_mode) == 0o600
     # the same account in agent mode: its tools come back
     GeminiHome(tmp_path, {}, "agent").write()
-    assert "core" not in _settings(tmp_path).get("tools", {})
+    assert "exclude" not in _settings(tmp_path).get("tools", {})
 
 
 def test_settings_that_are_not_strict_json_are_refused_untouched(tmp_path: Path):
