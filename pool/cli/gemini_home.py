@@ -78,6 +78,13 @@ class GeminiHome(QwenHome):
         else:
             os.chmod(path, FILE_MODE)
 
+    def select_auth(self, auth: str) -> None:
+        """Make ``auth`` the account's auth type (a login picks Google's)."""
+        settings = self.strict_settings()
+        _merge(settings, {"security": {"auth": {"selectedType": auth}}})
+        private_dir(self.home, ".gemini")
+        write_private(self.settings_path(), json.dumps(settings, indent=2).encode())
+
     def selected_auth(self) -> str:
         auth = self.read_settings().get("security", {}).get("auth", {})
         selected = auth.get("selectedType") if isinstance(auth, dict) else None

@@ -32,6 +32,16 @@ What it copies from the real CLI (each seen on 0.61.0 against the same fake):
   JSON-RPC error whose code is the HTTP status and whose message is the
   API's error body (a refused key: 400 ``API_KEY_INVALID``).
 
+Interactive (no ``--acp``), with no ``oauth_creds.json`` and Google's login
+selected, it logs in as 0.61.0 does with no browser: "Please visit the
+following URL to authorize the application:", the authorize URL
+(``FAKE_GEMINI_OAUTH_URL`` or Google's), "Enter the authorization code: " read
+from its terminal (no terminal: "Manual authorization is required ...", exit
+41); a code starting ``bad`` is refused ("Failed to authenticate with
+authorization code: invalid_grant", asked again, twice at most, then exit
+41); another becomes ``~/.gemini/oauth_creds.json`` (0600) and the process
+stays in its interactive screen.
+
 Test switches (not in the real CLI): ``FAKE_GEMINI_LOG=<file>`` appends
 ``{"pid", "argv", "cwd", "env": {GEMINI_SYSTEM_MD}}`` at start and ``{"pid",
 "stdin"}`` for every message; a prompt holding ``[[crash]]`` exits 1.
@@ -258,8 +268,39 @@ def mcp_tools(server: dict) -> list[dict]:
 _mcp_ids = iter(range(1, 10**9))
 
 
+def interactive_login() -> int:
+    if not sys.stdin.isatty():
+        print("Manual authorization is required but the current session is non-interactive.",
+              file=sys.stderr)
+        return 41
+    base = os.environ.get("FAKE_GEMINI_OAUTH_URL", "https://accounts.google.com/o/oauth2/v2/auth")
+    state = uuid.uuid4().hex
+    print("Please visit the following URL to authorize the application:\n\n"
+          f"{base}?redirect_uri=https%3A%2F%2Fcodeassist.google.com%2Fauthcode"
+          f"&access_type=offline&code_challenge_method=S256&state={state}\n", flush=True)
+    for _ in range(2):
+        code = input("Enter the authorization code: ").strip()
+        if not code:
+            print("Authorization code is required.", flush=True)
+        elif code.startswith("bad"):
+            print("Failed to authenticate with authorization code: invalid_grant", flush=True)
+        else:
+            creds = Path(os.environ["HOME"]) / ".gemini" / "oauth_creds.json"
+            creds.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(creds, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump({"access_token": "ya29.fake", "refresh_token": f"1//{code}",
+                           "token_type": "Bearer", "expiry_date": 4102444800000}, f)
+            print("Logged in with Google.", flush=True)
+            threading.Event().wait()  # the interactive screen: it does not exit
+    print("Failed to authenticate with user code.", flush=True)
+    return 41
+
+
 def main() -> None:
     argv = sys.argv[1:]
+    if "--acp" not in argv and "--version" not in argv:
+        sys.exit(interactive_login())
     if "--version" in argv or "-v" in argv:
         print(VERSION)
         return

@@ -101,3 +101,19 @@ def test_real_gemini_client_tool_round_trip(tmp_path: Path, gemini_bin: str):
     assert declared == ["mcp_gw_get_weather"]  # the client's tool only, none of the CLI's
     answer = generations[-1].body["contents"][-1]["parts"][0]["functionResponse"]
     assert "Sunny 21C" in answer["response"]["output"]
+
+
+async def test_real_gemini_login_shows_google_s_url_on_a_pty(tmp_path: Path, gemini_bin: str):
+    """The operator path's first half (the code exchange needs Google itself)."""
+    from pool.cli.login import make_login
+
+    login = make_login("gemini", home=str(tmp_path / "acct"),
+                       env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                       command=(gemini_bin,))
+    try:
+        challenge = await login.begin(60)
+    finally:
+        await login.close()
+    assert challenge.url.startswith("https://accounts.google.com/o/oauth2/v2/auth?")
+    assert "redirect_uri=https%3A%2F%2Fcodeassist.google.com%2Fauthcode" in challenge.url
+    assert "code_challenge_method=S256" in challenge.url and challenge.wants_code
