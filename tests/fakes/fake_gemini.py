@@ -27,7 +27,9 @@ What it copies from the real CLI (each seen on 0.61.0 against the same fake):
   then posts ``tools/call`` and waits for its answer, then a
   ``tool_call_update``; the output goes back wrapped in ``<untrusted_context>``;
 * ``session/cancel`` ends a prompt with ``cancelled``;
-* no ``GEMINI_API_KEY``: ``session/new`` fails with -32000 "Gemini API key
+* a Google login (``oauth-personal`` and ``oauth_creds.json``): turns go to
+  the Code Assist API at ``CODE_ASSIST_ENDPOINT`` with the access token;
+* neither: ``session/new`` fails with -32000 "Gemini API key
   is missing or not configured."; an upstream error fails the prompt with a
   JSON-RPC error whose code is the HTTP status and whose message is the
   API's error body (a refused key: 400 ``API_KEY_INVALID``).
@@ -92,6 +94,17 @@ def tools() -> list[str]:
     return [t for t in TOOLS if t not in excluded]
 
 
+def google_token() -> str | None:
+    """The access token of a Google login (``oauth-personal`` selected)."""
+    if settings().get("security", {}).get("auth", {}).get("selectedType") != "oauth-personal":
+        return None
+    try:
+        creds = json.loads((Path(os.environ["HOME"]) / ".gemini" / "oauth_creds.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return creds.get("access_token")
+
+
 def system_prompt() -> str:
     path = os.environ.get("GEMINI_SYSTEM_MD")
     return Path(path).read_text() if path else AGENT_PROMPT
@@ -117,7 +130,7 @@ class Cli:
                 "agentInfo": {"name": "gemini-cli", "title": "Gemini CLI", "version": VERSION},
                 "agentCapabilities": {"loadSession": True}}})
         elif method == "session/new":
-            if not os.environ.get("GEMINI_API_KEY"):
+            if not os.environ.get("GEMINI_API_KEY") and google_token() is None:
                 send({"id": mid, "error": {"code": -32000, "message":
                       "Gemini API key is missing or not configured."}})
                 return
@@ -216,12 +229,18 @@ class Cli:
             "role": "user", "parts": [{"text": system_prompt()}]}}
         body["tools"] = [{"functionDeclarations": [{"name": n} for n in tools()]
                                                    + [{"name": n} for n in self.mcp[sid]]}]
-        base = os.environ.get("GOOGLE_GEMINI_BASE_URL", "").rstrip("/")
-        request = urllib.request.Request(
-            f"{base}/v1beta/models/{self.model}:streamGenerateContent?alt=sse",
-            data=json.dumps(body).encode(), method="POST",
-            headers={"content-type": "application/json",
-                     "x-goog-api-key": os.environ.get("GEMINI_API_KEY", "")})
+        token = None if os.environ.get("GEMINI_API_KEY") else google_token()
+        if token is not None:  # a Google login: the Code Assist API
+            base = os.environ.get("CODE_ASSIST_ENDPOINT", "https://cloudcode-pa.googleapis.com")
+            url = f"{base.rstrip('/')}/v1internal:streamGenerateContent?alt=sse"
+            body = {"model": self.model, "project": "fake-project", "request": body}
+            headers = {"authorization": f"Bearer {token}"}
+        else:
+            base = os.environ.get("GOOGLE_GEMINI_BASE_URL", "").rstrip("/")
+            url = f"{base}/v1beta/models/{self.model}:streamGenerateContent?alt=sse"
+            headers = {"x-goog-api-key": os.environ.get("GEMINI_API_KEY", "")}
+        request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                         headers={"content-type": "application/json", **headers})
         parts: list[dict] = []
         with urllib.request.urlopen(request, timeout=120) as response:
             for raw in response:
@@ -229,6 +248,7 @@ class Cli:
                 if not line.startswith("data:") or sid in self.cancelled:
                     continue
                 chunk = json.loads(line[5:])
+                chunk = chunk.get("response", chunk)
                 meta = chunk.get("usageMetadata") or {}
                 usage["input_tokens"] += meta.get("promptTokenCount", 0)
                 usage["output_tokens"] += meta.get("candidatesTokenCount", 0)

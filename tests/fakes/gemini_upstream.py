@@ -6,7 +6,10 @@ It speaks the REST shapes the Gemini CLI (through ``@google/genai``) uses:
 each a ``GenerateContentResponse``), ``:generateContent`` (one JSON body) and
 ``:countTokens``; ``GET /v1beta/models``. Keys come in ``x-goog-api-key``;
 a wrong one is a 400 ``API_KEY_INVALID`` in Google's error shape, as the real
-API answers. Run by uvicorn in a thread on ``127.0.0.1``::
+API answers. A Google login's turns go to the Code Assist API instead
+(``CODE_ASSIST_ENDPOINT``): ``POST /v1internal:streamGenerateContent?alt=sse``
+with ``{model, project, request}`` and ``Authorization: Bearer``, each frame
+``{"response": ...}``; ``oauth_token`` is the access token it takes (401 else). Run by uvicorn in a thread on ``127.0.0.1``::
 
     with FakeGemini(api_key="k") as fake:
         fake.url        # http://127.0.0.1:PORT (GOOGLE_GEMINI_BASE_URL)
@@ -105,8 +108,9 @@ def _chunk(parts: list[dict[str, Any]], usage: dict[str, int] | None, model: str
 
 
 class FakeGemini:
-    def __init__(self, *, api_key: str | None = None) -> None:
+    def __init__(self, *, api_key: str | None = None, oauth_token: str | None = None) -> None:
         self.api_key = api_key
+        self.oauth_token = oauth_token
         self.requests: list[Received] = []
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -114,6 +118,7 @@ class FakeGemini:
         self.app = Starlette(routes=[
             Route("/{version}/models", self._models, methods=["GET"]),
             Route("/{version}/models/{call:path}", self._call, methods=["POST", "GET"]),
+            Route("/v1internal:{method}", self._code_assist, methods=["POST"]),
         ])
 
     @property
@@ -123,6 +128,11 @@ class FakeGemini:
     def generations(self) -> list[Received]:
         """The requests that asked the model for an answer (not countTokens)."""
         return [r for r in self.requests if "enerateContent" in r.path]
+
+    def turns(self) -> list[dict[str, Any]]:
+        """The model requests' bodies, Gemini API or Code Assist (unwrapped)."""
+        return [r.body.get("request", r.body) if "v1internal" in r.path else r.body
+                for r in self.generations()]
 
     def start(self) -> FakeGemini:
         sock = socket.socket()
@@ -179,9 +189,31 @@ class FakeGemini:
         return StreamingResponse(self._frames(parts, usage, model),
                                  media_type="text/event-stream")
 
-    async def _frames(self, parts: list[dict[str, Any]], usage: dict[str, int], model: str):
+    async def _code_assist(self, request: Request) -> Response:
+        body = orjson.loads(await request.body() or b"null") or {}
+        path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        self.requests.append(Received(path, dict(request.headers), body))
+        if request.headers.get("authorization") != f"Bearer {self.oauth_token}":
+            return google_error(401, "Request had invalid authentication credentials.")
+        method = request.path_params["method"]
+        if method == "loadCodeAssist":
+            return JSONResponse({"currentTier": {"id": "free-tier"},
+                                 "cloudaicompanionProject": "fake-project"})
+        inner = body.get("request") or {}
+        parts, status = answer_parts(inner)
+        if status is not None:
+            return google_error(status, f"scripted error {status}")
+        usage = {"promptTokenCount": _tokens(inner), "candidatesTokenCount": len(parts)}
+        model = str(body.get("model"))
+        if method == "generateContent":
+            return JSONResponse({"response": _chunk(parts, usage, model, True)})
+        return StreamingResponse(self._frames(parts, usage, model, wrap=True),
+                                 media_type="text/event-stream")
+
+    async def _frames(self, parts: list[dict[str, Any]], usage: dict[str, int], model: str,
+                      wrap: bool = False):
         for i, part in enumerate(parts):
             last = i == len(parts) - 1
-            yield b"data: " + orjson.dumps(_chunk([part], usage if last else None, model,
-                                                  last)) + b"\r\n\r\n"
+            chunk = _chunk([part], usage if last else None, model, last)
+            yield b"data: " + orjson.dumps({"response": chunk} if wrap else chunk) + b"\r\n\r\n"
             await asyncio.sleep(0)

@@ -28,9 +28,9 @@ FAKE_GEMINI = Path(__file__).resolve().parents[1] / "fakes" / "fake_gemini.py"
 
 
 def gemini_worker(name: str, home: Path, base_url: str, log: Path, *, api_key: str | None,
-                  **extra: Any) -> WorkerSettings:
+                  env_extra: dict[str, str] | None = None, **extra: Any) -> WorkerSettings:
     env = {"GOOGLE_GEMINI_BASE_URL": base_url, "FAKE_GEMINI_LOG": str(log),
-           "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+           "PATH": os.environ.get("PATH", "/usr/bin:/bin"), **(env_extra or {})}
     if api_key is not None:
         env["GEMINI_API_KEY"] = api_key
     return WorkerSettings(name=name, kind="cli", cli="gemini", models=(MODEL,), home=str(home),
@@ -215,3 +215,38 @@ def test_client_tools_are_held_and_answered_by_the_next_request(one, upstream):
     with pytest.raises(httpx.HTTPStatusError):
         httpx.post(server["url"], json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
                    ).raise_for_status()
+
+
+def test_the_operator_logs_a_google_account_in_with_the_code(tmp_path: Path, capsys):
+    """The operator path: the URL in the login status, the code pasted at the
+    admin API into the same CLI process, confirmed by a turn on the new login."""
+    admin = {"authorization": "Bearer admin-token"}
+    log = tmp_path / "gemini.log"
+    with FakeGemini(oauth_token="ya29.fake") as code_assist:
+        worker = gemini_worker("gemini-a", tmp_path / "a", code_assist.url, log, api_key=None,
+                               env_extra={"CODE_ASSIST_ENDPOINT": code_assist.url})
+        with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=60) as http:
+            wait_for(lambda: worker_info(http)["gemini-a"]["login"] == "logged_out")
+            started = http.post("/internal/workers/gemini-a/login", headers=admin,
+                                json={"auto": False})
+            assert started.status_code == 202, started.text
+            status = started.json()
+            assert status["state"] == "waiting_for_code"
+            assert status["url"].startswith("https://accounts.google.com/o/oauth2/v2/auth?")
+            pasted = http.post("/internal/workers/gemini-a/login/code", headers=admin,
+                               json={"code": "4/0-operator-code"})
+            assert pasted.status_code == 200, pasted.text
+            done = wait_for(lambda: (s := http.get("/internal/workers/gemini-a/login",
+                                                   headers=admin).json())["state"]
+                            in ("ready", "failed") and s, timeout=60)
+            assert done["state"] == "ready", str(done)
+            assert worker_info(http)["gemini-a"]["login"] == "ready"
+            with openai_client(srv) as oai:
+                out = oai.chat.completions.create(model=MODEL, messages=[
+                    {"role": "user", "content": "hello google account"}])
+            assert out.choices[0].message.content == "echo: hello google account"
+    turns = [r for r in code_assist.generations() if "v1internal" in r.path]
+    assert turns and turns[-1].headers["authorization"] == "Bearer ya29.fake"
+    creds = tmp_path / "a" / ".gemini" / "oauth_creds.json"
+    assert stat.S_IMODE(creds.stat().st_mode) == 0o600
+    assert "4/0-operator-code" not in capsys.readouterr().out  # not in any log line
