@@ -30,6 +30,7 @@ import weakref
 from pathlib import Path
 from typing import Any, AsyncIterator, Mapping, Sequence
 
+import orjson
 import structlog
 
 from .content import turn_blocks
@@ -127,12 +128,13 @@ class GeminiDriver:
         if self.logged_out_reason is not None or not self.account.has_credentials():
             login = "logged_out"
         detail: dict[str, Any] = {"auth_type": self.account.selected_auth(),
+                                  "credentials": self.account.credentials_stamp(),
                                   "conversations": sum(1 for c in self._conversations if c.alive)}
         if self.logged_out_reason:
             detail["reason"] = self.logged_out_reason
         return CliHealth(login=login, version=self.version, detail=detail)
 
-    async def open(self, setup: ConversationSetup) -> GeminiConversation:
+    async def open(self, setup: ConversationSetup) -> GeminiConversation | LoggedOut:
         """Start the conversation's process (its system prompt in a 0600 file)."""
         system_file = None  # agent mode keeps the CLI's own prompt: the client's goes first
         if self.config.mode == "chat":
@@ -142,10 +144,12 @@ class GeminiDriver:
             if tools is not None:
                 await tools.start()
             agent = await self.spawn(setup, setup.workspace or self.config.cwd, system_file, tools)
-        except BaseException:
+        except BaseException as exc:
             self.account.forget(system_file)
             if tools is not None:
                 await tools.close()
+            if isinstance(exc, LoginPrompted):
+                return LoggedOut("gemini: the Google login was not accepted; log in again")
             raise
         conversation = GeminiConversation(self, agent, setup, system_file, tools)
         self._conversations.add(conversation)
@@ -183,7 +187,7 @@ class GeminiDriver:
             options = dataclasses.replace(options, session_params={
                 "mcpServers": [tools.acp_entry()]})
         argv = self.config.sandboxed(self.argv(setup), cwd=cwd, env=env)
-        proc = await JsonLineProcess.spawn(argv, env=env, cwd=cwd, label="gemini")
+        proc = await GeminiProcess.spawn(argv, env=env, cwd=cwd, label="gemini")
         agent = GeminiAgent(proc, options, self.config.mode)
         try:
             assert self.options.initialize is not None
@@ -191,6 +195,8 @@ class GeminiDriver:
                                     timeout=_PROBE_TIMEOUT)
         except (RpcError, asyncio.TimeoutError) as exc:
             await proc.close(grace=0.5)
+            if isinstance(proc, GeminiProcess) and proc.login_prompted:
+                raise LoginPrompted() from None
             log.warning("cli.gemini.initialize_failed", worker=self.config.name,
                         error=str(exc), exit=proc.why_exited())
             raise DriverError("gemini: the CLI did not answer initialize") from None
@@ -198,6 +204,56 @@ class GeminiDriver:
         if isinstance(agent_info, Mapping) and agent_info.get("version"):
             self.version = str(agent_info["version"])
         return agent
+
+
+class LoginPrompted(DriverError):
+    """The CLI did not accept the account's Google login and began its own."""
+
+
+class GeminiProcess(JsonLineProcess):
+    """A ``gemini --acp`` process. A Google login the CLI does not accept (expired,
+    revoked, or Google unreachable) makes it print its interactive login on stdout
+    and read codes from stdin, the ACP stream: its output ends there, so what waits
+    on it fails at once instead of at a timeout."""
+
+    login_prompted = False
+
+    async def lines(self) -> AsyncIterator[dict[str, Any]]:
+        stdout = self.proc.stdout
+        assert stdout is not None
+        while line := await stdout.readline():
+            if b"authorize the application" in line:
+                self.login_prompted = True
+                return
+            try:
+                obj = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if type(obj) is dict:
+                yield obj
+
+
+class LoggedOut:
+    """A conversation that could not start because the account is logged out:
+    its one turn says so (the host then marks the account)."""
+
+    session_id = None
+    alive = False
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    async def send(self, turn: Turn) -> AsyncIterator[CliEvent]:
+        yield LoginRequired(self.message)
+
+    async def answer_tools(self, answers: Sequence[ToolAnswer]) -> AsyncIterator[CliEvent]:
+        yield LoginRequired(self.message)
+
+    async def interrupt(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
 
 
 class GeminiAgent(Agent):

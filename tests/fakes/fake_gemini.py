@@ -29,6 +29,9 @@ What it copies from the real CLI (each seen on 0.61.0 against the same fake):
 * ``session/cancel`` ends a prompt with ``cancelled``;
 * a Google login (``oauth-personal`` and ``oauth_creds.json``): turns go to
   the Code Assist API at ``CODE_ASSIST_ENDPOINT`` with the access token;
+  a login Google does not accept (here: the access token ``revoked``) makes
+  ``--acp`` print its interactive login on stdout and read two lines of its
+  stdin as codes, then exit 41, as 0.61.0 does with no network to Google;
 * neither: ``session/new`` fails with -32000 "Gemini API key
   is missing or not configured."; an upstream error fails the prompt with a
   JSON-RPC error whose code is the HTTP status and whose message is the
@@ -321,6 +324,12 @@ def main() -> None:
     argv = sys.argv[1:]
     if "--acp" not in argv and "--version" not in argv:
         sys.exit(interactive_login())
+    if "--acp" in argv and google_token() == "revoked":  # 0.61.0: its login, on the ACP stream
+        for _ in range(2):
+            print("Please visit the following URL to authorize the application:", flush=True)
+            sys.stdin.readline()
+            print("Failed to authenticate with authorization code: invalid_grant", file=sys.stderr)
+        sys.exit(41)
     if "--version" in argv or "-v" in argv:
         print(VERSION)
         return

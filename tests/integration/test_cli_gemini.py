@@ -250,3 +250,20 @@ def test_the_operator_logs_a_google_account_in_with_the_code(tmp_path: Path, cap
     creds = tmp_path / "a" / ".gemini" / "oauth_creds.json"
     assert stat.S_IMODE(creds.stat().st_mode) == 0o600
     assert "4/0-operator-code" not in capsys.readouterr().out  # not in any log line
+
+
+def test_a_google_login_the_cli_refuses_is_a_logged_out_account(tmp_path: Path):
+    """Gemini CLI falls into its interactive login on the ACP stream: the
+    conversation cannot start, and the account is logged out until it logs in again."""
+    home = tmp_path / "a"
+    (home / ".gemini").mkdir(parents=True)
+    (home / ".gemini" / "oauth_creds.json").write_text('{"access_token": "revoked"}')
+    with FakeGemini(oauth_token="ya29.fake") as code_assist:
+        worker = gemini_worker("gemini-a", home, code_assist.url, tmp_path / "g.log",
+                               api_key=None, env_extra={"CODE_ASSIST_ENDPOINT": code_assist.url})
+        with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=60) as http:
+            wait_for(lambda: worker_info(http)["gemini-a"]["login"] == "ready")
+            with openai_client(srv) as oai, pytest.raises(openai.APIStatusError):
+                oai.chat.completions.create(model=MODEL, messages=[
+                    {"role": "user", "content": "hello"}])
+            wait_for(lambda: worker_info(http)["gemini-a"]["login"] == "logged_out")

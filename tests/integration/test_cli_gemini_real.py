@@ -4,11 +4,14 @@ poolgate as a ``gemini`` cli worker on an API key, against a fake Gemini API
 
 from __future__ import annotations
 
+import json
 import os
+import time
 import shutil
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from app.settings import WorkerSettings
@@ -117,3 +120,29 @@ async def test_real_gemini_login_shows_google_s_url_on_a_pty(tmp_path: Path, gem
     assert challenge.url.startswith("https://accounts.google.com/o/oauth2/v2/auth?")
     assert "redirect_uri=https%3A%2F%2Fcodeassist.google.com%2Fauthcode" in challenge.url
     assert "code_challenge_method=S256" in challenge.url and challenge.wants_code
+
+
+def test_real_gemini_with_a_google_login_it_cannot_use_is_logged_out(tmp_path: Path,
+                                                                     gemini_bin: str):
+    """With no way to Google (a dead proxy), 0.61.0 in --acp distrusts a planted
+    login and starts its interactive login on the ACP stream: the account is
+    logged out at once, not after a timeout."""
+    home = tmp_path / "acct"
+    (home / ".gemini").mkdir(parents=True)
+    (home / ".gemini" / "oauth_creds.json").write_text(json.dumps({
+        "access_token": "ya29.planted", "refresh_token": "1//planted", "token_type": "Bearer",
+        "expiry_date": 4102444800000}))
+    worker = WorkerSettings(
+        name="gemini-real", kind="cli", cli="gemini", models=(MODEL,), home=str(home),
+        command=(gemini_bin,), ready_timeout=60, health_interval=2.0, health_timeout=5.0,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HTTPS_PROXY": "http://127.0.0.1:9",
+             "HTTP_PROXY": "http://127.0.0.1:9", "NO_PROXY": "127.0.0.1,localhost"})
+    with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=60) as http:
+        wait_for(lambda: worker_info(http)["gemini-real"]["login"] == "ready", timeout=60)
+        started = time.monotonic()
+        with openai_client(srv) as oai, pytest.raises(openai.APIStatusError) as caught:
+            oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                        timeout=90)
+        assert time.monotonic() - started < 30
+        assert "authorize" not in str(caught.value.body)
+        wait_for(lambda: worker_info(http)["gemini-real"]["login"] == "logged_out")
