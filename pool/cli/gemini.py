@@ -110,9 +110,8 @@ class GeminiDriver:
         except (OSError, TimeoutError) as exc:
             raise DriverError(f"gemini: cannot run {self.command[0]}: {type(exc).__name__}") \
                 from None
-        if code != 0:  # stderr stays in the child's log, never in an error a client sees
-            log.warning("cli.gemini.version_failed", worker=self.config.name, code=code,
-                        stderr=err.decode(errors="replace")[-300:])
+        if code != 0:  # its stderr may hold secrets: neither logged nor shown
+            log.warning("cli.gemini.version_failed", worker=self.config.name, code=code)
             raise DriverError(f"gemini --version exited {code}")
         lines = out.decode(errors="replace").strip().splitlines()
         self.version = lines[-1].strip() if lines else None
@@ -195,10 +194,10 @@ class GeminiDriver:
                                     timeout=_PROBE_TIMEOUT)
         except (RpcError, asyncio.TimeoutError) as exc:
             await proc.close(grace=0.5)
-            if isinstance(proc, GeminiProcess) and proc.login_prompted:
+            if proc.login_prompted:
                 raise LoginPrompted() from None
             log.warning("cli.gemini.initialize_failed", worker=self.config.name,
-                        error=str(exc), exit=proc.why_exited())
+                        error=type(exc).__name__, exit_code=proc.proc.returncode)
             raise DriverError("gemini: the CLI did not answer initialize") from None
         agent_info = info.get("agentInfo") if isinstance(info, Mapping) else None
         if isinstance(agent_info, Mapping) and agent_info.get("version"):
@@ -336,9 +335,9 @@ class GeminiConversation(JsonRpcConversation):
             return TurnFailed("overloaded", "gemini: the account hit a rate limit or quota",
                               status=429)
         if code is None:  # the process went away (its stderr stays in the child's log)
-            log.warning("cli.gemini.exited", detail=self.agent.proc.why_exited())
+            log.warning("cli.gemini.exited", exit_code=self.agent.proc.proc.returncode)
             return TurnFailed("upstream", "gemini: the CLI exited")
-        log.warning("cli.gemini.prompt_failed", code=code, detail=text[:300])
+        log.warning("cli.gemini.prompt_failed", code=code)  # its text is the vendor's
         status = code if isinstance(code, int) and 400 <= code < 600 else None
         return TurnFailed("upstream", "gemini: the turn failed"
                           + (f" (upstream status {status})" if status else ""), status=status)
@@ -348,7 +347,7 @@ class GeminiConversation(JsonRpcConversation):
             if isinstance(event, TurnFailed) and event.status == 429:
                 yield RateLimited(event.message)
             elif isinstance(event, TurnFailed) and event.message.startswith("gemini exited"):
-                log.warning("cli.gemini.exited", detail=event.message)  # its stderr: not for clients
+                log.warning("cli.gemini.exited_mid_turn")  # its stderr: neither logged nor sent
                 event = TurnFailed("upstream", "gemini: the CLI exited during the turn")
             yield event
 
