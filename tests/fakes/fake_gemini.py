@@ -40,7 +40,8 @@ What it copies from the real CLI (each seen on 0.61.0 against the same fake):
 Interactive (no ``--acp``), with no ``oauth_creds.json`` and Google's login
 selected, it logs in as 0.61.0 does with no browser: "Please visit the
 following URL to authorize the application:", the authorize URL
-(``FAKE_GEMINI_OAUTH_URL`` or Google's), "Enter the authorization code: " read
+(``FAKE_GEMINI_OAUTH_URL`` or Google's; with a fake IdP the redirect is its
+``/authcode``), "Enter the authorization code: " read
 from its terminal (no terminal: "Manual authorization is required ...", exit
 41); a code starting ``bad`` is refused ("Failed to authenticate with
 authorization code: invalid_grant", asked again, twice at most, then exit
@@ -59,6 +60,7 @@ import os
 import sys
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from pathlib import Path
@@ -297,9 +299,12 @@ def interactive_login() -> int:
               file=sys.stderr)
         return 41
     base = os.environ.get("FAKE_GEMINI_OAUTH_URL", "https://accounts.google.com/o/oauth2/v2/auth")
+    redirect = "https://codeassist.google.com/authcode"
+    if "FAKE_GEMINI_OAUTH_URL" in os.environ:  # a fake IdP shows the code page itself
+        redirect = base.split("/o/oauth2")[0] + "/authcode"
     state = uuid.uuid4().hex
     print("Please visit the following URL to authorize the application:\n\n"
-          f"{base}?redirect_uri=https%3A%2F%2Fcodeassist.google.com%2Fauthcode"
+          f"{base}?{urllib.parse.urlencode({'redirect_uri': redirect})}"
           f"&access_type=offline&code_challenge_method=S256&state={state}\n", flush=True)
     for _ in range(2):
         code = input("Enter the authorization code: ").strip()

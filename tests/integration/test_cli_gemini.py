@@ -14,9 +14,13 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from pydantic import SecretStr
 
+from app.account_settings import LoginSettings
 from app.settings import WorkerSettings
+from auth.autologin import CHROMIUM
 from tests.fakes.gemini_upstream import FakeGemini
+from tests.fakes.idp import FakeIdP
 from tests.support.cli_accounts import read_log, wait_for
 from tests.support.cli_fakes import anthropic_client, openai_client, serve, worker_info
 
@@ -267,3 +271,35 @@ def test_a_google_login_the_cli_refuses_is_a_logged_out_account(tmp_path: Path):
                 oai.chat.completions.create(model=MODEL, messages=[
                     {"role": "user", "content": "hello"}])
             wait_for(lambda: worker_info(http)["gemini-a"]["login"] == "logged_out")
+
+
+@pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason=f"Chromium is not at {CHROMIUM}")
+@pytest.mark.parametrize("password, ready", [("pw-alice", True), ("wrong", False)])
+def test_auto_login_with_the_google_recipe(tmp_path: Path, password: str, ready: bool):
+    """examples/login-recipes/google.toml in real Chromium through Google-shaped
+    pages of the fake IdP; the code the last page shows goes to the CLI."""
+    admin = {"authorization": "Bearer admin-token"}
+    recipe = str(Path(__file__).resolve().parents[2] / "examples" / "login-recipes" /
+                 "google.toml")
+    with FakeIdP({"alice@example.com": "pw-alice"}) as idp, \
+            FakeGemini(oauth_token="ya29.fake") as code_assist:
+        worker = gemini_worker(
+            "gemini-a", tmp_path / "a", code_assist.url, tmp_path / "g.log", api_key=None,
+            env_extra={"CODE_ASSIST_ENDPOINT": code_assist.url,
+                       "FAKE_GEMINI_OAUTH_URL": f"{idp.url}/o/oauth2/v2/auth"},
+            login=LoginSettings(recipe=recipe, username=SecretStr("alice@example.com"),
+                                password=SecretStr(password), timeout=30))
+        with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=60) as http:
+            done = wait_for(lambda: (s := http.get("/internal/workers/gemini-a/login",
+                                                   headers=admin).json())["state"]
+                            in ("ready", "failed") and s, timeout=120)
+            assert (done["state"] == "ready") is ready, str(done)
+            if ready:
+                assert done["auto"] is True and done["login"] == "ready"
+                with openai_client(srv) as oai:
+                    out = oai.chat.completions.create(model=MODEL, messages=[
+                        {"role": "user", "content": "hi"}])
+                assert out.choices[0].message.content == "echo: hi"
+            else:
+                assert done["reason"] == "wrong_password", str(done)
+                assert not (tmp_path / "a" / ".gemini" / "oauth_creds.json").exists()
