@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import weakref
 from pathlib import Path
 from typing import Any, AsyncIterator, Mapping, Sequence
@@ -37,7 +38,7 @@ from .content import turn_blocks
 from .driver import DriverConfig, DriverError
 from .events import (
     CliEvent, CliHealth, ConversationSetup, LoginRequired, PendingToolCall, RateLimited, ToolAnswer,
-    ToolsPending, Turn, TurnFailed, TurnFinished,
+    ToolExecuted, ToolsPending, Turn, TurnFailed, TurnFinished,
 )
 from .gemini_home import GeminiHome
 from .gemini_tools import SERVER_NAME, HeldCall, ToolServer
@@ -205,6 +206,18 @@ class GeminiDriver:
         return agent
 
 
+def _executed(call_id: str, update: Mapping[str, Any]) -> ToolExecuted:
+    """0.61.0's ``tool_call``: the tool's name only in its id (``read_file__read_file_<ms>_0``),
+    a display title, the paths it touches, and no ``rawInput``: those stand in for it."""
+    name = call_id.split("__", 1)[0] if "__" in call_id else str(update.get("title") or "tool")
+    arguments = update.get("rawInput")
+    if not isinstance(arguments, Mapping):
+        paths = [loc.get("path") for loc in update.get("locations") or []
+                 if isinstance(loc, Mapping) and loc.get("path")]
+        arguments = {"title": update.get("title")} | ({"paths": paths} if paths else {})
+    return ToolExecuted(call_id, name, json.dumps(arguments))
+
+
 class LoginPrompted(DriverError):
     """The CLI did not accept the account's Google login and began its own."""
 
@@ -287,6 +300,8 @@ class GeminiConversation(JsonRpcConversation):
         call_id = str(update.get("toolCallId", "")) if isinstance(update, Mapping) else ""
         if call_id.startswith(CLIENT_TOOL_PREFIX):
             return None  # the client's own tool: it sees the call, not an executed pair
+        if isinstance(update, Mapping) and update.get("sessionUpdate") == self.o.tool_call_kind:
+            return _executed(call_id, update)
         return super()._update(params)
 
     async def _pump(self, reply: asyncio.Future[Any]) -> AsyncIterator[CliEvent]:

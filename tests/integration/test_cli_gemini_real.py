@@ -146,3 +146,30 @@ def test_real_gemini_with_a_google_login_it_cannot_use_is_logged_out(tmp_path: P
         assert time.monotonic() - started < 30
         assert "authorize" not in str(caught.value.body)
         wait_for(lambda: worker_info(http)["gemini-real"]["login"] == "logged_out")
+
+
+def test_real_gemini_agent_mode_reads_a_file_in_the_key_s_workspace(tmp_path: Path,
+                                                                   gemini_bin: str):
+    home = tmp_path / "acct"
+    workspace = Path(f"{home}-workspaces") / "team-a"
+    workspace.mkdir(parents=True)
+    (workspace / "notes.txt").write_text("the notes say 42")
+    with FakeGemini(api_key=KEY) as upstream:
+        with serve(_worker(home, gemini_bin, upstream, mode="agent")) as srv, \
+                httpx.Client(base_url=srv.url, timeout=60) as http:
+            wait_for(lambda: worker_info(http)["gemini-real"]["state"] == "ready", timeout=60)
+            assert worker_info(http)["gemini-real"]["sandbox"] in ("bwrap", "uid")
+            with anthropic_client(srv) as ant:
+                out = ant.beta.messages.create(
+                    model=MODEL, max_tokens=64, timeout=90, messages=[{"role": "user", "content":
+                        f'[[tool:read_file {{"file_path": "{workspace}/notes.txt"}}]]'}])
+    kinds = [b.type for b in out.content]
+    assert kinds == ["mcp_tool_use", "mcp_tool_result", "text"], out.content
+    # 0.61.0's ACP names the tool only in its call id, and gives paths, not arguments
+    assert out.content[0].name == "read_file" and out.content[0].server_name == "gemini"
+    assert out.content[0].input == {"title": "notes.txt", "paths": [f"{workspace}/notes.txt"]}
+    assert out.content[1].is_error is False  # no output: ACP reports none for read_file
+    assert out.content[2].text == "tool said: the notes say 42"  # the model got the file
+    declared = [d["name"] for t in upstream.generations()[0].body["tools"]
+                for d in t["functionDeclarations"]]
+    assert "read_file" in declared and "run_shell_command" in declared
