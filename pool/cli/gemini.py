@@ -1,7 +1,7 @@
 """The Gemini CLI driver: one ``gemini --acp`` process per conversation.
 
 Gemini CLI 0.61.0 has two machine modes; measured against a fake Gemini API
-(tests/fakes/gemini_upstream.py), see docs/cli-workers.md:
+(tests/fakes/gemini_cli_upstream.py), see docs/cli-workers.md:
 
 * ``-p PROMPT -o stream-json``: one turn per process (the prompt comes from
   argv or stdin, there is no stream-json *input*), 2.5-2.8 s a turn, the next

@@ -1,7 +1,7 @@
 """A fake Gemini CLI (stdlib only) speaking 0.61.0's ``--acp`` mode.
 
 Run as ``python fake_gemini.py --acp --model M``. Replies come from the
-Gemini API at ``GOOGLE_GEMINI_BASE_URL`` (tests/fakes/gemini_upstream.py)
+Gemini API at ``GOOGLE_GEMINI_BASE_URL`` (tests/fakes/gemini_cli_upstream.py)
 with ``GEMINI_API_KEY`` in ``x-goog-api-key``, so they are deterministic.
 What it copies from the real CLI (each seen on 0.61.0 against the same fake):
 

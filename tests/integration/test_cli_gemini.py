@@ -19,7 +19,7 @@ from pydantic import SecretStr
 from app.account_settings import LoginSettings
 from app.settings import WorkerSettings
 from auth.autologin import CHROMIUM
-from tests.fakes.gemini_upstream import FakeGemini
+from tests.fakes.gemini_cli_upstream import GeminiCliUpstream
 from tests.fakes.idp import FakeIdP
 from tests.support.cli_accounts import read_log, wait_for
 from tests.support.cli_fakes import anthropic_client, openai_client, serve, worker_info
@@ -54,12 +54,12 @@ def prompts(log: Path) -> list[dict[str, Any]]:
 
 @pytest.fixture
 def upstream():
-    with FakeGemini(api_key=KEY) as fake:
+    with GeminiCliUpstream(api_key=KEY) as fake:
         yield fake
 
 
 @pytest.fixture
-def one(tmp_path: Path, upstream: FakeGemini):
+def one(tmp_path: Path, upstream: GeminiCliUpstream):
     log = tmp_path / "gemini.log"
     worker = gemini_worker("gemini-a", tmp_path / "a", upstream.url, log, api_key=KEY)
     with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
@@ -226,7 +226,7 @@ def test_the_operator_logs_a_google_account_in_with_the_code(tmp_path: Path, cap
     admin API into the same CLI process, confirmed by a turn on the new login."""
     admin = {"authorization": "Bearer admin-token"}
     log = tmp_path / "gemini.log"
-    with FakeGemini(oauth_token="ya29.fake") as code_assist:
+    with GeminiCliUpstream(oauth_token="ya29.fake") as code_assist:
         worker = gemini_worker("gemini-a", tmp_path / "a", code_assist.url, log, api_key=None,
                                env_extra={"CODE_ASSIST_ENDPOINT": code_assist.url})
         with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=60) as http:
@@ -262,7 +262,7 @@ def test_a_google_login_the_cli_refuses_is_a_logged_out_account(tmp_path: Path):
     home = tmp_path / "a"
     (home / ".gemini").mkdir(parents=True)
     (home / ".gemini" / "oauth_creds.json").write_text('{"access_token": "revoked"}')
-    with FakeGemini(oauth_token="ya29.fake") as code_assist:
+    with GeminiCliUpstream(oauth_token="ya29.fake") as code_assist:
         worker = gemini_worker("gemini-a", home, code_assist.url, tmp_path / "g.log",
                                api_key=None, env_extra={"CODE_ASSIST_ENDPOINT": code_assist.url})
         with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=60) as http:
@@ -282,7 +282,7 @@ def test_auto_login_with_the_google_recipe(tmp_path: Path, password: str, ready:
     recipe = str(Path(__file__).resolve().parents[2] / "examples" / "login-recipes" /
                  "google.toml")
     with FakeIdP({"alice@example.com": "pw-alice"}) as idp, \
-            FakeGemini(oauth_token="ya29.fake") as code_assist:
+            GeminiCliUpstream(oauth_token="ya29.fake") as code_assist:
         worker = gemini_worker(
             "gemini-a", tmp_path / "a", code_assist.url, tmp_path / "g.log", api_key=None,
             env_extra={"CODE_ASSIST_ENDPOINT": code_assist.url,

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from app.settings import WorkerSettings
-from tests.fakes.gemini_upstream import FakeGemini
+from tests.fakes.gemini_cli_upstream import GeminiCliUpstream
 from tests.integration.clis import GEMINI_CLI, GEMINI_PREFIX, ensure_cli
 from tests.support.cli_accounts import wait_for
 from tests.support.cli_fakes import anthropic_client, openai_client, serve, worker_info
@@ -35,7 +35,7 @@ def gemini_bin() -> str:
     return path
 
 
-def _worker(home: Path, gemini_bin: str, upstream: FakeGemini, **extra) -> WorkerSettings:
+def _worker(home: Path, gemini_bin: str, upstream: GeminiCliUpstream, **extra) -> WorkerSettings:
     return WorkerSettings(
         name="gemini-real", kind="cli", cli="gemini", models=(MODEL,), home=str(home),
         command=(gemini_bin,), ready_timeout=60, health_interval=2.0, health_timeout=5.0,
@@ -44,7 +44,7 @@ def _worker(home: Path, gemini_bin: str, upstream: FakeGemini, **extra) -> Worke
 
 
 def test_real_gemini_turns_through_poolgate(tmp_path: Path, gemini_bin: str):
-    with FakeGemini(api_key=KEY) as upstream:
+    with GeminiCliUpstream(api_key=KEY) as upstream:
         with serve(_worker(tmp_path / "acct", gemini_bin, upstream)) as srv, \
                 httpx.Client(base_url=srv.url, timeout=60) as http:
             info = wait_for(lambda: (w := worker_info(http)["gemini-real"])["state"] == "ready"
@@ -81,7 +81,7 @@ def test_real_gemini_client_tool_round_trip(tmp_path: Path, gemini_bin: str):
         "name": "get_weather", "description": "The weather of a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
     messages = [{"role": "user", "content": '[[tool:mcp_gw_get_weather {"city": "Paris"}]]'}]
-    with FakeGemini(api_key=KEY) as upstream:
+    with GeminiCliUpstream(api_key=KEY) as upstream:
         with serve(_worker(tmp_path / "acct", gemini_bin, upstream)) as srv, \
                 httpx.Client(base_url=srv.url, timeout=60) as http:
             wait_for(lambda: worker_info(http)["gemini-real"]["state"] == "ready", timeout=60)
@@ -154,7 +154,7 @@ def test_real_gemini_agent_mode_reads_a_file_in_the_key_s_workspace(tmp_path: Pa
     workspace = Path(f"{home}-workspaces") / "team-a"
     workspace.mkdir(parents=True)
     (workspace / "notes.txt").write_text("the notes say 42")
-    with FakeGemini(api_key=KEY) as upstream:
+    with GeminiCliUpstream(api_key=KEY) as upstream:
         with serve(_worker(home, gemini_bin, upstream, mode="agent")) as srv, \
                 httpx.Client(base_url=srv.url, timeout=60) as http:
             wait_for(lambda: worker_info(http)["gemini-real"]["state"] == "ready", timeout=60)

@@ -1,5 +1,7 @@
-"""A fake Gemini API (``generativelanguage.googleapis.com``): another party's
-server, on real HTTP, for tests of the Gemini CLI driver.
+"""What the Gemini CLI talks to, faked: the Gemini API
+(``generativelanguage.googleapis.com``) and Google's Code Assist API, on real
+HTTP, for tests of the Gemini CLI driver (tests/fakes/gemini_upstream.py is
+the Gemini API as the dialect's clients use it).
 
 It speaks the REST shapes the Gemini CLI (through ``@google/genai``) uses:
 ``POST /v1beta/models/{model}:streamGenerateContent?alt=sse`` (SSE frames,
@@ -11,7 +13,7 @@ API answers. A Google login's turns go to the Code Assist API instead
 with ``{model, project, request}`` and ``Authorization: Bearer``, each frame
 ``{"response": ...}``; ``oauth_token`` is the access token it takes (401 else). Run by uvicorn in a thread on ``127.0.0.1``::
 
-    with FakeGemini(api_key="k") as fake:
+    with GeminiCliUpstream(api_key="k") as fake:
         fake.url        # http://127.0.0.1:PORT (GOOGLE_GEMINI_BASE_URL)
         fake.requests   # [Received(path, headers, body), ...]
 
@@ -38,7 +40,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-__all__ = ["FakeGemini", "Received"]
+__all__ = ["GeminiCliUpstream", "Received"]
 
 _TOOL = re.compile(r"\[\[tool:(\w+)(?:\s+(\{.*?\}))?\]\]")
 _ERROR = re.compile(r"\[\[error:(\d+)\]\]")
@@ -107,7 +109,7 @@ def _chunk(parts: list[dict[str, Any]], usage: dict[str, int] | None, model: str
     return chunk
 
 
-class FakeGemini:
+class GeminiCliUpstream:
     def __init__(self, *, api_key: str | None = None, oauth_token: str | None = None) -> None:
         self.api_key = api_key
         self.oauth_token = oauth_token
@@ -134,7 +136,7 @@ class FakeGemini:
         return [r.body.get("request", r.body) if "v1internal" in r.path else r.body
                 for r in self.generations()]
 
-    def start(self) -> FakeGemini:
+    def start(self) -> GeminiCliUpstream:
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
@@ -154,7 +156,7 @@ class FakeGemini:
         if self._thread is not None:
             self._thread.join(timeout=10)
 
-    def __enter__(self) -> FakeGemini:
+    def __enter__(self) -> GeminiCliUpstream:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
