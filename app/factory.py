@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from functools import partial
 from typing import Any, AsyncIterator, Mapping
 
 import structlog
@@ -41,11 +42,11 @@ from .observability import Metrics
 from .pool_metrics import PoolCollector
 from .replicas import Drains, build_stores
 from .runtime_workers import RuntimeWorkers
-from .routes import (accounts as account_routes, chat, keys as key_routes, models, ops, responses,
-                     worker_admin)
+from .routes import (accounts as account_routes, chat, gemini, keys as key_routes, models, ops,
+                     responses, worker_admin)
 from .routes.ui import UI_PATH, UI_STATIC_PATH, OperatorPage
 from .worker_settings import EMBEDDED_SAMPLING
-from .state import apply_policy, open_state
+from .state import apply_policy, open_state, rebuild_budgets
 from .teams import Teams, policy_from_settings
 
 __all__ = ["create_app", "worker_specs", "remote_spec"]
@@ -53,6 +54,9 @@ __all__ = ["create_app", "worker_specs", "remote_spec"]
 log = structlog.get_logger("poolgate")
 
 DEMO_MODELS = {"openai": ("demo",), "anthropic": ("demo-claude",)}
+#: seconds between re-reads of the ledger's budget totals while Redis is down
+#: (a shared database: what the other replicas charged meanwhile)
+BUDGET_RESEED = 2.0
 
 
 def _secret(value: Any) -> str | None:
@@ -142,6 +146,7 @@ def cli_spec(w: Any, environment: Mapping[str, str] | None = None) -> CliSpec:
         options=dict(w.cli_options), tool_timeout=w.tool_timeout,
         conversation_idle=w.conversation_idle, idle_timeout=w.idle_timeout,
         sandbox=sandbox, workspace_root=w.workspace_root,
+        login_timeout=w.login_timeout, login_probe_interval=w.login_probe_interval,
         supervision=SupervisorPolicy(
             ready_timeout=w.ready_timeout or 30.0, health_interval=w.health_interval,
             health_timeout=w.health_timeout, backoff_initial=w.backoff_initial,
@@ -181,7 +186,8 @@ def create_app(settings: Any) -> Starlette:
                  log_requests=server.log_level in ("debug", "info"),
                  stream_grace=server.stream_grace, ping_interval=server.ping_interval,
                  keyring=keys, config_keys=frozenset(secrets),
-                 teams=Teams((), stores.limits))
+                 teams=Teams((), stores.limits, slots=stores.slots,
+                             max_wait=server.queue_timeout))
     for name, key in server.keys.items():
         apply_policy(gw, policy_from_settings(name, key))
     _build_policies(gw, settings.routing)
@@ -208,9 +214,10 @@ def create_app(settings: Any) -> Starlette:
                             for spec in specs],
                            default_model=settings.routing.default_model)
             gw.logins.pool = gw.pool
+            gw.accounts.attach(gw.pool, gw.logins)
             await gw.pool.start()
             stack.push_async_callback(gw.pool.aclose)
-            stack.push_async_callback(gw.logins.aclose)
+            stack.push_async_callback(gw.accounts.aclose)
             watcher = asyncio.ensure_future(gw.logins.watch())
             stack.callback(watcher.cancel)
             await _open_runtime_workers(gw, settings, stores.workers, stack)
@@ -233,6 +240,9 @@ def create_app(settings: Any) -> Starlette:
     )]
     routes = [
         *(Route(r.path, r, methods=[r.method], name=r.handler.__name__) for r in hot),
+        # Gemini methods (the model in the path) are dispatched by the middleware only
+        Route("/v1beta/models", gemini.list_models, methods=["GET"]),
+        Route("/v1beta/models/{model_id:path}", gemini.get_model, methods=["GET"]),
         Route("/v1/responses/{response_id}", responses.get_response, methods=["GET"]),
         Route("/v1/responses/{response_id}", responses.delete_response, methods=["DELETE"]),
         Route("/v1/responses/{response_id}/input_items", responses.list_input_items,
@@ -251,6 +261,7 @@ def create_app(settings: Any) -> Starlette:
         Route("/internal/workers/{name}/bundle", account_routes.put_bundle, methods=["PUT"]),
         Route("/internal/workers/{name}/login", account_routes.login_status, methods=["GET"]),
         Route("/internal/workers/{name}/login", account_routes.start_login, methods=["POST"]),
+        Route("/internal/workers/{name}/login", account_routes.cancel_login, methods=["DELETE"]),
         Route("/internal/workers/{name}/login/code", account_routes.login_code,
               methods=["POST"]),
         Route("/internal/workers/{name}/login/screenshot", account_routes.login_screenshot,
@@ -269,7 +280,7 @@ def create_app(settings: Any) -> Starlette:
         Route(UI_PATH, operator_page.page, methods=["GET", "HEAD"]),
         Route(UI_STATIC_PATH, operator_page.asset, methods=["GET", "HEAD"]),
     ]
-    table = hot_table(hot)
+    table = hot_table([*hot, *gemini.hot_routes(gw)])
 
     def front(app: Any) -> GatewayMiddleware:
         return GatewayMiddleware(app, keys=keys, max_body_bytes=server.max_body_bytes,
@@ -310,18 +321,31 @@ async def _start_redis(gw: Gateway, stack: contextlib.AsyncExitStack) -> None:
         log.warning("gateway.redis_unreachable")
 
     outages = link.outages
+    limits, slots = gw.teams.limits, gw.teams.slots
+    if slots is not None:
+        stack.push_async_callback(slots.aclose)
 
     async def tick() -> None:
         nonlocal outages
-        if link.outages != outages:  # back after an outage
+        lost = link.outages != outages
+        if lost:  # back after an outage
             outages = link.outages
             gw.drains.republish()
+        elif await limits.lost():  # flushed, or restarted empty, between two probes
+            log.warning("gateway.redis_lost_limits")
+            lost = True
+        if slots is not None:
+            await slots.beat(republish=lost)  # this replica's slots stay counted
+        if lost:  # charges made meanwhile reached only this replica; or Redis has none
+            await rebuild_budgets(gw)
         if gw.runtime_workers is not None:
             await gw.runtime_workers.sync()  # workers registered through other replicas
         if gw.pool.workers:
             await gw.drains.sync(gw)
 
-    watch = asyncio.ensure_future(link.watch(tick))
+    # while Redis is down the shared ledger is how a replica learns the others' charges
+    watch = asyncio.ensure_future(link.watch(tick, on_down=partial(rebuild_budgets, gw),
+                                             down_every=BUDGET_RESEED))
     stack.callback(watch.cancel)
 
 

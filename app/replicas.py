@@ -28,6 +28,7 @@ from sessions.bindings import MemoryBindingStore
 from sessions.redis_bindings import RedisBindingStore, RedisUpstreamSessions
 from sessions.redis_limits import RedisLimits
 from sessions.redis_link import RedisDown, RedisLink
+from sessions.redis_slots import RedisSlots
 from sessions.redis_responses import RedisResponseStore
 from sessions.responses import MemoryResponseStore
 from sessions.shared import (DrainedSet, Locks, MemoryDrainedSet, MemoryLocks, RedisDrainedSet,
@@ -51,6 +52,7 @@ class Stores:
     drained: DrainedSet
     workers: WorkerRegistrations  # remote workers registered at run time
     link: RedisLink | None = None
+    slots: RedisSlots | None = None  # keys' in-flight slots across replicas (Redis only)
 
 
 def build_stores(settings: Any) -> Stores:
@@ -68,15 +70,16 @@ def build_stores(settings: Any) -> Stores:
             workers=MemoryWorkerRegistrations())
     link = RedisLink(server.redis_url, timeout=server.redis_timeout, prefix=server.redis_prefix)
     replica = server.replica_id or default_replica_id()
+    limits = RedisLimits(link, MemoryLimits())
     return Stores(
         responses=RedisResponseStore(link, max_items=store.max_items, max_bytes=store.max_bytes,
                                      max_age=store.max_age_seconds),
         bindings=RedisBindingStore(link, ttl=routing.binding_ttl, max_items=routing.max_bindings),
         cli_sessions=RedisUpstreamSessions(link, replica=replica, max_entries=cli.max_entries,
                                            max_age=cli.max_age_seconds),
-        limits=RedisLimits(link, MemoryLimits()), locks=RedisLocks(link),
-        drained=RedisDrainedSet(link), workers=RedisWorkerRegistrations(link, signing_key(_secret(server.admin_token))),
-        link=link)
+        limits=limits, locks=RedisLocks(link), drained=RedisDrainedSet(link),
+        workers=RedisWorkerRegistrations(link, signing_key(_secret(server.admin_token))),
+        link=link, slots=RedisSlots(link, limits.replica))
 
 
 def _secret(value: Any) -> str | None:

@@ -40,7 +40,7 @@ class WorkerSettings(BaseModel):
     name: str
     kind: Literal["remote", "process", "local", "cli"] = "remote"
     # remote: an HTTP endpoint
-    dialect: Literal["openai", "anthropic"] | None = None
+    dialect: Literal["openai", "anthropic", "gemini"] | None = None
     url: str | None = None
     # process: a worker program of ours, supervised, speaking poolgate's worker protocol
     # (cli: the vendor binary, default found on PATH)
@@ -79,6 +79,9 @@ class WorkerSettings(BaseModel):
     sandbox: Literal["auto", "bwrap", "uid", "none"] = "auto"
     sandbox_paths: tuple[str, ...] = ()  # more paths the sandbox shows read-only
     workspace_root: str | None = None  # agent mode: one workspace per key; default <home>-workspaces
+    login_timeout: float = Field(600.0, gt=0)  # a login ends by then, code or not (its locks freed)
+    # a refused account is tried again (a one-token turn) after this, doubling up to an hour
+    login_probe_interval: float = Field(60.0, gt=0)
     # cli: the account's logged-in files at start-up (a session bundle, docs/accounts.md)
     bundle: str | None = None  # a bundle file (tar.gz)
     bundle_env: str | None = None  # an environment variable holding a bundle, base64

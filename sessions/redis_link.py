@@ -103,14 +103,27 @@ class RedisLink:
             self._since = time.monotonic()
         return True
 
-    async def watch(self, on_tick: Callable[[], Awaitable[Any]] | None = None) -> None:
-        """Forever: ping, then ``on_tick()`` while up (shared state to poll)."""
+    async def watch(self, on_tick: Callable[[], Awaitable[Any]] | None = None,
+                    on_down: Callable[[], Awaitable[Any]] | None = None,
+                    down_every: float | None = None) -> None:
+        """Forever: ping, then ``on_tick()`` while up (shared state to poll);
+        ``on_down()`` at the first ping that finds it down and, with
+        ``down_every``, again every that many seconds while it stays down."""
+        seen, last = -1, 0.0  # the outage on_down was called for, and when
         while True:
-            if await self.ping() and on_tick is not None:
+            call = None
+            if await self.ping():
+                call = on_tick
+            elif on_down is not None and (seen != self.outages or (
+                    down_every is not None and time.monotonic() - last >= down_every)):
+                seen, last, call = self.outages, time.monotonic(), on_down
+            if call is not None:
                 try:
-                    await on_tick()
+                    await call()
                 except RedisDown:
                     pass
+                except Exception:  # the probe must go on: it is what brings Redis back
+                    log.exception("redis.watch_failed")
             await asyncio.sleep(self.probe_interval)
 
     def stats(self) -> dict[str, Any]:

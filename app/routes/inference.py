@@ -27,7 +27,7 @@ from ..record import RequestRecord
 from ..relayed import BodyResponse, RelayedEncoder, record_body, relay_for
 from ..streaming import ClientGone, EventStreamResponse, StreamOutcome, until_disconnect
 
-__all__ = ["serve", "complete", "ERROR_DIALECT"]
+__all__ = ["serve", "complete", "count_input", "ERROR_DIALECT"]
 
 T = TypeVar("T")
 
@@ -35,9 +35,10 @@ log = structlog.get_logger("poolgate.request")
 
 # client dialect -> error envelope dialect and response id prefix
 ERROR_DIALECT = {"openai_chat": "openai", "anthropic": "anthropic",
-                 "openai_responses": "openai", "openai_completions": "openai", "native": "openai"}
+                 "openai_responses": "openai", "openai_completions": "openai", "native": "openai",
+                 "gemini": "gemini"}
 ID_PREFIX = {"openai_chat": "chatcmpl-", "anthropic": "msg_", "openai_responses": "resp_",
-             "openai_completions": "cmpl-", "native": "gen-"}
+             "openai_completions": "cmpl-", "native": "gen-", "gemini": ""}
 
 
 Finalize = Callable[[dict[str, Any], str], Awaitable[None]]
@@ -69,9 +70,10 @@ async def serve(gw: Gateway, request: Request, chat: ChatRequest, dialect: Modul
 
 
 async def complete(gw: Gateway, request: Request, chat: ChatRequest,
-                   record: RequestRecord) -> Completion:
+                   record: RequestRecord, *, counted: bool = False) -> Completion:
     """The whole answer to ``chat`` as one Completion (admitted, routed and
-    retried like :func:`serve`); raises GatewayError."""
+    retried like :func:`serve`; ``counted``: the key's policy already admitted
+    the request this answer is part of); raises GatewayError."""
     async def attempt(lease: Any, routed: ChatRequest) -> Completion:
         try:
             answer = await until_disconnect(request.receive, fold_answer(lease.worker.stream(routed)))
@@ -84,17 +86,18 @@ async def complete(gw: Gateway, request: Request, chat: ChatRequest,
         gw.release(lease)
         return answer
 
-    return await _with_retry(gw, request, chat, record, None, attempt)
+    return await _with_retry(gw, request, chat, record, None, attempt, counted)
 
 
 async def _with_retry(gw: Gateway, request: Request, chat: ChatRequest, record: RequestRecord,
                       prefer: str | None,
-                      attempt: Callable[[Any, ChatRequest], Awaitable[T]]) -> T:
+                      attempt: Callable[[Any, ChatRequest], Awaitable[T]],
+                      counted: bool = False) -> T:
     """Admit and route ``chat``, run ``attempt(lease, routed)``; on a retryable
     failure try once more on another eligible worker. Raises the GatewayError
     the client must see, with ``.worker`` naming the last worker tried."""
-    if record.key in gw.teams.policies:  # the key's models, rate and budget
-        await gw.teams.admit(record.key, chat.model)
+    if not counted and record.key in gw.teams.policies:  # the key's models, rate and budget
+        await gw.admit_key(record.key, chat.model)
     tried: list[str] = []
     failure: GatewayError | None = None
     while True:
@@ -254,3 +257,26 @@ def _record_stream(record: RequestRecord, outcome: StreamOutcome, gw: Gateway,
     if outcome.first_token_at is not None:
         record.ttft = outcome.first_token_at - record.started
 
+
+async def count_input(gw: Gateway, chat: ChatRequest, record: RequestRecord, *,
+                      known_only: bool) -> tuple[dict[str, str], int]:
+    """The input tokens of ``chat`` for a count_tokens route, and the header
+    saying how they were counted: the worker's own count when it has one (an
+    Anthropic or Gemini upstream, a local tokenizer), else the documented
+    estimate of :func:`pool.tokens.estimate_tokens`. One request of the key's
+    ``rpm`` (an upstream is asked with the operator's credentials); it charges
+    no tokens. A model no worker serves is a 404 when ``known_only``, else
+    estimated (Claude Code falls back to billable calls on a 404)."""
+    record.model = chat.model
+    await gw.admit_key(record.key, chat.model)
+    exact = None
+    if gw.pool.knows(chat.model):
+        worker, routed = gw.pool.pick(chat)
+        record.worker = worker.name
+        counter = getattr(worker, "count_tokens", None)
+        exact = await counter(routed) if counter is not None else None
+    elif known_only:
+        raise gw.unknown_model(record.key, chat.model)
+    tokens = exact if exact is not None else estimate_tokens(chat)
+    record.tokens_in = tokens
+    return {"x-poolgate-token-count": "exact" if exact is not None else "estimate"}, tokens

@@ -59,7 +59,8 @@ async def _main(data: dict[str, Any]) -> None:
                    conversation_idle=float(data.get("conversation_idle", 900)),
                    login_recheck=float(data.get("login_recheck", 5)))
     try:
-        await worker_main.serve(host.answer, setup=host.start, calls={"status": host.status})
+        await worker_main.serve(host.answer, setup=host.start, calls={"status": host.status,
+                                                                   "probe_login": host.probe_login})
     except DriverError as exc:
         # the account cannot run as it is on disk or configured: say why (the log is
         # where an operator sees it) and exit with EX_CONFIG; the supervisor backs off

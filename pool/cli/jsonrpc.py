@@ -30,6 +30,7 @@ import structlog
 
 from .content import dig, turn_blocks
 from .driver import DriverConfig, DriverError
+from .scrub import account_secrets
 from .events import (
     CliEvent, CliHealth, ConversationSetup, LoginRequired, SessionStarted, TextChunk,
     ThinkingChunk, ToolAnswer, ToolExecuted, ToolOutput, Turn, TurnFailed, TurnFinished, TurnUsage,
@@ -127,7 +128,9 @@ class JsonRpcDriver:
                 cwd = self.config.cwd
             # one process serves every key: its sandbox shows all of this account's workspaces
             argv = self.config.sandboxed(self.config.command or (), cwd=cwd, env=env)
-            proc = await JsonLineProcess.spawn(argv, env=env, cwd=cwd, label="jsonrpc agent")
+            proc = await JsonLineProcess.spawn(argv, env=env, cwd=cwd, label="jsonrpc agent",
+                                               secrets=lambda: account_secrets(
+                                                   self.config.home, self.config.env))
             agent = Agent(proc, self.options, self.config.mode)
             if self.options.initialize:
                 try:

@@ -65,6 +65,8 @@ class CliSpec:
     idle_timeout: float = 300.0
     sandbox: Sandbox = field(default_factory=Sandbox)  # resolved (pool/cli/sandbox.py)
     workspace_root: str | None = None  # agent mode: one workspace per key; default <home>-workspaces
+    login_timeout: float = 600.0  # a login (its code included) ends by then
+    login_probe_interval: float = 60.0  # a refused account is tried again after this, doubling
     supervision: SupervisorPolicy = field(default_factory=SupervisorPolicy)
 
     @property
@@ -122,6 +124,13 @@ class CliWorker(ProcessWorker):
 
     #: set by the gateway while it logs the account in (hook for app/logins.py)
     login_override: str | None = None
+    #: the account's state machine (pool/cli/account.py), set by the gateway
+    account: Any = None
+
+    @property
+    def process_state(self) -> WorkerState:
+        """The process's state, whatever the account's login says."""
+        return super().state
 
     @property
     def login(self) -> str | None:
@@ -158,7 +167,8 @@ class CliWorker(ProcessWorker):
                 "conversations": status.get("conversations", 0),
                 "held_tool_calls": status.get("held_tool_calls", 0),
                 "cooldown_until": self.cooldown_until, "mode": self.cli_spec.mode,
-                "sandbox": self.cli_spec.sandbox.kind}
+                "sandbox": self.cli_spec.sandbox.kind,
+                "account_state": self.account.state.value if self.account is not None else None}
 
     def session_counts(self) -> dict[str, int]:
         return dict(self._status.get("sessions") or {})
@@ -177,6 +187,22 @@ class CliWorker(ProcessWorker):
         await self.refresh()
         self._poller = asyncio.ensure_future(self._poll())
         return ready
+
+    async def stop(self) -> None:
+        """Stop the process until :meth:`restart` (what a bundle import needs)."""
+        await self.drain(self.spec.stop_timeout)
+        await self.supervisor.stop()
+        self.resume()
+
+    async def probe_login(self) -> None:
+        """Have the child try the refused account with a one-token turn."""
+        child = self._child()
+        if child is None or super().state is not WorkerState.READY:
+            return
+        with contextlib.suppress(GatewayError):
+            status = await child.call("probe_login", {"model": self.models[0]},
+                                      timeout=self.spec.health_timeout + 120.0)
+            self._status = dict(status)  # type: ignore[call-overload]
 
     async def aclose(self) -> None:
         if self._poller is not None:

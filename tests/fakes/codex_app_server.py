@@ -1,4 +1,4 @@
-"""A fake ``codex app-server`` (Codex CLI 0.169.0) for the fast test tier.
+"""A fake ``codex app-server`` (Codex CLI 0.169.0 and 0.171.0: one protocol) for the fast test tier.
 
 Standard library only; run as ``python -m tests.fakes.codex_app_server
 app-server [-c key=value]... [--disable FEATURE]...``. It speaks the same
@@ -8,7 +8,8 @@ stdio, as recorded against it:
 * ``initialize`` → ``{userAgent, codexHome, platformFamily, platformOs}``,
   then the client's ``initialized`` notification;
 * ``account/read`` → ``{"account": {"type": "apiKey"} | null,
-  "requiresOpenaiAuth": true}`` from ``$CODEX_HOME/auth.json``;
+  "requiresOpenaiAuth": …}`` from ``$CODEX_HOME/auth.json`` and the provider's
+  ``requires_openai_auth`` (default: true for ``openai`` only, as Codex does);
 * ``account/login/start`` (``chatgpt``): see codex_fake_login.py;
 * ``thread/start`` / ``thread/resume`` (threads are kept in
   ``$CODEX_HOME/sessions/<id>.json``; an unknown id is the real
@@ -71,7 +72,7 @@ from .codex_fake_state import (
     Thread, Turn, Upstream, dynamic_tools, parse_config, text_item, turn_info,
 )
 
-VERSION = "0.169.0"
+VERSION = "0.171.0"  # the pinned real Codex; its protocol is that of 0.169.0 (verified on both)
 _out_lock = threading.Lock()
 
 
@@ -150,7 +151,8 @@ class Server:
 
     def rpc_account_read(self, params: dict[str, Any]) -> dict[str, Any]:
         account = {"type": "apiKey"} if self.upstream.key() else None
-        return {"account": account, "userId": None, "requiresOpenaiAuth": True,
+        return {"account": account, "userId": None,
+                "requiresOpenaiAuth": self.upstream.requires_openai_auth,
                 "workspaceRouting": None}
 
     def rpc_account_login_start(self, params: dict[str, Any]) -> dict[str, Any]:

@@ -52,13 +52,17 @@ __all__ = [
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-NPM_PREFIX = REPO_ROOT / ".cache" / "npm"
+# POOLGATE_NPM_PREFIX: another prefix, to try other versions without touching the shared cache
+NPM_PREFIX = Path(os.environ.get("POOLGATE_NPM_PREFIX") or REPO_ROOT / ".cache" / "npm")
 
-# package -> version the fixtures were recorded with (both verified offline).
+# package -> version the real tier runs. The fixtures were recorded with Claude Code
+# 2.1.197, Qwen Code 0.15.10 and Codex 0.169.0; these newer versions still send what
+# the gateway must accept (test_cli_clients), and the drivers work with both (the
+# real tier passed on both, see docs/cli-workers.md).
 PINNED_VERSIONS: Mapping[str, str] = {
-    "@anthropic-ai/claude-code": "2.1.197",
-    "@qwen-code/qwen-code": "0.15.10",
-    "@openai/codex": "0.169.0",
+    "@anthropic-ai/claude-code": "2.1.332",
+    "@qwen-code/qwen-code": "0.24.4",
+    "@openai/codex": "0.171.0",
     "@google/gemini-cli": "0.61.0",
 }
 CLAUDE_CODE = ("@anthropic-ai/claude-code", "claude")

@@ -1,0 +1,78 @@
+"""A reasoning effort (OpenAI ``reasoning.effort`` / ``reasoning_effort``)
+sent to an Anthropic upstream becomes a thinking budget (table-driven)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pool.model import (
+    ChatRequest, Message, ReasoningPart, Sampling, TextPart, Tool, ToolCallPart, ToolChoice,
+    ToolResultPart,
+)
+from pool.remote import anthropic_messages as am
+
+DEFAULT = am.DEFAULT_MAX_TOKENS
+WEATHER = Tool("weather", "Weather by city", {"type": "object", "properties": {}})
+
+
+def req(effort: str | None, max_tokens: int | None = None, *,
+        turn: tuple[Any, ...] = (), **kw: Any) -> ChatRequest:
+    """A request; ``turn``: the parts of an assistant turn that called a tool, answered."""
+    messages = [Message("user", (TextPart("x"),))]
+    if turn:
+        messages += [Message("assistant", turn),
+                     Message("user", (ToolResultPart("c1", (TextPart("ok"),)),))]
+    return ChatRequest(model="up", messages=tuple(messages), dialect="openai_responses",
+                       reasoning_effort=effort, sampling=Sampling(max_tokens=max_tokens), **kw)
+
+
+CALL = ToolCallPart("c1", "weather", "{}")
+SIGNED = ReasoningPart("hm", signature="SIG")
+
+
+CASES = [
+    # effort, client cap, other fields -> thinking budget (None: no thinking), max_tokens
+    ("low", None, {}, 1024, 1024 + DEFAULT),
+    ("medium", None, {}, 4096, 4096 + DEFAULT),
+    ("high", None, {}, 16384, 16384 + DEFAULT),
+    ("xhigh", None, {}, 32768, 32768 + DEFAULT),
+    ("minimal", None, {}, None, DEFAULT),
+    ("none", None, {}, None, DEFAULT),
+    ("sideways", None, {}, None, DEFAULT),        # an effort nobody defines: no thinking
+    (None, None, {}, None, DEFAULT),
+    # the client's cap covers thinking and answer (OpenAI's meaning): half of it at most
+    ("high", 10000, {}, 5000, 10000),
+    ("low", 10000, {}, 1024, 10000),
+    ("medium", 3000, {}, 1500, 3000),
+    ("low", 2000, {}, None, 2000),                # half of it is below Anthropic's 1024
+    # an explicit budget wins over the effort
+    ("high", None, {"thinking_budget": 2048}, 2048, DEFAULT),
+    # Anthropic refuses thinking with a forced tool: the effort (a hint) gives way
+    ("high", None, {"tools": (WEATHER,), "tool_choice": ToolChoice("required")}, None, DEFAULT),
+    ("high", None, {"tools": (WEATHER,), "tool_choice": ToolChoice("named", "weather")},
+     None, DEFAULT),
+    ("high", None, {"tools": (WEATHER,), "tool_choice": ToolChoice("auto")},
+     16384, 16384 + DEFAULT),
+    # a tool turn must open with its signed thinking when thinking is on
+    ("high", None, {"turn": (SIGNED, CALL)}, 16384, 16384 + DEFAULT),
+    ("high", None, {"turn": (TextPart(""), ReasoningPart("", redacted_data="R"), CALL)},
+     16384, 16384 + DEFAULT),
+    ("high", None, {"turn": (CALL,)}, None, DEFAULT),
+    ("high", None, {"turn": (ReasoningPart("unsigned"), CALL)}, None, DEFAULT),
+    ("high", None, {"turn": (TextPart("let me look"), SIGNED, CALL)}, None, DEFAULT),
+    ("high", None, {"turn": (SIGNED, TextPart("done"))}, 16384, 16384 + DEFAULT),
+]
+
+
+@pytest.mark.parametrize("effort, cap, extra, budget, max_tokens", CASES)
+def test_effort_to_thinking(effort: str | None, cap: int | None, extra: dict[str, Any],
+                            budget: int | None, max_tokens: int) -> None:
+    body = am.build_body(req(effort, cap, **extra))
+    assert body["max_tokens"] == max_tokens
+    if budget is None:
+        assert "thinking" not in body
+    else:
+        assert body["thinking"] == {"type": "enabled", "budget_tokens": budget}
+        assert body["thinking"]["budget_tokens"] < body["max_tokens"]
