@@ -357,14 +357,19 @@ class GeminiConversation(JsonRpcConversation):
         return TurnFailed("upstream", "gemini: the turn failed"
                           + (f" (upstream status {status})" if status else ""), status=status)
 
-    async def _run(self, turn: Turn) -> AsyncIterator[CliEvent]:
-        async for event in super()._run(turn):
+    async def _consume(self, item: Any, reply: asyncio.Future[Any]) -> tuple[list[CliEvent], bool]:
+        """The generic meaning of an item, with a quota error preceded by RateLimited
+        and a process that died mid-turn reported without its stderr."""
+        events, done = await super()._consume(item, reply)
+        out: list[CliEvent] = []
+        for event in events:
             if isinstance(event, TurnFailed) and event.status == 429:
-                yield RateLimited(event.message)
+                out.append(RateLimited(event.message))
             elif isinstance(event, TurnFailed) and event.message.startswith("gemini exited"):
                 log.warning("cli.gemini.exited_mid_turn")  # its stderr: neither logged nor sent
                 event = TurnFailed("upstream", "gemini: the CLI exited during the turn")
-            yield event
+            out.append(event)
+        return out, done
 
     def _prompt_blocks(self, turn: Turn) -> list[dict[str, Any]]:
         """Chat mode: the system prompt is the process's (GEMINI_SYSTEM_MD). Agent

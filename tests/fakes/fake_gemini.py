@@ -50,7 +50,8 @@ stays in its interactive screen.
 
 Test switches (not in the real CLI): ``FAKE_GEMINI_LOG=<file>`` appends
 ``{"pid", "argv", "cwd", "env": {GEMINI_SYSTEM_MD}}`` at start and ``{"pid",
-"stdin"}`` for every message; a prompt holding ``[[crash]]`` exits 1.
+"stdin"}`` for every message; a prompt holding ``[[crash]]`` prints a line
+with a token on stderr and exits 1.
 """
 
 from __future__ import annotations
@@ -167,6 +168,7 @@ class Cli:
         if not history:
             parts.insert(0, {"text": "<session_context>\nThis is the Gemini CLI.\n</session_context>"})
         if any("[[crash]]" in p["text"] for p in parts):
+            print("fake-gemini-stderr: token ya29.secret", file=sys.stderr, flush=True)
             os._exit(1)
         history.append({"role": "user", "parts": parts})
         self.cancelled.discard(sid)

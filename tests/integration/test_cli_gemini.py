@@ -303,3 +303,15 @@ def test_auto_login_with_the_google_recipe(tmp_path: Path, password: str, ready:
             else:
                 assert done["reason"] == "wrong_password", str(done)
                 assert not (tmp_path / "a" / ".gemini" / "oauth_creds.json").exists()
+
+
+def test_a_cli_that_dies_mid_turn_is_an_error_without_its_stderr(one, upstream, capfd):
+    srv, http, log, _ = one
+    with openai_client(srv) as oai:
+        oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+        with pytest.raises(openai.APIStatusError) as caught:
+            oai.chat.completions.create(model=MODEL, messages=[
+                {"role": "user", "content": "hi"}, {"role": "assistant", "content": "echo: hi"},
+                {"role": "user", "content": "[[crash]] now"}])
+    assert caught.value.status_code == 502 and "ya29.secret" not in str(caught.value.body)
+    assert "ya29.secret" not in "".join(capfd.readouterr())  # nor in any log line
