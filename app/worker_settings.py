@@ -67,7 +67,7 @@ class WorkerSettings(BaseModel):
     sampling_defaults: SamplingDefaultsSettings | None = None
     python: str | None = None  # the interpreter whose environment has the engine
     # cli: a vendor coding CLI, one account per worker (see docs/cli-workers.md)
-    cli: Literal["claude", "codex", "qwen", "jsonrpc"] | None = None
+    cli: Literal["claude", "codex", "qwen", "gemini", "jsonrpc"] | None = None
     home: str | None = None  # the account's config home (CLAUDE_CONFIG_DIR / CODEX_HOME / HOME)
     mode: Literal["chat", "agent"] = "chat"
     max_conversations: int = Field(4, gt=0)  # processes (claude, qwen) or threads (codex) kept warm

@@ -28,6 +28,8 @@ __all__ = [
     "CLAUDE_CODE",
     "CODEX",
     "CODEX_KEY_VAR",
+    "GEMINI_CLI",
+    "GEMINI_PREFIX",
     "QWEN_CODE",
     "CLIError",
     "CLITimeout",
@@ -61,10 +63,14 @@ PINNED_VERSIONS: Mapping[str, str] = {
     "@anthropic-ai/claude-code": "2.1.332",
     "@qwen-code/qwen-code": "0.24.4",
     "@openai/codex": "0.171.0",
+    "@google/gemini-cli": "0.61.0",
 }
 CLAUDE_CODE = ("@anthropic-ai/claude-code", "claude")
 QWEN_CODE = ("@qwen-code/qwen-code", "qwen")
 CODEX = ("@openai/codex", "codex")
+GEMINI_CLI = ("@google/gemini-cli", "gemini")
+#: Gemini CLI gets a prefix of its own (its dependencies do not mix with the others')
+GEMINI_PREFIX = REPO_ROOT / ".cache" / "npm-gemini"
 
 _NPM_INSTALL_TIMEOUT = 600.0
 # Variables a CLI may read from a minimal environment; everything else is unset.
@@ -95,17 +101,18 @@ def _split_spec(package: str) -> tuple[str, str]:
     return package, PINNED_VERSIONS.get(package, "latest")
 
 
-def _installed_version(name: str) -> str | None:
-    manifest = NPM_PREFIX / "node_modules" / name / "package.json"
+def _installed_version(name: str, prefix: Path = NPM_PREFIX) -> str | None:
+    manifest = prefix / "node_modules" / name / "package.json"
     try:
         return json.loads(manifest.read_text())["version"]
     except (OSError, ValueError, KeyError):
         return None
 
 
-def ensure_cli(package: str, bin_name: str) -> str | None:
-    """Install ``package`` (pinned, or ``name@version``) under ``.cache/npm``
-    unless already there, and return the path of its ``bin_name`` executable.
+def ensure_cli(package: str, bin_name: str, prefix: Path = NPM_PREFIX) -> str | None:
+    """Install ``package`` (pinned, or ``name@version``) under ``prefix``
+    (``.cache/npm``) unless already there, and return the path of its
+    ``bin_name`` executable.
 
     Returns None when npm is not on PATH; raises CLIError if the install fails.
     """
@@ -113,15 +120,15 @@ def ensure_cli(package: str, bin_name: str) -> str | None:
     if npm is None:
         return None
     name, version = _split_spec(package)
-    binary = NPM_PREFIX / "node_modules" / ".bin" / bin_name
-    NPM_PREFIX.mkdir(parents=True, exist_ok=True)
+    binary = prefix / "node_modules" / ".bin" / bin_name
+    prefix.mkdir(parents=True, exist_ok=True)
     # One installer at a time (pytest-xdist workers share the cache).
-    with open(NPM_PREFIX / ".install.lock", "w") as lock:
+    with open(prefix / ".install.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        current = _installed_version(name)
+        current = _installed_version(name, prefix)
         if binary.exists() and current is not None and version in ("latest", current):
             return str(binary)
-        argv = [npm, "install", "--prefix", str(NPM_PREFIX), "--save-exact",
+        argv = [npm, "install", "--prefix", str(prefix), "--save-exact",
                 "--no-audit", "--no-fund", "--loglevel=error", f"{name}@{version}"]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=_NPM_INSTALL_TIMEOUT,
                               stdin=subprocess.DEVNULL, check=False)
