@@ -33,6 +33,7 @@ from pool.remote.lean_check import self_test as lean_self_test
 from pool.remote.policy import PassPolicy
 
 from .accounts import Accounts
+from .alerts import AccountAlerts, Alerts
 from .gateway import Gateway
 from .hot import GatewayApp, HotRoute, hot_table, unhandled
 from .logins import Logins
@@ -194,6 +195,8 @@ def create_app(settings: Any) -> Starlette:
     gw.metrics.registry.register(PoolCollector(gw.metrics_snapshot))
     gw.accounts = Accounts.from_settings(settings)
     gw.logins = Logins(gw.accounts, gw.metrics.registry, settings.environment, locks=gw.locks)
+    alerts = Alerts(settings.alerts, gw.metrics.registry)
+    gw.logins.alerts = gw.teams.alerts = alerts
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -214,12 +217,17 @@ def create_app(settings: Any) -> Starlette:
                             for spec in specs],
                            default_model=settings.routing.default_model)
             gw.logins.pool = gw.pool
-            gw.accounts.attach(gw.pool, gw.logins)
+            gw.accounts.attach(gw.pool, gw.logins, AccountAlerts(alerts))
             await gw.pool.start()
             stack.push_async_callback(gw.pool.aclose)
             stack.push_async_callback(gw.accounts.aclose)
             watcher = asyncio.ensure_future(gw.logins.watch())
             stack.callback(watcher.cancel)
+            if alerts.receivers:  # posted by their own tasks, never on a request's path
+                alerts.start()
+                stack.push_async_callback(alerts.aclose)
+                crashes = asyncio.ensure_future(alerts.watch_workers(lambda: gw.pool.workers))
+                stack.callback(crashes.cancel)
             await _open_runtime_workers(gw, settings, stores.workers, stack)
             probes = asyncio.ensure_future(gw.pool.probe_forever(server.health_interval))
             stack.callback(probes.cancel)

@@ -96,6 +96,7 @@ class Logins:
         self.records: dict[str, LoginRecord] = {}
         self._pasted: dict[str, asyncio.Queue[str]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self.alerts: Any = None  # app.alerts.Alerts, set by create_app
         self.started = Counter("poolgate_logins_started", "Logins started.",
                                ["worker", "mode"], registry=registry)
         self.succeeded = Counter("poolgate_logins_succeeded", "Logins that ended logged in.",
@@ -274,6 +275,10 @@ class Logins:
         record.set(last_error=message, reason=reason, page_text=getattr(exc, "page_text", None),
                    screenshot=shot if shot is not None else record.screenshot)
         self.failed.labels(record.worker, reason).inc()
+        if self.alerts is not None:  # one alert per attempt: each is a change an operator acts on
+            self.alerts.notify("login_failed", "worker", record.worker, "login_failed",
+                               once=f"{record.started_at}:{record.attempt}",
+                               details={"reason": reason, "attempt": record.attempt})
         log.warning("accounts.login_failed", worker=record.worker, reason=reason,
                     attempt=record.attempt, error=message)
         return retry and record.auto

@@ -15,7 +15,7 @@ import math
 import time
 from typing import Any, Iterable, Sequence
 
-from auth.limits import KeyPolicy, LimitStore, Refusal
+from auth.limits import KeyPolicy, LimitStore, Refusal, month_number
 from pool.admission import KeyLimitExceeded
 from pool.errors import GatewayError, NotFound
 
@@ -142,6 +142,7 @@ class Teams:
         self.limits = limits
         self.slots = slots  # sessions.redis_slots.RedisSlots with Redis, else None
         self.max_wait = max_wait  # how long a request waits for one of its key's slots
+        self.alerts: Any = None  # app.alerts.Alerts, set by create_app
 
     def set_policy(self, policy: KeyPolicy) -> None:
         self.policies[policy.name] = policy
@@ -165,6 +166,14 @@ class Teams:
         if policy.limited:
             refusal = await self.limits.admit(policy)
             if refusal is not None:
+                if refusal.limit in _BUDGET_NAMES and self.alerts is not None:
+                    # once per budget window, however many requests it refuses
+                    self.alerts.notify(
+                        "key_over_budget", "key", key, "over_budget",
+                        once=f"{refusal.limit}:{refusal.resets_at:.0f}",
+                        details={"budget": _BUDGET_NAMES[refusal.limit],
+                                 "budget_tokens": refusal.budget,
+                                 "resets_at": _iso(refusal.resets_at)})
                 raise _refusal_error(key, refusal, time.time())
 
     async def take_slot(self, key: str, key_id: str) -> bool:
@@ -198,3 +207,23 @@ class Teams:
         policy = self.policies.get(key)
         if policy is not None and policy.limited and tokens > 0:
             self.limits.charge(key, tokens)
+            if self.alerts is not None:
+                self._near_budget(policy)
+
+    def _near_budget(self, policy: KeyPolicy) -> None:
+        """``key_near_budget`` once per budget window, from the counters this
+        replica keeps (a store that keeps none, Redis, tells only over budget)."""
+        used = getattr(self.limits, "budget_used", None)
+        if used is None:
+            return
+        now = time.time()
+        day_used, month_used = used(policy.name)
+        for limit, budget, spent, window in (
+                ("budget_day", policy.budget_day, day_used, int(now // 86400)),
+                ("budget_month", policy.budget_month, month_used, month_number(now))):
+            if budget:
+                self.alerts.notify(
+                    "key_near_budget", "key", policy.name, "near_budget",
+                    once=f"{limit}:{window}", percent=100.0 * spent / budget,
+                    details={"budget": _BUDGET_NAMES[limit], "budget_tokens": budget,
+                             "used_tokens": spent})
