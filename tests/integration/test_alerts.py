@@ -1,0 +1,132 @@
+"""``[[alerts]]`` through a real poolgate to a real HTTP receiver on
+127.0.0.1: a key over budget alerts once however many requests it refuses,
+signed with the secret; a cli account that is logged out alerts once while it
+stays so; a receiver that is down for a while gets the alert once it is back,
+exactly once."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import openai
+import pytest
+
+from app.alert_settings import AlertSettings
+from app.factory import create_app
+from app.key_settings import BudgetSettings, KeySettings
+from app.settings import ServerSettings, Settings, WorkerSettings
+from tests.fakes.upstreams import FakeUpstream
+from tests.support.alert_receiver import AlertReceiver, verify
+from tests.support.cli_accounts import fake_claude_worker
+from tests.support.server import ServerThread
+
+from .conftest import OPENAI_MODEL, UPSTREAM_KEY
+
+SECRET = "whsec-test-secret"
+KEYS = {"capped": KeySettings(secret="sk-capped", budget_tokens=BudgetSettings(day=5))}
+
+
+@pytest.fixture
+def receiver() -> Iterator[AlertReceiver]:
+    hook = AlertReceiver()
+    try:
+        yield hook
+    finally:
+        hook.close()
+
+
+def _gateway(receiver: AlertReceiver, workers: tuple[WorkerSettings, ...],
+             events: tuple[str, ...], **alert: object) -> ServerThread:
+    return ServerThread(create_app(Settings(
+        server=ServerSettings(keys=KEYS, metrics_public=True),
+        workers=workers,
+        alerts=(AlertSettings(url=receiver.url, events=events, secret=SECRET,
+                              secret_env="UNUSED_IN_TESTS", **alert),))))
+
+
+def _upstream(fake: FakeUpstream) -> tuple[WorkerSettings, ...]:
+    return (WorkerSettings(name="openai-up", dialect="openai", url=fake.url,
+                           api_key=UPSTREAM_KEY, models=(OPENAI_MODEL,)),)
+
+
+def _spend_and_be_refused(url: str, refusals: int) -> None:
+    client = openai.OpenAI(base_url=url + "/v1", api_key="sk-capped", max_retries=0)
+    try:
+        client.chat.completions.create(model=OPENAI_MODEL, messages=[
+            {"role": "user", "content": "spend the whole budget " * 5}])
+        for _ in range(refusals):
+            with pytest.raises(openai.RateLimitError):
+                client.chat.completions.create(model=OPENAI_MODEL,
+                                               messages=[{"role": "user", "content": "hi"}])
+    finally:
+        client.close()
+
+
+def _metric(url: str, name: str, event: str) -> float:
+    text = httpx.get(url + "/metrics").text
+    found = re.search(rf'^{name}_total\{{event="{event}"\}} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_key_over_budget_alerts_once_signed(fake_upstream: FakeUpstream,
+                                              receiver: AlertReceiver) -> None:
+    receiver.listen()
+    with _gateway(receiver, _upstream(fake_upstream),
+                  ("key_over_budget", "key_near_budget")) as srv:
+        _spend_and_be_refused(srv.url, refusals=5)
+        receiver.wait(lambda: len(receiver.alerts("key_over_budget")) >= 1
+                      and len(receiver.alerts("key_near_budget")) >= 1)
+        time.sleep(1.0)  # room for any duplicate to arrive
+        over = receiver.alerts("key_over_budget")
+        assert len(over) == 1, over  # five refusals, one alert
+        assert over[0]["key"] == "capped" and over[0]["state"] == "over_budget"
+        assert over[0]["details"]["budget"] == "daily"
+        assert over[0]["details"]["budget_tokens"] == 5
+        assert len(receiver.alerts("key_near_budget")) == 1
+        for headers, body in receiver.posts():
+            assert verify(SECRET, headers, body), headers
+            assert not verify("another-secret", headers, body)
+            assert SECRET.encode() not in body and b"sk-capped" not in body
+            assert headers["content-type"] == "application/json"
+        assert _metric(srv.url, "poolgate_alerts_sent", "key_over_budget") == 1
+        assert _metric(srv.url, "poolgate_alerts_failed", "key_over_budget") == 0
+
+
+def test_a_receiver_down_for_a_while_gets_the_alert_once_back(
+        fake_upstream: FakeUpstream, receiver: AlertReceiver) -> None:
+    # not listening yet: every attempt is refused until it is
+    with _gateway(receiver, _upstream(fake_upstream), ("key_over_budget",),
+                  retry_initial=0.2, retry_max=0.5, max_attempts=30) as srv:
+        _spend_and_be_refused(srv.url, refusals=3)
+        time.sleep(1.5)  # several attempts refused meanwhile
+        assert receiver.posts() == []
+        assert _metric(srv.url, "poolgate_alerts_sent", "key_over_budget") == 0
+        receiver.listen()
+        receiver.wait(lambda: len(receiver.alerts()) >= 1)
+        time.sleep(1.5)  # a second delivery would have come by now
+        alerts = receiver.alerts()
+        assert [a["event"] for a in alerts] == ["key_over_budget"], alerts
+        assert verify(SECRET, *receiver.posts()[0])  # signed at the attempt that got through
+        assert _metric(srv.url, "poolgate_alerts_sent", "key_over_budget") == 1
+        assert _metric(srv.url, "poolgate_alerts_failed", "key_over_budget") == 0
+
+
+@pytest.mark.slow
+def test_a_logged_out_account_alerts_once_while_it_stays_so(
+        tmp_path: Path, receiver: AlertReceiver) -> None:
+    receiver.listen()
+    with FakeUpstream(models=("claude-sonnet-4-6",)) as upstream:
+        # an empty home: the fake Claude Code has no credentials, the account is logged out
+        worker = fake_claude_worker("claude-a", tmp_path / "a", upstream.anthropic_url,
+                                    tmp_path / "a.log")
+        with _gateway(receiver, (worker,), ("account_logged_out", "account_cooling_down")):
+            receiver.wait(lambda: len(receiver.alerts("account_logged_out")) >= 1, timeout=60)
+            time.sleep(5)  # several ticks and a probe of the refused account meanwhile
+            alerts = receiver.alerts()
+            assert len(alerts) == 1, alerts
+            assert alerts[0]["worker"] == "claude-a" and alerts[0]["state"] == "logged_out"
+            assert verify(SECRET, *receiver.posts()[0])
