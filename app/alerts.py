@@ -222,12 +222,16 @@ class Alerts:
 #: account states that alert while the account is in them
 _ACCOUNT_EVENTS = {AccountState.LOGGED_OUT: "account_logged_out",
                    AccountState.COOLING_DOWN: "account_cooling_down"}
+#: the states that end a logged-out spell: logged in, or stopped by an operator (a login
+#: under way, the restart after it, still count as logged out: no alert per attempt)
+_LOGGED_IN = frozenset({AccountState.READY, AccountState.COOLING_DOWN, AccountState.DRAINING,
+                        AccountState.STOPPED})
 
 
 class AccountAlerts:
     """The :class:`pool.cli.account.AccountObserver` that turns an account's
     state changes into alerts: once on entering a state, again only after it
-    left it."""
+    left it (logged out: only once it is logged in again, or stopped)."""
 
     def __init__(self, alerts: Alerts) -> None:
         self.alerts = alerts
@@ -239,7 +243,7 @@ class AccountAlerts:
                 self.alerts.notify(event, "worker", name, after.value, once=state.value,
                                    details={"previous_state": before.value if before else None,
                                             **details})
-            elif before is state:
+            elif state is AccountState.COOLING_DOWN or after in _LOGGED_IN:
                 self.alerts.clear(event, name)
 
 

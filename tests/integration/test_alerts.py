@@ -7,6 +7,7 @@ exactly once."""
 from __future__ import annotations
 
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Iterator
@@ -25,6 +26,8 @@ from tests.support.cli_accounts import fake_claude_worker
 from tests.support.server import ServerThread
 
 from .conftest import OPENAI_MODEL, UPSTREAM_KEY
+
+REPO = Path(__file__).resolve().parents[2]
 
 SECRET = "whsec-test-secret"
 KEYS = {"capped": KeySettings(secret="sk-capped", budget_tokens=BudgetSettings(day=5))}
@@ -130,3 +133,19 @@ def test_a_logged_out_account_alerts_once_while_it_stays_so(
             assert len(alerts) == 1, alerts
             assert alerts[0]["worker"] == "claude-a" and alerts[0]["state"] == "logged_out"
             assert verify(SECRET, *receiver.posts()[0])
+
+
+@pytest.mark.slow
+def test_a_crash_looping_worker_alerts_once(receiver: AlertReceiver) -> None:
+    receiver.listen()
+    broken = WorkerSettings(
+        name="broken", kind="process", models=("echo",), cwd=str(REPO),
+        command=(sys.executable, "-m", "tests.fakes.echo_worker", "--crash-at-start"),
+        backoff_initial=0.2, backoff_max=0.5, health_interval=0.5, health_timeout=1.0,
+        stop_timeout=3.0)
+    with _gateway(receiver, (broken,), ("worker_crash_looping",)):
+        receiver.wait(lambda: len(receiver.alerts()) >= 1, timeout=60)
+        time.sleep(4)  # it goes on crashing meanwhile
+        alerts = receiver.alerts()
+        assert len(alerts) == 1, alerts
+        assert alerts[0]["event"] == "worker_crash_looping" and alerts[0]["worker"] == "broken"

@@ -8,8 +8,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from app.alert_settings import AlertSettings
-from app.alerts import Alerts, sign
+from app.alerts import AccountAlerts, Alerts, sign
 from app.settings import ConfigError, load_settings
+from pool.cli.account import AccountState
 
 
 def _problems(alerts: list[dict], environ: dict[str, str] | None = None) -> list[str]:
@@ -73,6 +74,29 @@ def test_near_budget_respects_each_receivers_threshold() -> None:
         alerts.notify("key_near_budget", "key", "a", "near_budget", once="day:1", percent=95)
         alerts.notify("key_near_budget", "key", "a", "near_budget", once="day:1", percent=99)
         assert alerts.receivers[0].queue.qsize() == 1
+        await alerts.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_an_account_alerts_again_only_once_it_was_logged_in_again() -> None:
+    async def scenario() -> None:
+        alerts = Alerts([AlertSettings(url="http://127.0.0.1:9/x",
+                                       events=("account_logged_out",))], CollectorRegistry())
+        observer, queue = AccountAlerts(alerts), alerts.receivers[0].queue
+        S = AccountState
+        observer.account_changed("a", S.STARTING, S.LOGGED_OUT, {})
+        observer.account_changed("a", S.LOGGED_OUT, S.LOGGING_IN, {})
+        observer.account_changed("a", S.LOGGING_IN, S.STARTING, {})
+        observer.account_changed("a", S.STARTING, S.LOGGED_OUT, {})  # the login failed
+        assert queue.qsize() == 1  # a login attempt does not end the spell
+        observer.account_changed("a", S.LOGGED_OUT, S.READY, {})
+        observer.account_changed("a", S.READY, S.COOLING_DOWN, {})  # not subscribed
+        observer.account_changed("a", S.COOLING_DOWN, S.LOGGED_OUT, {})
+        assert queue.qsize() == 2
+        first = queue.get_nowait()
+        assert (first.event, first.subject, first.state) == ("account_logged_out", "a",
+                                                              "logged_out")
         await alerts.aclose()
 
     asyncio.run(scenario())
