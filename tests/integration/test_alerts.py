@@ -20,12 +20,13 @@ from app.alert_settings import AlertSettings
 from app.factory import create_app
 from app.key_settings import BudgetSettings, KeySettings
 from app.settings import ServerSettings, Settings, WorkerSettings
+from tests.fakes.idp import FakeIdP
 from tests.fakes.upstreams import FakeUpstream
 from tests.support.alert_receiver import AlertReceiver, verify
 from tests.support.cli_accounts import fake_claude_worker
 from tests.support.server import ServerThread
 
-from .conftest import OPENAI_MODEL, UPSTREAM_KEY
+from .conftest import ADMIN_TOKEN, OPENAI_MODEL, UPSTREAM_KEY
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,7 +46,7 @@ def receiver() -> Iterator[AlertReceiver]:
 def _gateway(receiver: AlertReceiver, workers: tuple[WorkerSettings, ...],
              events: tuple[str, ...], **alert: object) -> ServerThread:
     return ServerThread(create_app(Settings(
-        server=ServerSettings(keys=KEYS, metrics_public=True),
+        server=ServerSettings(keys=KEYS, metrics_public=True, admin_token=ADMIN_TOKEN),
         workers=workers,
         alerts=(AlertSettings(url=receiver.url, events=events, secret=SECRET,
                               secret_env="UNUSED_IN_TESTS", **alert),))))
@@ -149,3 +150,34 @@ def test_a_crash_looping_worker_alerts_once(receiver: AlertReceiver) -> None:
         alerts = receiver.alerts()
         assert len(alerts) == 1, alerts
         assert alerts[0]["event"] == "worker_crash_looping" and alerts[0]["worker"] == "broken"
+
+
+@pytest.mark.slow
+def test_a_login_that_ends_at_its_deadline_alerts_login_failed(
+        tmp_path: Path, receiver: AlertReceiver) -> None:
+    receiver.listen()
+    with FakeUpstream(models=("claude-sonnet-4-6",)) as upstream, \
+            FakeIdP({"alice@example.com": "pw-alice"}) as idp:
+        worker = fake_claude_worker("claude-a", tmp_path / "a", upstream.anthropic_url,
+                                    tmp_path / "a.log", env={"FAKE_CLAUDE_OAUTH_URL": idp.url},
+                                    login_timeout=2)
+        with _gateway(receiver, (worker,), ("login_failed",)) as srv, \
+                httpx.Client(base_url=srv.url, timeout=60) as http:
+            admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+            receiver.wait(lambda: http.get("/internal/workers/claude-a/login", headers=admin)
+                          .json()["login"] == "logged_out", timeout=60)
+            started = http.post("/internal/workers/claude-a/login", headers=admin,
+                                json={"auto": False})
+            assert started.status_code == 202, started.text
+            receiver.wait(lambda: len(receiver.alerts()) >= 1, timeout=30)
+            time.sleep(1)
+            alerts = receiver.alerts()
+            assert [(a["event"], a["worker"]) for a in alerts] == [("login_failed", "claude-a")]
+            assert alerts[0]["details"]["reason"] == "timeout"
+            # an operator's cancel is not a failure
+            again = http.post("/internal/workers/claude-a/login", headers=admin,
+                              json={"auto": False})
+            assert again.status_code == 202, again.text
+            assert http.delete("/internal/workers/claude-a/login", headers=admin).status_code == 200
+            time.sleep(1)
+            assert len(receiver.alerts()) == 1, receiver.alerts()
