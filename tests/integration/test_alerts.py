@@ -23,7 +23,7 @@ from app.settings import ServerSettings, Settings, WorkerSettings
 from tests.fakes.idp import FakeIdP
 from tests.fakes.upstreams import FakeUpstream
 from tests.support.alert_receiver import AlertReceiver, verify
-from tests.support.cli_accounts import fake_claude_worker
+from tests.support.cli_accounts import claude_home, fake_claude_worker
 from tests.support.server import ServerThread
 
 from .conftest import ADMIN_TOKEN, OPENAI_MODEL, UPSTREAM_KEY
@@ -181,3 +181,28 @@ def test_a_login_that_ends_at_its_deadline_alerts_login_failed(
             assert http.delete("/internal/workers/claude-a/login", headers=admin).status_code == 200
             time.sleep(1)
             assert len(receiver.alerts()) == 1, receiver.alerts()
+
+
+@pytest.mark.slow
+def test_a_rate_limited_account_alerts_cooling_down_once(tmp_path: Path,
+                                                          receiver: AlertReceiver) -> None:
+    receiver.listen()
+    with FakeUpstream(models=("claude-sonnet-4-6",)) as upstream:
+        worker = fake_claude_worker("claude-a", claude_home(tmp_path / "a", "sk-ant-oat01-fake"),
+                                    upstream.anthropic_url, tmp_path / "a.log",
+                                    env={"FAKE_CLAUDE_FAULT": "rate-limited"})
+        with _gateway(receiver, (worker,), ("account_cooling_down", "account_logged_out")) as srv:
+            client = openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-capped", max_retries=0)
+            try:
+                for n in range(4):  # the first meets the vendor's limit, the rest the cool-down
+                    with pytest.raises(openai.APIStatusError):
+                        client.chat.completions.create(model="claude-sonnet-4-6", messages=[
+                            {"role": "user", "content": f"question {n}"}])
+            finally:
+                client.close()
+            receiver.wait(lambda: len(receiver.alerts()) >= 1, timeout=30)
+            time.sleep(3)  # ticks meanwhile
+            alerts = receiver.alerts()
+            assert [(a["event"], a["worker"], a["state"]) for a in alerts] == [
+                ("account_cooling_down", "claude-a", "cooling_down")], alerts
+            assert alerts[0]["details"]["cooldown_until"] > time.time() + 1700
