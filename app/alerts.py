@@ -105,6 +105,10 @@ class Alerts:
 
     # --- noticing --------------------------------------------------------------------------
 
+    def wants(self, event: str) -> bool:
+        """Whether any receiver gets ``event`` (so a caller can skip the work of noticing it)."""
+        return any(event in r.settings.events for r in self.receivers)
+
     def notify(self, event: str, subject_kind: str, subject: str, state: str, *, once: str,
                details: Mapping[str, Any] | None = None, percent: float | None = None) -> None:
         """Queue ``event`` for every receiver that wants it and was not told of

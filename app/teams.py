@@ -207,7 +207,7 @@ class Teams:
         policy = self.policies.get(key)
         if policy is not None and policy.limited and tokens > 0:
             self.limits.charge(key, tokens)
-            if self.alerts is not None:
+            if self.alerts is not None and self.alerts.wants("key_near_budget"):
                 self._near_budget(policy)
 
     def _near_budget(self, policy: KeyPolicy) -> None:
