@@ -480,9 +480,9 @@ def test_a_bare_signature_with_nothing_after_it_is_sent_alone(stream: bool) -> N
             {"text": "ok"}, {"text": "", "thought": True, "thoughtSignature": SIG}]
 
 
-# --- every request the google-genai SDK was recorded sending is decoded -------------------
+# --- every request the google-genai SDK and Gemini CLI were recorded sending is decoded
 
-GEMINI_FIXTURES = sorted(p for p in FIXTURES.glob("gemini-sdk-rec-*-POST-*.json"))
+GEMINI_FIXTURES = sorted(p for p in FIXTURES.glob("gemini-*-rec-*-POST-*.json"))
 
 
 def test_there_are_recorded_gemini_requests() -> None:
