@@ -16,7 +16,7 @@ from starlette.responses import Response
 from pool.errors import GatewayError
 from pool.model import ChatRequest, Event
 
-from .errors import anthropic_error_frame, openai_error_frame
+from .errors import anthropic_error_frame, google_error_frame, openai_error_frame
 from .record import RequestRecord
 
 __all__ = ["relay_for", "RelayedEncoder", "BodyResponse", "record_body"]
@@ -25,11 +25,14 @@ _COMMENT_PING = b": ping\n\n"
 _DONE = b"data: [DONE]\n\n"
 
 
-def relay_for(worker: Any, routed: ChatRequest, chat: ChatRequest, finalize: Any) -> Any:
+def relay_for(worker: Any, routed: ChatRequest, chat: ChatRequest, finalize: Any,
+              dialect: Any = None) -> Any:
     """The worker's relay for this request, or ``None`` (the canonical path):
     only workers that forward (``remote`` ones), and only when nothing needs
-    the canonical answer (a stored Responses request's ``finalize``)."""
-    if finalize is not None:
+    the canonical answer (a stored Responses request's ``finalize``) and the
+    client's ``dialect`` takes the upstream's frames (not Gemini's JSON-array
+    stream: ``forwards = False``)."""
+    if finalize is not None or not getattr(dialect, "forwards", True):
         return None
     relay = getattr(worker, "relay", None)
     return relay(routed, chat.model) if relay is not None else None
@@ -43,13 +46,13 @@ class RelayedEncoder:
     replaces an upstream's). Canonical events (an upstream that did not stream)
     go to the dialect's own encoder, built then."""
 
-    __slots__ = ("_make", "_inner", "relay", "anthropic")
+    __slots__ = ("_make", "_inner", "relay", "dialect")
 
-    def __init__(self, make: Callable[[], Any], relay: Any, *, anthropic: bool) -> None:
+    def __init__(self, make: Callable[[], Any], relay: Any, *, dialect: str) -> None:
         self._make: Callable[[], Any] | None = make  # the dialect's encoder, built when needed
         self._inner: Any = None
         self.relay = relay
-        self.anthropic = anthropic
+        self.dialect = dialect  # the client's (ChatRequest.dialect)
 
     def forwarding(self) -> None:
         """The stream is forwarded (its first frames went through): the
@@ -80,8 +83,10 @@ class RelayedEncoder:
     def fail(self, exc: GatewayError) -> bytes:
         if not self.relay.forwarded:
             return self.inner.fail(exc)
-        if self.anthropic:
+        if self.dialect == "anthropic":
             return anthropic_error_frame(exc)
+        if self.dialect == "gemini":
+            return google_error_frame(exc)
         return openai_error_frame(exc) + _DONE
 
 
