@@ -22,6 +22,7 @@ from .record import RequestRecord
 __all__ = ["relay_for", "RelayedEncoder", "BodyResponse", "record_body"]
 
 _COMMENT_PING = b": ping\n\n"
+_BLANK_LINE = b"\n"
 _DONE = b"data: [DONE]\n\n"
 
 
@@ -73,8 +74,11 @@ class RelayedEncoder:
     def ping(self) -> bytes:
         # A comment, also for Anthropic: the ping timer may fire between the
         # relay taking the upstream's message_start and the pump sending it,
-        # and no event may precede message_start. SSE parsers skip comments.
-        return self._inner.ping() if self._inner is not None else _COMMENT_PING
+        # and no event may precede message_start. SSE parsers skip comments;
+        # google-genai reads any line but ``data:`` as JSON: a blank line for it.
+        if self._inner is not None:
+            return self._inner.ping()
+        return _BLANK_LINE if self.dialect == "gemini" else _COMMENT_PING
 
     def close(self) -> bytes:
         # forwarded: the upstream's terminal frame went through (else the relay raised)

@@ -5,13 +5,14 @@ echoed (``echo: ...``), ``[[tool:NAME {json}]]`` asks for function calls
 (without ids, as Gemini often sends them), a ``functionResponse`` is answered
 ``tool said: <output>``, ``[[think]]`` adds a thought part whose signature is
 :func:`gemini_signature` (on the first answer part, as Gemini 3 puts it).
-``[[fail-after:N]]`` streams N chunks, then Google's in-stream error frame (an
+``[[sleep:S]]`` pauses S seconds after the first chunk; ``[[fail-after:N]]`` streams N chunks, then Google's in-stream error frame (an
 overload quoting the key). ``answers`` holds each answer's bytes as sent.
 Requests need ``x-goog-api-key`` when ``api_key`` is set."""
 
 from __future__ import annotations
 
 import base64
+import time
 from typing import Any
 
 import orjson
@@ -141,6 +142,8 @@ class FakeGemini:
 
         def chunks() -> Any:
             for k, part in enumerate(parts):
+                if k == 1 and script.sleep:  # a pause mid-stream (a sync generator: a thread)
+                    time.sleep(script.sleep)
                 if k == script.fail_after:  # Google's in-stream error, quoting the key
                     frame = b"data: " + orjson.dumps({"error": {
                         "code": 503, "status": "UNAVAILABLE",

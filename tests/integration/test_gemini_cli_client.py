@@ -24,7 +24,8 @@ pytestmark = [pytest.mark.cli, pytest.mark.slow]
 
 CLIENT_KEY = "sk-gemini-cli-client"
 UPSTREAM_KEY = "sk-upstream-secret"
-OPENAI_MODEL, ANTHROPIC_MODEL, GEMINI_MODEL = "gpt-4o-mini", "claude-sonnet-4-6", "gemini-fake-flash"
+OPENAI_MODEL, ANTHROPIC_MODEL = "gpt-4o-mini", "claude-sonnet-4-6"
+GEMINI_MODEL = "gemini-fake-flash"
 MODELS = [OPENAI_MODEL, ANTHROPIC_MODEL, GEMINI_MODEL]
 IDS = ["to-openai", "to-anthropic", "same-dialect"]
 

@@ -31,7 +31,7 @@ def gw() -> Iterator[tuple[str, FakeGemini]]:
     with FakeGemini(api_key=UPSTREAM_KEY, models=(MODEL,)) as fake:
         settings = Settings(
             server=ServerSettings(keys={k: KeySettings(secret=f"sk-{k}") for k in KEYS},
-                                  admin_token=ADMIN_TOKEN),
+                                  admin_token=ADMIN_TOKEN, ping_interval=0.2),
             workers=(WorkerSettings(name="gemini-up", dialect="gemini", url=fake.url,
                                     api_key=UPSTREAM_KEY, models=(MODEL,),
                                     aliases={ALIAS: MODEL}),))
@@ -39,7 +39,8 @@ def gw() -> Iterator[tuple[str, FakeGemini]]:
             yield srv.url, fake
 
 
-def _post(url: str, key: str, model: str, method: str, text: str, query: str = "") -> httpx.Response:
+def _post(url: str, key: str, model: str, method: str, text: str,
+          query: str = "") -> httpx.Response:
     return httpx.post(f"{url}/v1beta/models/{model}:{method}{query}",
                       headers={"x-goog-api-key": f"sk-{key}"}, timeout=30,
                       json={"contents": [{"role": "user", "parts": [{"text": text}]}]})
@@ -77,7 +78,8 @@ def test_a_json_array_stream_stays_translated(gw: tuple[str, FakeGemini]) -> Non
     r = _post(url, "array", ALIAS, "streamGenerateContent", "one two three")
     assert r.status_code == 200, r.text
     chunks = r.json()
-    text = "".join(p.get("text", "") for c in chunks for p in c["candidates"][0]["content"]["parts"])
+    parts = [p for c in chunks for p in c["candidates"][0]["content"]["parts"]]
+    text = "".join(p.get("text", "") for p in parts)
     assert text == "echo: one two three"
     assert chunks[-1]["candidates"][0]["finishReason"] == "STOP"
     assert {c["modelVersion"] for c in chunks} == {ALIAS}
@@ -108,8 +110,23 @@ def test_the_sdk_reads_forwarded_answers(gw: tuple[str, FakeGemini]) -> None:
     assert chunks[-1].usage_metadata.total_token_count > 0
 
 
+def test_keep_alive_pings_are_blank_lines_the_sdk_skips(gw: tuple[str, FakeGemini]) -> None:
+    """google-genai reads a line that is not ``data:`` as (error) JSON: a ``: ping``
+    comment would break it, a blank line is skipped."""
+    url, _ = gw
+    r = _post(url, "sdk", MODEL, "streamGenerateContent", "one two [[sleep:0.7]]", "?alt=sse")
+    assert r.status_code == 200 and b"\n\n\n" in r.content  # pinged while it waited
+    assert b": ping" not in r.content
+    with genai.Client(api_key="sk-sdk", http_options=types.HttpOptions(
+            base_url=url, api_version="v1beta")) as c:
+        chunks = list(c.models.generate_content_stream(model=MODEL,
+                                                       contents="one two [[sleep:0.7]]"))
+    assert "".join(ch.text or "" for ch in chunks) == "echo: one two"
+
+
 @pytest.mark.parametrize("method", ["body", "sse"])
-def test_usage_is_charged_as_the_upstream_reported(gw: tuple[str, FakeGemini], method: str) -> None:
+def test_usage_is_charged_as_the_upstream_reported(gw: tuple[str, FakeGemini],
+                                                    method: str) -> None:
     url, fake = gw
     if method == "body":
         r = _post(url, "u-body", MODEL, "generateContent", "count these words please")
