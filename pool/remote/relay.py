@@ -2,11 +2,10 @@
 
 When a client speaks the dialect of the ``remote`` worker that serves it
 (OpenAI chat to an OpenAI upstream, Anthropic messages to an Anthropic one,
-Gemini to Gemini: :mod:`.gemini_relay`),
-the answer needs no canonical round trip: the upstream's JSON body, or its SSE
-frames, go to the client as they came, with only the model name replaced by
-the name the client asked for (an alias maps it to another upstream name;
-Gemini's ``modelVersion``). A
+Gemini to Gemini: :mod:`.gemini_relay`), the answer needs no canonical round
+trip: the upstream's JSON body, or its SSE frames, go to the client as they
+came, with only the model name (Gemini's ``modelVersion``) replaced by the
+name the client asked for (an alias maps it to another upstream name). A
 cheap side scan (one ``orjson.loads`` per body or frame) keeps what the
 gateway must know: usage, finish reason, errors, and how many frames carried
 content (what a stream cut before its usage is charged).
