@@ -54,6 +54,7 @@ def gemini_bin() -> str:
 def upstreams(gemini_bin: str) -> Iterator[Upstreams]:
     with FakeUpstream(api_key=UPSTREAM_KEY, models=(OPENAI_MODEL, ANTHROPIC_MODEL)) as fake, \
             FakeGemini(api_key=UPSTREAM_KEY, models=(GEMINI_MODEL,)) as gemini:
+        fake.check_thinking = True  # the CLI asks for thinking: refused as the real API would
         settings = Settings(server=ServerSettings(api_keys={"team": CLIENT_KEY}), workers=(
             WorkerSettings(name="openai-up", dialect="openai", url=fake.url,
                            api_key=UPSTREAM_KEY, models=(OPENAI_MODEL,)),

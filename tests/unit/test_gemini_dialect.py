@@ -174,6 +174,19 @@ def test_decode_restores_base64url_signatures() -> None:
     assert part == ReasoningPart("t", signature=SIG)
 
 
+@pytest.mark.parametrize("dummy", ["skip_thought_signature_validator",
+                                   "context_engineering_is_the_way_to_go"])
+def test_decode_drops_googles_dummy_signatures(dummy: str) -> None:
+    """Gemini CLI puts Google's "skip the check" dummy on a function call it got
+    no signature for: not reasoning (an Anthropic upstream refuses it as a
+    thinking block's signature), whatever the part."""
+    raw = body(user({"text": "q"}),
+               model({"text": "t", "thought": True, "thoughtSignature": dummy},
+                     {"functionCall": {"name": "f", "args": {}}, "thoughtSignature": dummy}))
+    parts = decode(raw, "m").messages[1].parts
+    assert parts == (ReasoningPart("t"), ToolCallPart("call_1_1", "f", "{}"))
+
+
 def test_decode_images() -> None:
     raw = body(user({"text": "look"}, {"inlineData": {"mimeType": "image/png", "data": "iVBO"}},
                     {"file_data": {"mime_type": "image/jpeg",
