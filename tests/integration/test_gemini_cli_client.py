@@ -26,8 +26,10 @@ CLIENT_KEY = "sk-gemini-cli-client"
 UPSTREAM_KEY = "sk-upstream-secret"
 OPENAI_MODEL, ANTHROPIC_MODEL = "gpt-4o-mini", "claude-sonnet-4-6"
 GEMINI_MODEL = "gemini-fake-flash"
-MODELS = [OPENAI_MODEL, ANTHROPIC_MODEL, GEMINI_MODEL]
-IDS = ["to-openai", "to-anthropic", "same-dialect"]
+# a Gemini model name mapped to Claude: the CLI asks it for thinking (and its sampling)
+ALIASED = "gemini-2.5-flash"
+MODELS = [OPENAI_MODEL, ANTHROPIC_MODEL, ALIASED, GEMINI_MODEL]
+IDS = ["to-openai", "to-anthropic", "aliased-to-anthropic", "same-dialect"]
 
 
 class Upstreams:
@@ -38,6 +40,7 @@ class Upstreams:
         """What the upstream serving ``model`` was asked, in order."""
         if model == GEMINI_MODEL:
             return [body for path, body in self.gemini.requests if "enerateContent" in path]
+        model = ANTHROPIC_MODEL if model == ALIASED else model
         return [r.body for r in self.fake.requests if r.body.get("model") == model]
 
 
@@ -59,7 +62,8 @@ def upstreams(gemini_bin: str) -> Iterator[Upstreams]:
             WorkerSettings(name="openai-up", dialect="openai", url=fake.url,
                            api_key=UPSTREAM_KEY, models=(OPENAI_MODEL,)),
             WorkerSettings(name="anthropic-up", dialect="anthropic", url=fake.anthropic_url,
-                           api_key=UPSTREAM_KEY, models=(ANTHROPIC_MODEL,)),
+                           api_key=UPSTREAM_KEY, models=(ANTHROPIC_MODEL,),
+                           aliases={ALIASED: ANTHROPIC_MODEL}),
             WorkerSettings(name="gemini-up", dialect="gemini", url=gemini.url,
                            api_key=UPSTREAM_KEY, models=(GEMINI_MODEL,)),
         ))
