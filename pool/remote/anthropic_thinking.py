@@ -17,7 +17,8 @@ Anthropic wants ``budget_tokens`` of at least 1024 and below ``max_tokens``
   tool without its signed thinking first (what a Chat Completions client
   sends back: it has nowhere to keep the signature; Gemini CLI drops thought
   parts from its history);
-* with thinking on, the sampling it refuses goes (:func:`sampling_for_thinking`).
+* with thinking on, the sampling it refuses goes from a Gemini client's
+  request (:func:`sampling_for_thinking`).
 """
 
 from __future__ import annotations
@@ -57,8 +58,9 @@ def thinking(req: ChatRequest, default_max_tokens: int) -> tuple[dict[str, Any] 
 
 def sampling_for_thinking(body: dict[str, Any]) -> None:
     """With thinking on, Anthropic refuses ``top_k``, a ``temperature`` but 1
-    and a ``top_p`` under 0.95 (Gemini CLI sends all three, its defaults):
-    thinking was asked for, so those go."""
+    and a ``top_p`` under 0.95. Gemini takes them with thinking, so a Gemini
+    client sends them as a matter of course (Gemini CLI: ``topK`` 64 with a
+    thinking budget): for it, thinking was asked for, and those go."""
     body.pop("top_k", None)
     if body.get("temperature", 1) != 1:
         del body["temperature"]

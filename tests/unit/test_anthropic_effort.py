@@ -1,6 +1,7 @@
 """A reasoning effort (OpenAI ``reasoning.effort`` / ``reasoning_effort``)
 sent to an Anthropic upstream becomes a thinking budget (table-driven); with
-thinking on, the sampling Anthropic refuses with it is left out."""
+thinking on, the sampling Anthropic refuses with it is left out of a Gemini
+client's request."""
 
 from __future__ import annotations
 
@@ -97,7 +98,12 @@ def test_thinking_leaves_out_the_sampling_anthropic_refuses_with_it(
     assert with_thinking["thinking"]["budget_tokens"] == 2048
     assert {k: with_thinking[k] for k in ("temperature", "top_p", "top_k")
             if k in with_thinking} == kept
-    without = am.build_body(ChatRequest(model="up", messages=(Message("user", (TextPart("x"),)),),
-                                        dialect="gemini", sampling=sampling))
-    assert (without["temperature"], without["top_p"], without["top_k"]) == (
-        sampling.temperature, sampling.top_p, sampling.top_k)
+    hi = (Message("user", (TextPart("x"),)),)
+    without = am.build_body(ChatRequest(model="up", messages=hi, dialect="gemini",
+                                        sampling=sampling))
+    # an OpenAI client's sampling is its choice: sent as it is (the upstream's 400)
+    openai = am.build_body(ChatRequest(model="up", messages=hi, dialect="openai_chat",
+                                       thinking_budget=2048, sampling=sampling))
+    for body in (without, openai):
+        assert (body["temperature"], body["top_p"], body["top_k"]) == (
+            sampling.temperature, sampling.top_p, sampling.top_k)
