@@ -41,7 +41,7 @@ class Upstreams:
         if model == GEMINI_MODEL:
             return [body for path, body in self.gemini.requests if "enerateContent" in path]
         model = ANTHROPIC_MODEL if model == ALIASED else model
-        return [r.body for r in self.fake.requests if r.body.get("model") == model]
+        return [r.body for r in self.fake.requests if r.body and r.body.get("model") == model]
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +125,6 @@ def test_a_tool_round_trip(upstreams: Upstreams, tmp_path: Path, model: str) -> 
     else:
         block = last["messages"][-1]["content"][-1]
         assert block["type"] == "tool_result" and "the notes say 42" in json.dumps(block)
+    if model == ALIASED:  # the CLI asked for thinking: on, but not for the unsigned tool turn
+        assert sent[0]["thinking"]["type"] == "enabled" and "top_k" not in sent[0]
+        assert "thinking" not in sent[1]
