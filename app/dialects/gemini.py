@@ -16,4 +16,6 @@ from .gemini_encode import ArrayStreamEncoder, StreamEncoder, encode_completion
 
 __all__ = ["decode", "decode_count_tokens", "encode_completion", "StreamEncoder", "ARRAY"]
 
-ARRAY = SimpleNamespace(encode_completion=encode_completion, StreamEncoder=ArrayStreamEncoder)
+#: not ``forwards``: a same-dialect upstream's SSE frames are translated into the array
+ARRAY = SimpleNamespace(encode_completion=encode_completion, StreamEncoder=ArrayStreamEncoder,
+                        forwards=False)

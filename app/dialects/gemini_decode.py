@@ -23,7 +23,8 @@ Mapping choices:
   (Gemini puts them on function calls) is a ``ReasoningPart`` holding only the
   signature, just before that part, so it too comes back byte for byte. A
   signature in base64url (how the google-genai SDK sends back the bytes it
-  decoded) is put back in the standard alphabet (:func:`_signature`).
+  decoded) is put back in the standard alphabet (:func:`_signature`); Google's
+  dummies (Gemini CLI's ``skip_thought_signature_validator``) are dropped.
 * ``functionCall.args`` becomes compact JSON text. Gemini ids are optional: a
   call without one gets ``call_{content}_{part}`` (stable across turns), and a
   ``functionResponse`` without one answers the earliest unanswered call of
@@ -147,12 +148,17 @@ def _result_text(response: dict[str, Any]) -> str:
     return orjson.dumps(response).decode()
 
 
+#: Google's "skip the check" dummies: no signature to carry
+_DUMMIES = frozenset({"skip_thought_signature_validator", "context_engineering_is_the_way_to_go"})
+
+
 def _signature(value: str | None) -> str | None:
     """A thought signature as the upstreams wrote it. The google-genai SDK
     holds it as bytes and sends it back in base64url: the standard alphabet
     (what every signature we hand out uses) is restored, same bytes."""
-    if value is not None and ("-" in value or "_" in value) and not (
-            "+" in value or "/" in value):
+    if value is None or value in _DUMMIES:
+        return None
+    if ("-" in value or "_" in value) and not ("+" in value or "/" in value):
         return value.replace("-", "+").replace("_", "/")
     return value
 

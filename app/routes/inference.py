@@ -130,7 +130,7 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, dialect: Mo
     worker = lease.worker
     handed_over = False
     try:
-        relay = relay_for(worker, routed, chat, finalize)
+        relay = relay_for(worker, routed, chat, finalize, dialect)
         if chat.stream:
             iterator = _events(worker, routed, relay).__aiter__()
             first = await _begin(gw, request, iterator)
@@ -139,7 +139,7 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, dialect: Mo
             # (the upstream answered with a body, or failed before its first frame);
             # what would build it, with the decoded request, goes once it forwards
             encoder = _encoder(dialect, chat) if relay is None else RelayedEncoder(
-                partial(_encoder, dialect, chat), relay, anthropic=chat.dialect == "anthropic")
+                partial(_encoder, dialect, chat), relay, dialect=chat.dialect)
             after = None
             if finalize is not None:
                 async def after() -> None:

@@ -17,7 +17,8 @@ Choices made here (see the module tests):
   a non-strict schema is not sent there: it could be refused).
 * ``thinking`` comes from ``thinking_budget`` or, failing that, from
   ``reasoning_effort`` (:mod:`pool.remote.anthropic_thinking`: clamped below
-  ``max_tokens``, at least 1024, or left off).
+  ``max_tokens``, at least 1024, or left off); with it on, the sampling it
+  refuses is left out of a Gemini client's request.
 * Tool call arguments that are not a JSON object (custom tools' free text)
   go as ``{"input": <text>}``, matching the schema given to custom tools;
   a ``tool_use`` of a custom tool of the request comes back as a
@@ -39,7 +40,7 @@ from pool.model import (
     ToolResultPart, Usage, executed_text,
 )
 
-from .anthropic_thinking import thinking
+from .anthropic_thinking import sampling_for_thinking, thinking
 from .errors import error_from_object, loads_upstream
 from .policy import ANTHROPIC_FIELDS, PassPolicy
 
@@ -135,6 +136,8 @@ def _translate(req: ChatRequest) -> dict[str, Any]:
             body["tool_choice"] = choice
     if think is not None:
         body["thinking"] = think
+        if req.dialect == "gemini":  # Gemini takes its sampling with thinking: its clients send it
+            sampling_for_thinking(body)
     if req.user is not None:
         body["metadata"] = {"user_id": req.user}
     if req.stream:

@@ -39,7 +39,7 @@ from pool.model import (
 from .errors import error_from_object, loads_upstream
 from .policy import PassPolicy
 
-__all__ = ["build_body", "StreamParser", "body_events", "GEMINI_FIELDS"]
+__all__ = ["build_body", "StreamParser", "body_events", "finish_of", "usage_of", "GEMINI_FIELDS"]
 
 #: Gemini request fields a same-dialect pass-through carries by default
 GEMINI_FIELDS = frozenset({
@@ -196,12 +196,9 @@ class StreamParser:
         reason = candidate.get("finishReason")
         if reason:
             self.done = True
-            finish = _FINISH.get(reason, "stop")
-            if finish == "stop" and self._calls:
-                finish = "tool_calls"
-            out.append(Finish(finish))  # type: ignore[arg-type]
+            out.append(Finish(finish_of(reason, self._calls > 0)))  # type: ignore[arg-type]
         if isinstance(usage, dict) and (reason or "promptTokenCount" in usage):
-            out.append(_usage(usage))
+            out.append(usage_of(usage))
         return out
 
     def _part(self, part: dict[str, Any], out: list[Event]) -> None:
@@ -228,7 +225,14 @@ class StreamParser:
             out.append(TextDelta(text))
 
 
-def _usage(usage: dict[str, Any]) -> Usage:
+def finish_of(reason: str, called: bool) -> str:
+    """The canonical finish of a ``finishReason`` (``tool_calls`` for a stop
+    after function calls)."""
+    finish = _FINISH.get(reason, "stop")
+    return "tool_calls" if finish == "stop" and called else finish
+
+
+def usage_of(usage: dict[str, Any]) -> Usage:
     thoughts = usage.get("thoughtsTokenCount")
     output = usage.get("candidatesTokenCount")
     if output is not None or thoughts is not None:

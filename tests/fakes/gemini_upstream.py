@@ -5,11 +5,14 @@ echoed (``echo: ...``), ``[[tool:NAME {json}]]`` asks for function calls
 (without ids, as Gemini often sends them), a ``functionResponse`` is answered
 ``tool said: <output>``, ``[[think]]`` adds a thought part whose signature is
 :func:`gemini_signature` (on the first answer part, as Gemini 3 puts it).
+``[[sleep:S]]`` pauses S seconds after the first chunk; ``[[fail-after:N]]`` streams N chunks, then Google's in-stream error frame (an
+overload quoting the key). ``answers`` holds each answer's bytes as sent.
 Requests need ``x-goog-api-key`` when ``api_key`` is set."""
 
 from __future__ import annotations
 
 import base64
+import time
 from typing import Any
 
 import orjson
@@ -76,6 +79,7 @@ class FakeGemini:
         self.api_key = api_key
         self.models = models
         self.requests: list[tuple[str, dict[str, Any]]] = []  # (path, body)
+        self.answers: list[bytes] = []  # each answer's body as sent (a stream's frames joined)
         self.app = Starlette(routes=[
             Route("/v1beta/models", self._models, methods=["GET"]),
             Route("/v1beta/models/{rest:path}", self._generate, methods=["POST"]),
@@ -119,19 +123,34 @@ class FakeGemini:
         if method == "countTokens":
             counted = body.get("generateContentRequest", body)
             return JSONResponse({"totalTokens": _usage(counted, [])["promptTokenCount"]})
-        parts, finish = _answer(_script(body), body)
+        script = _script(body)
+        parts, finish = _answer(script, body)
         usage = _usage(body, parts)
         meta = {"modelVersion": model, "responseId": f"resp-{len(self.requests)}"}
         if method == "generateContent":
-            return JSONResponse({"candidates": [{"content": {"role": "model", "parts": parts},
-                                                 "finishReason": finish, "index": 0}],
-                                 "usageMetadata": usage, **meta})
+            raw = orjson.dumps({"candidates": [{"content": {"role": "model", "parts": parts},
+                                                "finishReason": finish, "index": 0}],
+                                "usageMetadata": usage, **meta})
+            self.answers.append(raw)
+            return Response(raw, media_type="application/json")
         if method != "streamGenerateContent" or request.query_params.get("alt") != "sse":
             return JSONResponse({"error": {"code": 404, "message": "not here",
                                            "status": "NOT_FOUND"}}, status_code=404)
 
+        answer = len(self.answers)
+        self.answers.append(b"")
+
         def chunks() -> Any:
             for k, part in enumerate(parts):
+                if k == 1 and script.sleep:  # a pause mid-stream (a sync generator: a thread)
+                    time.sleep(script.sleep)
+                if k == script.fail_after:  # Google's in-stream error, quoting the key
+                    frame = b"data: " + orjson.dumps({"error": {
+                        "code": 503, "status": "UNAVAILABLE",
+                        "message": f"overloaded (key {self.api_key})"}}) + b"\r\n\r\n"
+                    self.answers[answer] += frame
+                    yield frame
+                    return
                 candidate: dict[str, Any] = {"content": {"role": "model", "parts": [part]},
                                              "index": 0}
                 last = k == len(parts) - 1
@@ -140,6 +159,8 @@ class FakeGemini:
                 chunk: dict[str, Any] = {"candidates": [candidate], **meta}
                 if last:
                     chunk["usageMetadata"] = usage
-                yield b"data: " + orjson.dumps(chunk) + b"\r\n\r\n"
+                frame = b"data: " + orjson.dumps(chunk) + b"\r\n\r\n"
+                self.answers[answer] += frame
+                yield frame
 
         return StreamingResponse(chunks(), media_type="text/event-stream")

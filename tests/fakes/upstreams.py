@@ -166,7 +166,8 @@ def _thinking_refused(body: dict[str, Any]) -> str | None:
     """What the real API says of the thinking in ``body``, or ``None`` when
     it takes it: a thinking block whose signature is not the one this fake
     gave its text (:func:`signature_for`) is refused; with thinking on, so is
-    a last assistant message that uses a tool without starting with thinking."""
+    ``top_k``, a ``temperature`` but 1 or a ``top_p`` under 0.95, and a last
+    assistant message that uses a tool without starting with thinking."""
     messages = body["messages"]
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") != "assistant":
@@ -181,6 +182,9 @@ def _thinking_refused(body: dict[str, Any]) -> str | None:
     thinking = body.get("thinking")
     if not isinstance(thinking, dict) or thinking.get("type") != "enabled":
         return None
+    if "top_k" in body or body.get("temperature", 1) != 1 or body.get("top_p", 1) < 0.95:
+        return ("thinking is not compatible with top_k or temperature modifications; "
+                "top_p must be between 0.95 and 1")
     last = next((i for i in range(len(messages) - 1, -1, -1)
                  if isinstance(messages[i], dict) and messages[i].get("role") == "assistant"),
                 None)

@@ -42,10 +42,12 @@ __all__ = [
     "command_executions",
     "ensure_cli",
     "final_message",
+    "gemini_env",
     "qwen_env",
     "result_event",
     "run_claude",
     "run_codex",
+    "run_gemini",
     "run_qwen",
     "tool_results",
     "turn_completed",
@@ -338,6 +340,55 @@ def run_qwen(
             "--model", model, "--approval-mode", approval_mode, *extra_args]
     env = qwen_env(base_url, api_key, model=model, home=Path(home), auth_type=auth_type)
     return _run(argv, env, Path(cwd), timeout, check)
+
+
+# --- Gemini CLI as a client ------------------------------------------------------------
+
+# Written to <home>/.gemini/settings.json before the first run in that home.
+_GEMINI_SETTINGS = {
+    "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
+    "privacy": {"usageStatisticsEnabled": False},
+    "telemetry": {"enabled": False},
+    "security": {"auth": {"selectedType": "gemini-api-key"}},
+}
+
+
+def gemini_env(base_url: str, api_key: str, *, home: Path) -> dict[str, str]:
+    """Environment for an offline ``gemini -p`` on an API key: the Gemini API
+    at ``base_url`` (the server root: the CLI posts to
+    ``<base_url>/v1beta/models/<model>:streamGenerateContent?alt=sse``)."""
+    settings = home / ".gemini" / "settings.json"
+    if not settings.exists():
+        settings.parent.mkdir(parents=True, exist_ok=True)
+        settings.write_text(json.dumps(_GEMINI_SETTINGS, indent=2))
+    env = _base_env(home)
+    env.update(GEMINI_API_KEY=api_key, GOOGLE_GEMINI_BASE_URL=base_url,
+               GEMINI_CLI_TRUST_WORKSPACE="true")
+    return env
+
+
+def run_gemini(
+    base_url: str,
+    api_key: str,
+    prompt: str,
+    *,
+    model: str,
+    cwd: str | Path,
+    home: str | Path,
+    timeout: float = 120,
+    approval_mode: str = "yolo",
+    check: bool = True,
+) -> list[dict]:
+    """Run ``gemini -p PROMPT -o stream-json`` once and return its events
+    (``init``, ``message`` deltas, ``tool_use``/``tool_result``, a final
+    ``result``). Gemini CLI 0.61.0 (``.cache/npm-gemini``); in ``yolo``
+    approval mode its tools run unasked."""
+    binary = ensure_cli(*GEMINI_CLI, prefix=GEMINI_PREFIX)
+    if binary is None:
+        raise CLIError("gemini", -1, "npm is not installed", [])
+    argv = [binary, "-p", prompt, "-o", "stream-json", "-m", model,
+            "--approval-mode", approval_mode]
+    return _run(argv, gemini_env(base_url, api_key, home=Path(home)), Path(cwd), timeout, check)
 
 
 # --- Codex CLI ----------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """A reasoning effort (OpenAI ``reasoning.effort`` / ``reasoning_effort``)
-sent to an Anthropic upstream becomes a thinking budget (table-driven)."""
+sent to an Anthropic upstream becomes a thinking budget (table-driven); with
+thinking on, the sampling Anthropic refuses with it is left out of a Gemini
+client's request."""
 
 from __future__ import annotations
 
@@ -63,6 +65,11 @@ CASES = [
     ("high", None, {"turn": (ReasoningPart("unsigned"), CALL)}, None, DEFAULT),
     ("high", None, {"turn": (TextPart("let me look"), SIGNED, CALL)}, None, DEFAULT),
     ("high", None, {"turn": (SIGNED, TextPart("done"))}, 16384, 16384 + DEFAULT),
+    # so must an explicit budget's (Gemini CLI drops thought parts from its history)
+    (None, None, {"thinking_budget": 2048, "turn": (CALL,)}, None, DEFAULT),
+    (None, None, {"thinking_budget": 2048, "turn": (SIGNED, CALL)}, 2048, DEFAULT),
+    (None, None, {"thinking_budget": 2048, "tools": (WEATHER,),
+                  "tool_choice": ToolChoice("required")}, None, DEFAULT),
 ]
 
 
@@ -76,3 +83,27 @@ def test_effort_to_thinking(effort: str | None, cap: int | None, extra: dict[str
     else:
         assert body["thinking"] == {"type": "enabled", "budget_tokens": budget}
         assert body["thinking"]["budget_tokens"] < body["max_tokens"]
+
+
+@pytest.mark.parametrize("sampling, kept", [
+    # Gemini CLI's defaults: top_k goes, temperature 1 and top_p 0.95 are taken
+    (Sampling(temperature=1, top_p=0.95, top_k=64), {"temperature": 1, "top_p": 0.95}),
+    (Sampling(temperature=0.2, top_p=0.5, top_k=5), {}),
+])
+def test_thinking_leaves_out_the_sampling_anthropic_refuses_with_it(
+        sampling: Sampling, kept: dict[str, Any]) -> None:
+    with_thinking = am.build_body(ChatRequest(
+        model="up", messages=(Message("user", (TextPart("x"),)),), dialect="gemini",
+        thinking_budget=2048, sampling=sampling))
+    assert with_thinking["thinking"]["budget_tokens"] == 2048
+    assert {k: with_thinking[k] for k in ("temperature", "top_p", "top_k")
+            if k in with_thinking} == kept
+    hi = (Message("user", (TextPart("x"),)),)
+    without = am.build_body(ChatRequest(model="up", messages=hi, dialect="gemini",
+                                        sampling=sampling))
+    # an OpenAI client's sampling is its choice: sent as it is (the upstream's 400)
+    openai = am.build_body(ChatRequest(model="up", messages=hi, dialect="openai_chat",
+                                       thinking_budget=2048, sampling=sampling))
+    for body in (without, openai):
+        assert (body["temperature"], body["top_p"], body["top_k"]) == (
+            sampling.temperature, sampling.top_p, sampling.top_k)

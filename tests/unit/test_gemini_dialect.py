@@ -174,6 +174,19 @@ def test_decode_restores_base64url_signatures() -> None:
     assert part == ReasoningPart("t", signature=SIG)
 
 
+@pytest.mark.parametrize("dummy", ["skip_thought_signature_validator",
+                                   "context_engineering_is_the_way_to_go"])
+def test_decode_drops_googles_dummy_signatures(dummy: str) -> None:
+    """Gemini CLI puts Google's "skip the check" dummy on a function call it got
+    no signature for: not reasoning (an Anthropic upstream refuses it as a
+    thinking block's signature), whatever the part."""
+    raw = body(user({"text": "q"}),
+               model({"text": "t", "thought": True, "thoughtSignature": dummy},
+                     {"functionCall": {"name": "f", "args": {}}, "thoughtSignature": dummy}))
+    parts = decode(raw, "m").messages[1].parts
+    assert parts == (ReasoningPart("t"), ToolCallPart("call_1_1", "f", "{}"))
+
+
 def test_decode_images() -> None:
     raw = body(user({"text": "look"}, {"inlineData": {"mimeType": "image/png", "data": "iVBO"}},
                     {"file_data": {"mime_type": "image/jpeg",
@@ -480,9 +493,9 @@ def test_a_bare_signature_with_nothing_after_it_is_sent_alone(stream: bool) -> N
             {"text": "ok"}, {"text": "", "thought": True, "thoughtSignature": SIG}]
 
 
-# --- every request the google-genai SDK was recorded sending is decoded -------------------
+# --- every request the google-genai SDK and Gemini CLI were recorded sending is decoded
 
-GEMINI_FIXTURES = sorted(p for p in FIXTURES.glob("gemini-sdk-rec-*-POST-*.json"))
+GEMINI_FIXTURES = sorted(p for p in FIXTURES.glob("gemini-*-rec-*-POST-*.json"))
 
 
 def test_there_are_recorded_gemini_requests() -> None:
