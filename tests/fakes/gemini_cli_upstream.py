@@ -140,7 +140,10 @@ class GeminiCliUpstream:
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="off")
+        # log_config=None: a dictConfig here would re-handle uvicorn's loggers for the
+        # whole test process (later tests read what those loggers print)
+        config = uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="off",
+                                ws="none", log_level="warning")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
                                         daemon=True)
