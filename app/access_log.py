@@ -46,14 +46,16 @@ _log = structlog.get_logger("poolgate.access")
 
 def access_fields(record: RequestRecord) -> dict[str, Any]:
     """The access line's own fields, in their order (both writers)."""
-    fields: dict[str, Any] = {
-        "method": record.method, "path": record.path, "status": record.status,
-        "latency_ms": round(record.duration * 1000, 2), "key": record.key,
-    }
-    if record.dialect is not None:
-        fields.update(dialect=record.dialect, model=record.model, worker=record.worker,
-                      stream=record.stream, tokens_in=record.tokens_in,
-                      tokens_out=record.tokens_out)
+    if record.dialect is None:
+        fields: dict[str, Any] = {
+            "method": record.method, "path": record.path, "status": record.status,
+            "latency_ms": round(record.duration * 1000, 2), "key": record.key}
+    else:
+        fields = {
+            "method": record.method, "path": record.path, "status": record.status,
+            "latency_ms": round(record.duration * 1000, 2), "key": record.key,
+            "dialect": record.dialect, "model": record.model, "worker": record.worker,
+            "stream": record.stream, "tokens_in": record.tokens_in, "tokens_out": record.tokens_out}
         if record.ttft is not None:
             fields["ttft_ms"] = round(record.ttft * 1000, 2)
     if record.error is not None:
@@ -84,11 +86,13 @@ class AccessLines:
     def put(self, record: RequestRecord) -> None:
         """Queue ``record``'s line (a 5xx at level warning); never blocks."""
         if record.status >= 500:
+            level = "warning"
             if self.level_no > logging.WARNING:
                 return
-            level = "warning"
         else:
             level = "info"
+            if self.level_no > logging.INFO:
+                return
         lines = self._lines
         if len(lines) >= self.capacity:
             self.dropped += 1
