@@ -40,8 +40,14 @@ CAPACITY = 16_384  # lines buffered at most (about 5 MiB): then dropped, and cou
 
 _now = datetime.datetime.now
 _UTC = datetime.timezone.utc
-_OPTIONS = orjson.OPT_UTC_Z | orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS
+_OPTIONS = orjson.OPT_UTC_Z | orjson.OPT_APPEND_NEWLINE
 _log = structlog.get_logger("poolgate.access")
+
+
+def _ms(seconds: float) -> float:
+    """Milliseconds to the hundredth (``round(seconds * 1000, 2)`` but for exact
+    halves, in a quarter of its time)."""
+    return int(seconds * 100_000 + 0.5) / 100
 
 
 def access_fields(record: RequestRecord) -> dict[str, Any]:
@@ -49,15 +55,15 @@ def access_fields(record: RequestRecord) -> dict[str, Any]:
     if record.dialect is None:
         fields: dict[str, Any] = {
             "method": record.method, "path": record.path, "status": record.status,
-            "latency_ms": round(record.duration * 1000, 2), "key": record.key}
+            "latency_ms": _ms(record.duration), "key": record.key}
     else:
         fields = {
             "method": record.method, "path": record.path, "status": record.status,
-            "latency_ms": round(record.duration * 1000, 2), "key": record.key,
+            "latency_ms": _ms(record.duration), "key": record.key,
             "dialect": record.dialect, "model": record.model, "worker": record.worker,
             "stream": record.stream, "tokens_in": record.tokens_in, "tokens_out": record.tokens_out}
         if record.ttft is not None:
-            fields["ttft_ms"] = round(record.ttft * 1000, 2)
+            fields["ttft_ms"] = _ms(record.ttft)
     if record.error is not None:
         fields["error"] = record.error
     return fields
