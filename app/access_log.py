@@ -7,8 +7,9 @@ one ``orjson.dumps`` into a bounded buffer, and a writer thread writes the
 buffer to the log stream in batches (every ``FLUSH_SECONDS``, or sooner when the
 buffer fills up), off the event loop. A request never waits for the log: when
 the stream cannot keep up and the buffer is full, the line is dropped and
-counted (``dropped``: the ``poolgate_access_log_dropped_total`` counter), and the
-writer says so in the log (``access_log.dropped``). ``close`` writes what is
+counted (``dropped``: the ``poolgate_access_log_dropped_total`` counter, with the
+lines a failing stream did not take), and the writer says so in the log
+(``access_log.dropped``). ``close`` writes what is
 left; the server calls it once it has stopped.
 
 The redaction of the log pipeline has nothing to do here: the record's field
@@ -77,7 +78,8 @@ class AccessLines:
         self.level_no = level_no
         self.capacity = capacity
         self.flush_seconds = flush_seconds
-        self.dropped = 0  # lines dropped since start (only the event loop thread adds)
+        self.dropped = 0  # lines dropped since start, the buffer full (the event loop thread adds)
+        self.lost = 0  # lines a failing stream did not take (the flushing thread adds)
         self._reported = 0
         self._stream = stream
         self._binary = getattr(stream, "buffer", None)  # stdout: write bytes, no re-encoding
@@ -120,6 +122,7 @@ class AccessLines:
         try:
             lines = self._lines
             batch = [lines.popleft() for _ in range(len(lines))]
+            queued = len(batch)
             dropped = self.dropped
             if dropped != self._reported:
                 batch.append(orjson.dumps({
@@ -128,7 +131,10 @@ class AccessLines:
                 }, option=_OPTIONS))
                 self._reported = dropped
             if batch:
-                self._write(b"".join(batch))
+                try:
+                    self._write(b"".join(batch))
+                except (OSError, ValueError):  # a closed or broken stream: count, carry on
+                    self.lost += queued
         finally:
             self._flushing.release()
 
@@ -144,10 +150,7 @@ class AccessLines:
         while not self._closed:
             self._wake.wait(self.flush_seconds)
             self._wake.clear()
-            try:
-                self.flush()
-            except Exception:  # a closed or broken stream: keep counting, keep the server up
-                pass
+            self.flush()
 
     def _write(self, data: bytes) -> None:
         if self._binary is not None:
@@ -187,6 +190,6 @@ def close() -> None:
 
 
 def dropped_total() -> int:
-    """Access lines dropped since start, by the current writer."""
+    """Access lines the current writer dropped (buffer full) or lost (stream failed)."""
     lines = _lines
-    return lines.dropped if lines is not None else 0
+    return lines.dropped + lines.lost if lines is not None else 0

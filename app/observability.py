@@ -216,7 +216,7 @@ class _Collector:
         yield _counter("poolgate_upstream_errors", "Failures talking to a worker.", ("worker", "kind"),
                        self.upstream_errors)
         yield _counter("poolgate_access_log_dropped",
-                       "Access log lines dropped: the log stream could not keep up and the buffer was full.",
+                       "Access log lines dropped: the log stream could not keep up (or failed).",
                        (), {(): access_log.dropped_total()})
 
 
