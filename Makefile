@@ -2,7 +2,7 @@
 #   make run    serve poolgate (the embedded SmolLM2 model on llama.cpp when no config is given)
 #   make test   run the whole test suite
 # Everything installs into .venv; nothing outside the checkout is touched
-# except the Debian packages the tests need (redis-server, chromium) when missing.
+# except the Debian packages the tests need (redis-server, chromium, postgresql) when missing.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -25,16 +25,20 @@ $(STAMP): pyproject.toml Makefile
 	rm -f $(VENV)/.installed-run-* && touch $(STAMP)
 
 # the test environment adds the Transformers engine (CPU torch from this machine's disk)
-# and the Debian packages the tests drive for real: redis-server and Chromium (for
-# Playwright; its own browser download cannot work offline). Installed only when missing.
+# and the Debian packages the tests drive for real: redis-server, Chromium (for
+# Playwright; its own browser download cannot work offline), bubblewrap (the sandbox of
+# agent-mode cli workers) and PostgreSQL (tests start throwaway clusters with its initdb,
+# which Debian keeps in /usr/lib/postgresql/<ver>/bin, off PATH). Installed only when missing.
 $(TSTAMP): $(STAMP)
 	$(MAKE) sysdeps
 	$(BIN)/python -m pip install -q -e '.[local,transformers,test]'
 	rm -f $(VENV)/.installed-test-* && touch $(TSTAMP)
 
-SYSDEPS := redis-server chromium
+# command:Debian package; bubblewrap (bwrap) is the sandbox of agent-mode cli workers
+SYSDEPS := redis-server:redis-server chromium:chromium bwrap:bubblewrap
 sysdeps:
-	@missing=""; for c in $(SYSDEPS); do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
+	@missing=""; for p in $(SYSDEPS); do command -v $${p%%:*} >/dev/null || missing="$$missing $${p#*:}"; done; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || missing="$$missing postgresql"; \
 	if [ -n "$$missing" ]; then \
 	  if command -v apt-get >/dev/null; then \
 	    SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

@@ -1,9 +1,11 @@
-"""The accounts of cli workers: session bundles in and out, at start-up and by
-the admin API (see docs/accounts.md).
+"""The accounts of cli workers: their state machines (pool/cli/account.py),
+and session bundles in and out, at start-up and by the admin API (see
+docs/accounts.md).
 
 A bundle is exported only from a worker that is stopped, or drained with
 nothing in flight (its CLI must not be refreshing tokens meanwhile), and only
-when the account is logged in; it is imported only into a stopped worker.
+when the account is logged in; it is imported only into a stopped worker
+(the account's state machine says which state it is in).
 Bundle contents never reach a log line: only their sha256 prefix.
 """
 
@@ -20,21 +22,16 @@ from typing import Any, Mapping
 
 import structlog
 
-from pool.errors import BadRequest, GatewayError, NotFound
-from pool.worker import WorkerState
+from pool.cli.account import Account
+from pool.errors import BadRequest, Conflict, NotFound
 from sessions.bundles import (BundleError, Manifest, export_bundle, fingerprint, has_credentials,
                               import_bundle)
 
-__all__ = ["Conflict", "AccountConfig", "Accounts", "MARKER"]
+__all__ = ["Conflict", "AccountConfig", "AccountFiles", "Accounts", "MARKER"]
 
 log = structlog.get_logger("poolgate.accounts")
 #: the home's record of the bundle last imported at start-up (its hash, not its contents)
 MARKER = ".poolgate-bundle.json"
-
-
-class Conflict(GatewayError):
-    status = 409
-    kind = "invalid_request"
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +57,7 @@ class Accounts:
 
     def __init__(self, configs: Mapping[str, AccountConfig]) -> None:
         self.configs = dict(configs)
+        self.machines: dict[str, Account] = {}
 
     @classmethod
     def from_settings(cls, settings: Any) -> Accounts:
@@ -106,39 +104,58 @@ class Accounts:
             return decode_b64(account.bundle_b64, f"worker {account.name}: bundle_env")
         return None
 
-    # --- the admin API ----------------------------------------------------------------
+    # --- the state machines -----------------------------------------------------------
 
-    async def export(self, worker: Any) -> bytes:
-        account = self.config(worker.name)
-        state = worker.state
-        drained = state is WorkerState.DRAINING and worker.in_flight == 0
-        if state is not WorkerState.STOPPED and not drained:
-            raise Conflict(f"Worker '{worker.name}' is {state.value}: export only from a stopped "
-                           "worker, or a drained one with nothing in flight "
-                           f"(POST /internal/workers/{worker.name}/stop or /drain first).")
-        info = worker.info()
-        if info.get("login") == "logged_out" or not has_credentials(account.cli, account.home):
-            raise Conflict(f"Worker '{worker.name}' is not logged in: there is nothing to export.")
+    def attach(self, pool: Any, logins: Any) -> None:
+        """One :class:`~pool.cli.account.Account` per cli worker: every action on
+        an account (admin or automatic) goes through it."""
+        for name, config in self.configs.items():
+            worker = pool.worker(name)
+            spec = worker.cli_spec
+            worker.account = self.machines[name] = Account(
+                worker, logins, AccountFiles(config, worker), login_timeout=spec.login_timeout,
+                probe_interval=spec.login_probe_interval)
+
+    async def aclose(self) -> None:
+        """End every login under way (their CLI processes and locks with them)."""
+        await asyncio.gather(*(m.aclose() for m in self.machines.values()))
+
+    def account(self, name: str) -> Account:
+        self.config(name)
+        try:
+            return self.machines[name]
+        except KeyError:
+            raise NotFound(f"Worker '{name}' is not running yet.") from None
+
+
+class AccountFiles:
+    """An account's home as a session bundle (the :class:`~pool.cli.account.BundleFiles`
+    its Account uses); the Account has checked the worker's state already."""
+
+    def __init__(self, config: AccountConfig, worker: Any) -> None:
+        self.config = config
+        self.worker = worker
+
+    async def export(self, info: Mapping[str, Any]) -> bytes:
+        account = self.config
+        if not has_credentials(account.cli, account.home):
+            raise Conflict(f"Worker '{account.name}' is not logged in: there is nothing to export.")
         try:
             data = await asyncio.to_thread(export_bundle, account.cli, account.home,
                                            version=info.get("version"),
                                            account=info.get("account"))
         except BundleError as exc:
-            raise Conflict(f"Worker '{worker.name}': {exc}.") from None
-        log.info("accounts.bundle_exported", worker=worker.name, sha256=fingerprint(data))
+            raise Conflict(f"Worker '{account.name}': {exc}.") from None
+        log.info("accounts.bundle_exported", worker=account.name, sha256=fingerprint(data))
         return data
 
-    async def import_(self, worker: Any, data: bytes) -> Manifest:
-        account = self.config(worker.name)
-        if worker.state is not WorkerState.STOPPED:
-            raise Conflict(f"Worker '{worker.name}' is {worker.state.value}: import only into a "
-                           f"stopped worker (POST /internal/workers/{worker.name}/stop first); "
-                           "its CLI would overwrite or use the files meanwhile.")
+    async def import_(self, data: bytes) -> Manifest:
+        account = self.config
         try:
             manifest = await asyncio.to_thread(import_bundle, data, account.cli, account.home)
         except BundleError as exc:
             raise BadRequest(f"The bundle is refused: {exc}.", param="bundle") from None
-        log.info("accounts.bundle_imported", worker=worker.name, sha256=fingerprint(data),
+        log.info("accounts.bundle_imported", worker=account.name, sha256=fingerprint(data),
                  source="admin", files=sorted(manifest.files))
         return manifest
 
@@ -159,6 +176,6 @@ def _marker(home: str) -> str | None:
 
 def _write_marker(home: str, digest: str) -> None:
     path = Path(home, MARKER)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as fh:
         json.dump({"sha256": digest}, fh)

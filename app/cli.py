@@ -148,11 +148,12 @@ def build_server(app: Any, settings: Settings) -> Any:
     """The uvicorn server for ``app``, configured from ``settings`` (not started)."""
     import uvicorn  # lazily, so `check-config` and `version` stay quick
 
-    from app.protocol import LeanHttpToolsProtocol
+    from app.protocol_check import lean_protocol
 
     server = settings.server
     config = uvicorn.Config(
-        app, host=server.host, port=server.port, loop="uvloop", http=LeanHttpToolsProtocol,
+        # the lean protocol if its self-test passes on this uvicorn (logged), else uvicorn's own
+        app, host=server.host, port=server.port, loop="uvloop", http=lean_protocol(),
         access_log=False, log_config=None, log_level=server.log_level, lifespan="on",
         timeout_graceful_shutdown=server.shutdown_timeout,
         # nothing reads the client's address: no X-Forwarded-* scan on every request

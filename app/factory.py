@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from functools import partial
 from typing import Any, AsyncIterator, Mapping
 
 import structlog
@@ -19,12 +20,16 @@ from pool.errors import GatewayError, NotFound
 from pool.admission import AdmissionGuard
 from pool.pool import Pool
 from pool.local.defaults import find_default_model
+from pool.childenv import child_environment
+from pool.cli.sandbox import resolve_sandbox
 from pool.cli.worker import CliSpec, CliWorker
+from pool.dumpable import undumpable
 from pool.local.worker import LocalSpec, LocalWorker
 from pool.process import ProcessSpec, ProcessWorker
 from pool.routing import make_policy
 from pool.supervisor import SupervisorPolicy
 from pool.remote import RemoteSpec, make_remote_worker
+from pool.remote.lean_check import self_test as lean_self_test
 from pool.remote.policy import PassPolicy
 
 from .accounts import Accounts
@@ -41,7 +46,7 @@ from .routes import (accounts as account_routes, chat, keys as key_routes, model
                      worker_admin)
 from .routes.ui import UI_PATH, UI_STATIC_PATH, OperatorPage
 from .worker_settings import EMBEDDED_SAMPLING
-from .state import apply_policy, open_state
+from .state import apply_policy, open_state, rebuild_budgets
 from .teams import Teams, policy_from_settings
 
 __all__ = ["create_app", "worker_specs", "remote_spec"]
@@ -62,14 +67,15 @@ def _secret(value: Any) -> str | None:
 Spec = RemoteSpec | ProcessSpec | LocalSpec | CliSpec
 
 
-def worker_specs(settings: Any) -> list[Spec]:
-    """The worker specs the configuration asks for, in order."""
+def worker_specs(settings: Any, *, lean: bool = True) -> list[Spec]:
+    """The worker specs the configuration asks for, in order (``lean``: see
+    :attr:`RemoteSpec.lean`)."""
     specs: list[Spec] = []
     for w in settings.workers:
         if w.kind == "local":
             specs.append(local_spec(w, settings))
         elif w.kind == "cli":
-            specs.append(cli_spec(w))
+            specs.append(cli_spec(w, settings.environment))
         elif w.kind == "process":
             specs.append(ProcessSpec(
                 name=w.name, command=tuple(w.command), models=tuple(w.models),
@@ -80,18 +86,18 @@ def worker_specs(settings: Any) -> list[Spec]:
                 backoff_max=w.backoff_max, crash_loop_threshold=w.crash_loop_threshold,
                 crash_loop_window=w.crash_loop_window, stop_timeout=w.stop_timeout))
         else:
-            specs.append(remote_spec(w))
+            specs.append(remote_spec(w, lean=lean))
     return specs
 
 
-def remote_spec(w: Any) -> RemoteSpec:
+def remote_spec(w: Any, *, lean: bool = True) -> RemoteSpec:
     """A ``remote`` worker's spec from its settings (configured or registered at run time)."""
     return RemoteSpec(
         name=w.name, dialect=w.dialect, url=w.url, api_key=_secret(w.api_key),
         models=tuple(w.models), aliases=dict(w.aliases),
         connect_timeout=w.connect_timeout, first_byte_timeout=w.first_byte_timeout,
         idle_timeout=w.idle_timeout, max_connections=w.max_connections,
-        max_in_flight=w.max_in_flight, policy=pass_policy(w))
+        max_in_flight=w.max_in_flight, policy=pass_policy(w), lean=lean)
 
 
 def pass_policy(w: Any) -> PassPolicy:
@@ -122,14 +128,22 @@ def local_spec(w: Any, settings: Any) -> LocalSpec:
         call_timeout=w.call_timeout, read_timeout=w.read_timeout)
 
 
-def cli_spec(w: Any) -> CliSpec:
+def cli_spec(w: Any, environment: Mapping[str, str] | None = None) -> CliSpec:
+    """A cli worker's spec; in agent mode its sandbox is resolved here, so a
+    machine that cannot give it refuses the worker (:class:`SandboxUnavailable`)."""
     env = {**w.env, **{name: _secret(value) or "" for name, value in w.env_secrets.items()}}
+    cli_env = {**child_environment(environment or os.environ, w.env_passthrough), **env}
+    sandbox = resolve_sandbox(w.sandbox, name=w.name, mode=w.mode, cli=w.cli, home=w.home,
+                              env=cli_env, command=tuple(w.command), paths=w.sandbox_paths,
+                              options=w.cli_options)
     return CliSpec(
         name=w.name, cli=w.cli, models=tuple(w.models), home=w.home, aliases=dict(w.aliases),
         command=tuple(w.command), env=env, env_passthrough=tuple(w.env_passthrough),
         mode=w.mode, max_conversations=w.max_conversations,
         options=dict(w.cli_options), tool_timeout=w.tool_timeout,
         conversation_idle=w.conversation_idle, idle_timeout=w.idle_timeout,
+        sandbox=sandbox, workspace_root=w.workspace_root,
+        login_timeout=w.login_timeout, login_probe_interval=w.login_probe_interval,
         supervision=SupervisorPolicy(
             ready_timeout=w.ready_timeout or 30.0, health_interval=w.health_interval,
             health_timeout=w.health_timeout, backoff_initial=w.backoff_initial,
@@ -169,7 +183,8 @@ def create_app(settings: Any) -> Starlette:
                  log_requests=server.log_level in ("debug", "info"),
                  stream_grace=server.stream_grace, ping_interval=server.ping_interval,
                  keyring=keys, config_keys=frozenset(secrets),
-                 teams=Teams((), stores.limits))
+                 teams=Teams((), stores.limits, slots=stores.slots,
+                             max_wait=server.queue_timeout))
     for name, key in server.keys.items():
         apply_policy(gw, policy_from_settings(name, key))
     _build_policies(gw, settings.routing)
@@ -179,22 +194,27 @@ def create_app(settings: Any) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # no process of our user reads our environment (the admin token, upstream
+        # keys) through /proc, nor attaches to us: agent-mode tools run as that user
+        undumpable()
         async with contextlib.AsyncExitStack() as stack:
             if gw.redis is not None:
                 await _start_redis(gw, stack)
-            await open_state(gw, server.state_dir, stack)
+            await open_state(gw, server.state_dir, stack, _secret(server.database_url))
             await gw.accounts.import_configured()  # bundles land before the CLIs start
+            gw.remote_lean = await _remote_swap_checked()
             # in a thread: finding the default model may download it (blocking urlopen)
-            specs = await asyncio.to_thread(worker_specs, settings)
+            specs = await asyncio.to_thread(worker_specs, settings, lean=gw.remote_lean)
             if not specs and settings.server.demo:
                 specs = await _start_demo(stack)
             gw.pool = Pool([make_worker(spec, settings.environment, gw.cli_sessions)
                             for spec in specs],
                            default_model=settings.routing.default_model)
             gw.logins.pool = gw.pool
+            gw.accounts.attach(gw.pool, gw.logins)
             await gw.pool.start()
             stack.push_async_callback(gw.pool.aclose)
-            stack.push_async_callback(gw.logins.aclose)
+            stack.push_async_callback(gw.accounts.aclose)
             watcher = asyncio.ensure_future(gw.logins.watch())
             stack.callback(watcher.cancel)
             await _open_runtime_workers(gw, settings, stores.workers, stack)
@@ -235,6 +255,7 @@ def create_app(settings: Any) -> Starlette:
         Route("/internal/workers/{name}/bundle", account_routes.put_bundle, methods=["PUT"]),
         Route("/internal/workers/{name}/login", account_routes.login_status, methods=["GET"]),
         Route("/internal/workers/{name}/login", account_routes.start_login, methods=["POST"]),
+        Route("/internal/workers/{name}/login", account_routes.cancel_login, methods=["DELETE"]),
         Route("/internal/workers/{name}/login/code", account_routes.login_code,
               methods=["POST"]),
         Route("/internal/workers/{name}/login/screenshot", account_routes.login_screenshot,
@@ -275,9 +296,10 @@ async def _open_runtime_workers(gw: Gateway, settings: Any, registrations: Any,
     """Remote workers registered at run time, kept in step with their store
     (Redis: polled with the link's health probe, see ``_start_redis``)."""
     def make(worker: Any) -> Any:
-        return make_remote_worker(remote_spec(worker))
+        return make_remote_worker(remote_spec(worker, lean=gw.remote_lean))
 
-    runtime = RuntimeWorkers(gw, registrations, environ=settings.environment, make=make)
+    runtime = RuntimeWorkers(gw, registrations, environ=settings.environment, make=make,
+                             secret_envs=settings.server.runtime_secret_envs)
     gw.runtime_workers = runtime
     stack.push_async_callback(runtime.aclose)
     await runtime.sync()  # what other replicas registered before this one started
@@ -293,18 +315,29 @@ async def _start_redis(gw: Gateway, stack: contextlib.AsyncExitStack) -> None:
         log.warning("gateway.redis_unreachable")
 
     outages = link.outages
+    limits, slots = gw.teams.limits, gw.teams.slots
+    if slots is not None:
+        stack.push_async_callback(slots.aclose)
 
     async def tick() -> None:
         nonlocal outages
-        if link.outages != outages:  # back after an outage
+        lost = link.outages != outages
+        if lost:  # back after an outage
             outages = link.outages
             gw.drains.republish()
+        elif await limits.lost():  # flushed, or restarted empty, between two probes
+            log.warning("gateway.redis_lost_limits")
+            lost = True
+        if slots is not None:
+            await slots.beat(republish=lost)  # this replica's slots stay counted
+        if lost:  # charges made meanwhile reached only this replica; or Redis has none
+            await rebuild_budgets(gw)
         if gw.runtime_workers is not None:
             await gw.runtime_workers.sync()  # workers registered through other replicas
         if gw.pool.workers:
             await gw.drains.sync(gw)
 
-    watch = asyncio.ensure_future(link.watch(tick))
+    watch = asyncio.ensure_future(link.watch(tick, on_down=partial(rebuild_budgets, gw)))
     stack.callback(watch.cancel)
 
 
@@ -335,6 +368,17 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
                            status=exc.status_code)
         err.kind = "invalid_request"
     return error_response(err, _dialect(request), dict(exc.headers or {}))
+
+
+async def _remote_swap_checked() -> bool:
+    """Whether remote workers make their streamed responses lean: only if the
+    swap's self-test passes on this aiohttp (``remote.swap`` on or off)."""
+    failure = await lean_self_test()
+    if failure is None:
+        log.info("remote.swap", state="on")
+        return True
+    log.warning("remote.swap", state="off", reason=failure)
+    return False
 
 
 async def _unhandled(request: Request, exc: Exception) -> Response:

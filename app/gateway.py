@@ -58,12 +58,14 @@ class Gateway:
     config_keys: frozenset[str] = frozenset()  # names from the configuration (read-only)
     ledger: UsageLedger | None = None  # set while the app runs
     keystore: KeyStore | None = None  # the run-time keys, set while the app runs
+    key_version: int = -1  # the database's key_version this replica's keys reflect
     runtime_workers: Any = None  # app.runtime_workers.RuntimeWorkers, set while the app runs
     redis: Any = None  # the RedisLink when server.redis_url is set
     locks: Any = field(default_factory=MemoryLocks)  # named locks (logins), shared with Redis
     drains: Drains = field(default_factory=lambda: Drains(MemoryDrainedSet()))
     accounts: Any = None  # cli accounts: bundles (app/accounts.py)
     logins: Any = None  # cli accounts: logins (app/logins.py)
+    remote_lean: bool = True  # remote workers' lean responses (their self-test passed)
     _tasks: set[Any] = field(default_factory=set)
 
     async def admit(self, chat: ChatRequest, headers: Mapping[str, str], key: str,
@@ -74,9 +76,10 @@ class Gateway:
         (``prefer`` first when it is free)."""
         workers, routed = self.pool.eligible(chat, exclude)
         if any(w.kind == "cli" for w in workers):
-            # cli workers keep per-team state by the key's name (the only readers of
-            # key_name): a copy of the request for them, none on the hot path
-            routed = replace(routed, key_name=key)
+            # cli workers keep per-team state (conversations) by the key (the only
+            # readers of key_name): its id, so a new key with an old name inherits
+            # nothing; a copy of the request for them, none on the hot path
+            routed = replace(routed, key_name=self.keyring.id_of(key))
             if prefer is None:
                 prefix = request_prefix_hash(routed)  # the cli worker holding this conversation
                 if prefix is not None:
@@ -90,10 +93,19 @@ class Gateway:
                 for worker in free:
                     if worker.name == prefer:
                         return worker
-            session, _source = owned_session_key(key, routed, headers)
+            session, _source = owned_session_key(self.keyring.id_of(key), routed, headers)
             return await policy.choose(routed, session, free)
 
-        lease = await self.admission.acquire(key=key, workers=workers, choose=choose)
+        teams = self.teams
+        if teams.slots is not None and key in teams.policies:  # no Redis for the others
+            await teams.take_slot(key)  # the key's max_in_flight, across the replicas
+            try:
+                lease = await self.admission.acquire(key=key, workers=workers, choose=choose)
+            except BaseException:
+                teams.slots.give_back(key)
+                raise
+        else:
+            lease = await self.admission.acquire(key=key, workers=workers, choose=choose)
         policy.placed(routed, lease.worker)
         self.pool.acquire(lease.worker)
         self.metrics.in_flight_started(lease.worker.name)
@@ -104,6 +116,8 @@ class Gateway:
             lease.release()
             self.pool.release(lease.worker)
             self.metrics.in_flight_finished(lease.worker.name)
+            if self.teams.slots is not None:
+                self.teams.slots.give_back(lease.key)
 
     def background(self, work: Any) -> None:
         """Run ``work`` (an awaitable) without waiting for it; keep a reference
@@ -125,7 +139,8 @@ class Gateway:
                 "routing": routing, "prefix": prefix, "bindings": self.bindings.stats(),
                 "responses": self.responses.stats(), "cli_sessions": self.cli_session_stats(),
                 "redis": self.redis.stats() if self.redis is not None else None,
-                "limits": self.limit_stats()}
+                "limits": self.limit_stats(),
+                "slots": self.teams.slots.stats() if self.teams.slots is not None else None}
 
     def limit_stats(self) -> dict[str, int] | None:
         """The shared rate windows' counters (leases taken locally, Redis round
@@ -152,7 +167,15 @@ class Gateway:
         return {"workers": workers, "admission": stats["admission"],
                 "routing": stats["routing"], "prefix": stats["prefix"],
                 "bindings": stats["bindings"], "cli_sessions": stats["cli_sessions"],
-                "redis": self.redis_state()}
+                "redis": self.redis_state(), "ledger": self.ledger_state()}
+
+    def ledger_state(self) -> dict[str, Any] | None:
+        """The usage ledger's backlog (rows not yet in the database) and failures."""
+        ledger = self.ledger
+        if ledger is None:
+            return None
+        return {"backlog": ledger.backlog_rows, "failures": ledger.failures,
+                "dropped": ledger.dropped, "up": ledger.up}
 
     def redis_state(self) -> str:
         """``off`` (no ``server.redis_url``), ``up`` or ``down``."""
@@ -171,7 +194,8 @@ class Gateway:
             self.teams.charge(record.key, tokens_in + tokens_out)
         if self.ledger is not None:
             self.ledger.add(time.time(), record.key, model, record.worker, tokens_in, tokens_out,
-                            record.tokens_cached or 0, record.status, record.error)
+                            record.tokens_cached or 0, record.status, record.error,
+                            self.keyring.id_of(record.key))
 
     def finish(self, record: RequestRecord) -> None:
         """The end of every HTTP request: one access log line, the metrics."""

@@ -21,6 +21,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 import structlog
 from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect
 
 from pool.errors import InternalError
 
@@ -100,8 +101,10 @@ class HotRoute:
 
 def unhandled(exc: Exception, dialect: str) -> Any:
     """The 500 for an exception no route turned into an answer; its traceback
-    goes to the log (by the server), never to the client."""
-    log.error("gateway.unhandled_error", error_type=type(exc).__name__)
+    goes to the log (by the server), never to the client. A client gone
+    mid-upload is no error of ours (the middleware counts it as a 499)."""
+    if not isinstance(exc, ClientDisconnect):
+        log.error("gateway.unhandled_error", error_type=type(exc).__name__)
     return error_response(InternalError("The gateway failed to handle this request."), dialect)
 
 

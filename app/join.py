@@ -1,6 +1,8 @@
 """``poolgate join``: register a remote worker with a running gateway
 (``POST /internal/workers``), e.g. a vLLM server as it comes up. The admin
-token comes from the environment (``POOLGATE_ADMIN_TOKEN``), never argv.
+token comes from the environment (``POOLGATE_ADMIN_TOKEN``), never argv, and
+goes to ``--gateway`` only: a redirect is never followed (it would carry the
+token to whatever host the answer names); it fails, saying where it pointed.
 
 Stdlib HTTP only: it runs in the gateway's image beside the gateway."""
 
@@ -32,9 +34,20 @@ def add_join_parser(commands: Any) -> None:
                           help="a model it serves (repeat for more)")
     join_cmd.add_argument("--alias", action="append", default=[], metavar="ALIAS=MODEL")
     join_cmd.add_argument("--api-key-env", metavar="VAR",
-                          help="the environment variable (of the gateway) holding its key")
+                          help="the environment variable (of the gateway) holding its key; "
+                               "the gateway's server.runtime_secret_envs must list it")
     join_cmd.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
                           help="keep trying this long while the gateway is unreachable")
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Every 3xx stays an error (``HTTPError``) instead of a new request with our headers."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
 
 
 def join(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO) -> int:
@@ -60,12 +73,17 @@ def join(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO) -> i
     deadline = time.monotonic() + args.wait
     while True:
         try:
-            with urllib.request.urlopen(request, timeout=30) as resp:
+            with _OPENER.open(request, timeout=30) as resp:
                 worker = json.load(resp)
             print(f"poolgate join: {worker['name']} joined ({worker['state']}), serving "
                   f"{', '.join(worker['models'])}", file=out)
             return EXIT_OK
         except urllib.error.HTTPError as exc:
+            if 300 <= exc.code < 400:
+                print(f"poolgate join: the gateway answered with a redirect ({exc.code}) to "
+                      f"{exc.headers.get('location', '?')}; the admin token is never sent on to "
+                      "another URL: give that URL as --gateway", file=out)
+                return EXIT_FAILED
             message = _error_message(exc)
             if exc.code == 409 and "already registered" in message:
                 print(f"poolgate join: {args.name} is already registered", file=out)

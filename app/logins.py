@@ -60,6 +60,7 @@ class LoginRecord:
     page_text: str | None = None
     screenshot: bytes | None = field(default=None, repr=False)
     code_sha256: str | None = None
+    pid: int | None = None  # the CLI's login process, while it runs
     started_at: float | None = None
     finished_at: float | None = None
     next_attempt_at: float | None = None
@@ -79,7 +80,7 @@ class LoginRecord:
                 "screenshot": shot,
                 "screenshot_url": f"/internal/workers/{self.worker}/login/screenshot" if shot
                 else None,
-                "code_sha256": self.code_sha256, "started_at": self.started_at,
+                "code_sha256": self.code_sha256, "pid": self.pid, "started_at": self.started_at,
                 "finished_at": self.finished_at, "next_attempt_at": self.next_attempt_at}
 
 
@@ -93,7 +94,6 @@ class Logins:
         self.environment = dict(environment)
         self.pool = pool
         self.records: dict[str, LoginRecord] = {}
-        self._tasks: dict[str, asyncio.Task[None]] = {}
         self._pasted: dict[str, asyncio.Queue[str]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self.started = Counter("poolgate_logins_started", "Logins started.",
@@ -108,60 +108,86 @@ class Logins:
                                   registry=registry)
         registry.register(_AccountsCollector(self))
 
-    # --- what the admin API calls ---------------------------------------------------------
+    # --- the LoginFlow of pool/cli/account.py: every call comes through an Account ----------
 
-    async def start(self, worker: Any, *, auto: bool | None) -> dict[str, Any]:
-        account = self.accounts.config(worker.name)
-        task = self._tasks.get(worker.name)
-        if task is not None and not task.done():
-            raise Conflict(f"A login of worker '{worker.name}' is already in progress "
-                           f"({self.records[worker.name].state}).")
-        login = account.login
+    def prepare(self, name: str, auto: bool | None) -> LoginRecord:
+        login = self.accounts.config(name).login
         automatic = login is not None and login.automatic
         auto = automatic if auto is None else auto
         if auto and not automatic:
-            raise BadRequest(f"Worker '{worker.name}' has no login.recipe with username_env and "
+            raise BadRequest(f"Worker '{name}' has no login.recipe with username_env and "
                              "password_env: start with {\"auto\": false} and paste the code.",
                              param="auto")
-        record = self._launch(worker, auto, login)
-        await self._settle(record, ("starting",), 20.0)  # answer with the URL when there is one
-        return record.as_dict()
-
-    def _launch(self, worker: Any, auto: bool, login: Any) -> LoginRecord:
-        record = self.records[worker.name] = LoginRecord(
-            worker=worker.name, auto=auto, state="starting", started_at=time.time(),
+        record = self.records[name] = LoginRecord(
+            worker=name, auto=auto, state="starting", started_at=time.time(),
             attempts=login.attempts if auto and login is not None else 1)
-        self._pasted[worker.name] = asyncio.Queue(maxsize=1)
-        self.started.labels(worker.name, "auto" if auto else "operator").inc()
-        log.info("accounts.login_started", worker=worker.name, auto=auto)
-        self._tasks[worker.name] = asyncio.ensure_future(self._run(worker, record))
+        self._pasted[name] = asyncio.Queue(maxsize=1)
+        self.started.labels(name, "auto" if auto else "operator").inc()
+        log.info("accounts.login_started", worker=name, auto=auto)
         return record
 
-    async def watch(self, interval: float = 2.0) -> None:
-        """Log in, without an operator, each account with ``login.relogin`` (and a
-        recipe and credentials) that is found logged out. After a failed login
-        the next waits ``backoff`` doubled per attempt; after a wrong password
-        nothing is tried until an operator starts a login."""
-        while True:
-            await asyncio.sleep(interval)
-            for name, account in self.accounts.configs.items():
-                worker = self._worker(name)
-                if worker is not None and self._due(name, account.login, worker):
-                    self._launch(worker, True, account.login)
+    async def run(self, account: Any, record: LoginRecord) -> None:
+        await self._run(account.worker, record)
 
-    def _due(self, name: str, login: Any, worker: Any) -> bool:
+    def ended(self, record: LoginRecord, reason: str, message: str) -> None:
+        """A login ended from outside (its deadline, or an operator's cancel): its
+        CLI process is gone and its locks are free by now."""
+        record.set(state="cancelled" if reason == "cancelled" else "failed", reason=reason,
+                   last_error=message, finished_at=time.time(), pid=None)
+        self.failed.labels(record.worker, reason).inc()
+        if record.started_at is not None:
+            self.duration.labels(reason).observe(time.time() - record.started_at)
+        log.warning("accounts.login_ended", worker=record.worker, reason=reason)
+
+    async def answer(self, record: LoginRecord, stage: str) -> dict[str, Any]:
+        if stage == "started":  # answer with the URL when there is one
+            await self._settle(record, ("starting",), 20.0)
+        else:
+            await self._settle(record, ("waiting_for_code", "confirming"), _SUBMIT_TIMEOUT + 30)
+        return record.as_dict()
+
+    def paste(self, name: str, code: str) -> LoginRecord:
+        record = self.records.get(name)
+        if record is None or record.state != "waiting_for_code":
+            state = record.state if record else "idle"
+            raise Conflict(f"Worker '{name}' is not waiting for a code (login state "
+                           f"{state}): POST /internal/workers/{name}/login first.")
+        queue = self._pasted[name]
+        if queue.full():
+            raise Conflict(f"A code for worker '{name}' was already pasted.")
+        record.set(code_sha256=fingerprint(code.encode()))
+        queue.put_nowait(code)
+        log.info("accounts.login_code_pasted", worker=name, sha256=record.code_sha256)
+        return record
+
+    def relogin_due(self, name: str) -> bool:
+        """After a failed login the next waits ``backoff`` doubled per attempt;
+        after a wrong password, or a login an operator cancelled, nothing is
+        tried until an operator starts a login."""
+        login = self.accounts.config(name).login
         if login is None or not login.relogin or not login.automatic:
-            return False
-        task = self._tasks.get(name)
-        if (task is not None and not task.done()) or worker.info().get("login") != "logged_out":
             return False
         record = self.records.get(name)
         if record is None or record.finished_at is None:
             return record is None
-        if record.reason == "wrong_password":
+        if record.reason in ("wrong_password", "cancelled"):  # until an operator starts one
             return False
         wait = min(login.backoff * 2 ** record.attempt, _BACKOFF_CAP)
         return time.time() - record.finished_at >= wait
+
+    async def watch(self, interval: float = 2.0) -> None:
+        """Each account's own schedule (:meth:`pool.cli.account.Account.tick`): a
+        logged-out account is probed again, and logged in by itself when its
+        ``login.relogin`` (and a recipe and credentials) says so."""
+        while True:
+            await asyncio.sleep(interval)
+            accounts = list(self.accounts.machines.values())
+            results = await asyncio.gather(*(account.tick() for account in accounts),
+                                           return_exceptions=True)
+            for account, result in zip(accounts, results):
+                if isinstance(result, Exception):  # one account's bug must not stop the others
+                    log.error("accounts.tick_failed", worker=account.name,
+                              error=type(result).__name__)
 
     def status(self, name: str) -> dict[str, Any]:
         self.accounts.config(name)
@@ -169,33 +195,13 @@ class Logins:
         info = record.as_dict() if record else LoginRecord(worker=name).as_dict()
         worker = self._worker(name)
         info["login"] = worker.info().get("login") if worker is not None else None
+        account = self.accounts.machines.get(name)
+        info["account_state"] = account.state.value if account is not None else None
         return info
-
-    async def paste(self, worker: Any, code: str) -> dict[str, Any]:
-        record = self.records.get(worker.name)
-        if record is None or record.state != "waiting_for_code":
-            state = record.state if record else "idle"
-            raise Conflict(f"Worker '{worker.name}' is not waiting for a code (login state "
-                           f"{state}): POST /internal/workers/{worker.name}/login first.")
-        queue = self._pasted[worker.name]
-        if queue.full():
-            raise Conflict(f"A code for worker '{worker.name}' was already pasted.")
-        record.set(code_sha256=fingerprint(code.encode()))
-        queue.put_nowait(code)
-        log.info("accounts.login_code_pasted", worker=worker.name, sha256=record.code_sha256)
-        await self._settle(record, ("waiting_for_code", "confirming"), _SUBMIT_TIMEOUT + 30)
-        return record.as_dict()
 
     def screenshot(self, name: str) -> bytes | None:
         record = self.records.get(name)
         return record.screenshot if record else None
-
-    async def aclose(self) -> None:
-        for task in self._tasks.values():
-            task.cancel()
-        for task in self._tasks.values():
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
 
     # --- one login ------------------------------------------------------------------------
 
@@ -280,7 +286,7 @@ class Logins:
         worker.login_override = "logging_in"  # shown in /internal/workers, not routed to
         try:
             challenge = await cli_login.begin(_BEGIN_TIMEOUT)
-            record.set(url=challenge.url, user_code=challenge.user_code,
+            record.set(pid=getattr(cli_login, "pid", None), url=challenge.url, user_code=challenge.user_code,
                        verification_url=challenge.verification_url,
                        state="browser" if record.auto else "waiting_for_code")
             if record.auto:
@@ -291,7 +297,8 @@ class Logins:
                 await cli_login.submit(code, _SUBMIT_TIMEOUT)
         finally:
             worker.login_override = None
-            await cli_login.close()
+            await cli_login.close()  # the whole process group, also when cancelled
+            record.set(pid=None)
         record.set(state="confirming")
         await self._confirm(worker)
 

@@ -5,17 +5,19 @@ Pure ASGI rather than ``BaseHTTPMiddleware`` because it sits on every request
 of the hot path and must not buffer streamed responses. It is the outermost
 layer of the app, and hands an admitted inference request straight to its
 plain-ASGI route (:mod:`app.hot`); everything else goes on to Starlette.
+A client that leaves before its request was read (``ClientDisconnect``, from
+any route) is recorded as a 499 ``client_disconnected``: no 500, no traceback.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from random import getrandbits
 from typing import Any, Callable, Mapping
 
 import orjson
 import structlog
+from starlette.requests import ClientDisconnect
 
 from auth.keys import KeyRing, TokenGate, extract_key_from_raw, extract_key_from_scope
 from pool.errors import AuthenticationFailed, GatewayError, NotFound, PayloadTooLarge
@@ -23,6 +25,7 @@ from pool.errors import AuthenticationFailed, GatewayError, NotFound, PayloadToo
 from .access import ADMIN, CLIENT, METRICS, PUBLIC, required_credential, route_path
 from .errors import error_body, error_status
 from .hot import Incoming, raw_headers
+from .http import random_hex
 from .observability import current_request
 from .record import RequestRecord
 
@@ -75,7 +78,7 @@ class GatewayMiddleware:
         given = raw.get(b"x-request-id")
         request_id = given.decode("latin-1") if given is not None else None
         if request_id is None or not _SAFE_ID.match(request_id):
-            request_id = f"{getrandbits(128):032x}"  # unique, not secret: no system call
+            request_id = random_hex(32)  # the OS's CSPRNG: one id never tells the next
         path = route_path(scope)
         record = RequestRecord(request_id, scope["method"], path, started)
         record.anthropic_version = b"anthropic-version" in raw
@@ -98,9 +101,18 @@ class GatewayMiddleware:
                                                    record)
                     del raw  # read: not held by this frame for as long as a stream is open
                     await response(scope, receive, send_with_id)
+                except ClientDisconnect:
+                    raise  # no answer to give, nothing of ours failed: see below
                 except Exception as exc:
                     await route.failed(exc, record, scope, receive, send_with_id)
                     raise
+        except ClientDisconnect:
+            # the client left before its request was read (mid-upload): a
+            # client disconnect (499 in the log and the metrics), not a 500
+            # with a traceback; there is nobody to answer
+            record.status = 499
+            record.error = "client_disconnected"
+            record.disconnected = True
         finally:
             record.duration = time.perf_counter() - started
             self.on_finish(record)

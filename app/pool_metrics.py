@@ -45,6 +45,7 @@ class PoolCollector:
             yield GaugeMetricFamily("poolgate_redis_up",
                                     "1 while the shared store (Redis) answers, 0 while it is lost.",
                                     value=1.0 if redis == "up" else 0.0)
+        yield from _ledger(snap.get("ledger"))
         admission = snap["admission"]
         yield GaugeMetricFamily("poolgate_queue_depth", "Requests waiting for a slot.",
                                 value=admission["waiting"])
@@ -87,6 +88,23 @@ class PoolCollector:
         yield GaugeMetricFamily("poolgate_session_bindings", "Session bindings held.",
                                 value=snap["bindings"].get("items", 0))
         yield from _cli_sessions(snap.get("cli_sessions"))
+
+
+def _ledger(ledger: dict[str, Any] | None) -> Iterator[Metric]:
+    if ledger is None:
+        return
+    yield GaugeMetricFamily("poolgate_ledger_backlog_rows",
+                            "Usage rows answered but not yet in the database (memory and "
+                            "the backlog file).", value=float(ledger["backlog"]))
+    yield CounterMetricFamily("poolgate_ledger_write_failures",
+                              "Failed writes of the usage ledger (retried).",
+                              value=float(ledger["failures"]))
+    yield CounterMetricFamily("poolgate_ledger_rows_dropped",
+                              "Usage rows lost: the database was away past the bound and "
+                              "there is no state_dir to spill to.", value=float(ledger["dropped"]))
+    yield GaugeMetricFamily("poolgate_database_up",
+                            "1 while the ledger's last write succeeded.",
+                            value=1.0 if ledger["up"] else 0.0)
 
 
 def _cli_sessions(cli: dict[str, Any] | None) -> Iterator[Metric]:

@@ -13,6 +13,10 @@ for lists as they are made: the same behaviour, ≈ 2 KiB less per connection.
 ``poolgate serve`` runs it (:func:`app.cli.build_server`), and so do the tests'
 servers. Each swap checks what it replaces, so a uvicorn that stores these
 differently keeps its own (and :func:`lean_state` tells the tests).
+
+These are private attributes of uvicorn and asyncio, verified on the uvicorn
+series ``pyproject.toml`` allows; :mod:`app.protocol_check` checks at
+start-up that they still behave.
 """
 
 from __future__ import annotations
@@ -63,3 +67,4 @@ def lean_state(protocol: Any) -> dict[str, bool]:
     return {"pipeline": type(protocol.pipeline) is _Pipeline,
             "writable": type(protocol.flow._is_writable_event._waiters) is list,
             "message": cycle is not None and type(cycle.message_event._waiters) is list}
+

@@ -15,6 +15,9 @@ then undone here, the safe direction for a drain.
 from __future__ import annotations
 
 import inspect
+import re
+import secrets
+import socket
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,15 +28,16 @@ from sessions.bindings import MemoryBindingStore
 from sessions.redis_bindings import RedisBindingStore, RedisUpstreamSessions
 from sessions.redis_limits import RedisLimits
 from sessions.redis_link import RedisDown, RedisLink
+from sessions.redis_slots import RedisSlots
 from sessions.redis_responses import RedisResponseStore
 from sessions.responses import MemoryResponseStore
 from sessions.shared import (DrainedSet, Locks, MemoryDrainedSet, MemoryLocks, RedisDrainedSet,
                              RedisLocks)
 from sessions.upstream import MemoryUpstreamSessions
 from sessions.workers import (MemoryWorkerRegistrations, RedisWorkerRegistrations,
-                              WorkerRegistrations)
+                              WorkerRegistrations, signing_key)
 
-__all__ = ["Stores", "build_stores", "Drains"]
+__all__ = ["Stores", "build_stores", "Drains", "default_replica_id"]
 
 log = structlog.get_logger("poolgate.replicas")
 
@@ -48,6 +52,7 @@ class Stores:
     drained: DrainedSet
     workers: WorkerRegistrations  # remote workers registered at run time
     link: RedisLink | None = None
+    slots: RedisSlots | None = None  # keys' in-flight slots across replicas (Redis only)
 
 
 def build_stores(settings: Any) -> Stores:
@@ -63,15 +68,29 @@ def build_stores(settings: Any) -> Stores:
                                                 max_age=cli.max_age_seconds),
             limits=MemoryLimits(), locks=MemoryLocks(), drained=MemoryDrainedSet(),
             workers=MemoryWorkerRegistrations())
-    link = RedisLink(server.redis_url, timeout=server.redis_timeout)
+    link = RedisLink(server.redis_url, timeout=server.redis_timeout, prefix=server.redis_prefix)
+    replica = server.replica_id or default_replica_id()
+    limits = RedisLimits(link, MemoryLimits())
     return Stores(
         responses=RedisResponseStore(link, max_items=store.max_items, max_bytes=store.max_bytes,
                                      max_age=store.max_age_seconds),
         bindings=RedisBindingStore(link, ttl=routing.binding_ttl, max_items=routing.max_bindings),
-        cli_sessions=RedisUpstreamSessions(link, max_entries=cli.max_entries,
+        cli_sessions=RedisUpstreamSessions(link, replica=replica, max_entries=cli.max_entries,
                                            max_age=cli.max_age_seconds),
-        limits=RedisLimits(link, MemoryLimits()), locks=RedisLocks(link),
-        drained=RedisDrainedSet(link), workers=RedisWorkerRegistrations(link), link=link)
+        limits=limits, locks=RedisLocks(link), drained=RedisDrainedSet(link),
+        workers=RedisWorkerRegistrations(link, signing_key(_secret(server.admin_token))),
+        link=link, slots=RedisSlots(link, limits.replica))
+
+
+def _secret(value: Any) -> str | None:
+    return value.get_secret_value() if value is not None else None
+
+
+def default_replica_id() -> str:
+    """This host's name and a random suffix: distinct for every replica, also
+    for several on one host."""
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:40] or "replica"
+    return f"{host}.{secrets.token_hex(6)}"
 
 
 @dataclass(slots=True, eq=False)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 import structlog
 
@@ -39,10 +39,12 @@ class RuntimeWorkers:
     """The registered workers of one replica, kept in step with the store."""
 
     def __init__(self, gw: Any, store: WorkerRegistrations, *, environ: Mapping[str, str],
-                 make: Callable[[WorkerSettings], Worker]) -> None:
+                 make: Callable[[WorkerSettings], Worker],
+                 secret_envs: Collection[str] = ()) -> None:
         self._gw = gw
         self.store = store
         self._environ = environ
+        self._secret_envs = frozenset(secret_envs)  # what api_key_env may name
         self._make = make
         # the workers the gateway started with (configured, or the default/demo ones)
         self.fixed = frozenset(w.name for w in gw.pool.workers)
@@ -129,7 +131,7 @@ class RuntimeWorkers:
                 if name in self._joined or name in self.fixed:
                     continue
                 try:
-                    await self._join(registered_worker(registration, self._environ))
+                    await self._join(registered_worker(registration, self._environ, self._secret_envs))
                 except ConfigError as exc:  # e.g. its api_key_env is not set on this replica
                     log.warning("workers.sync_refused", worker=name, problems=exc.problems)
                 except (GatewayError, ValueError) as exc:
@@ -156,7 +158,7 @@ class RuntimeWorkers:
 
     def _validate(self, body: Mapping[str, Any]) -> WorkerSettings:
         try:
-            return registered_worker(body, self._environ)
+            return registered_worker(body, self._environ, self._secret_envs)
         except ConfigError as exc:
             # "field: message" names the field; a whole-entry check ("a remote worker
             # needs ...", an alias to an unserved model) names none

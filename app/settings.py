@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Literal
 
 import orjson
@@ -24,11 +24,13 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSetti
 from pydantic_settings.exceptions import SettingsError
 from pydantic_settings.sources.utils import parse_env_vars
 
+from auth.keys import ANONYMOUS
+
 from .account_settings import missing_account_secrets, resolve_account
 from .key_settings import KeySettings, missing_key_secrets, resolve_key_secrets
 from .worker_settings import (
     DEFAULT_LOCAL_MODEL, DEFAULT_WORKER, EMBEDDED_SAMPLING, SamplingDefaultsSettings, WorkerSettings,
-    default_model_name,
+    check_homes, default_model_name,
 )
 
 __all__ = [
@@ -42,8 +44,10 @@ CONFIG_ENV = "POOLGATE_CONFIG"
 API_KEYS_ENV = "POOLGATE_API_KEYS"
 STATE_DIR_ENV = "POOLGATE_STATE_DIR"
 REDIS_URL_ENV = "POOLGATE_REDIS_URL"
+DATABASE_URL_ENV = "POOLGATE_DATABASE_URL"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SECTIONS = ("server", "responses", "routing", "cli_sessions")  # tables whose keys merge field by field across layers
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
@@ -76,10 +80,24 @@ class ServerSettings(BaseModel):
     port: int = Field(8000, ge=0, le=65535)  # 0: let the OS pick (tests)
     api_keys: dict[str, SecretStr] = Field(default_factory=dict)
     keys: dict[str, KeySettings] = Field(default_factory=dict)  # [server.keys.<name>]: key + policy
-    state_dir: str | None = None  # the usage ledger and run-time keys; None: memory only
+    state_dir: str | None = None  # the SQLite file (default database), the ledger's backlog
+    # keys, their policies, the usage ledger: sqlite:///path or postgresql://… (shared by
+    # replicas); None: the SQLite file in state_dir (memory without one). A secret: a URL
+    # may carry a password
+    database_url: SecretStr | None = None
     # shared state of replicas (bindings, stored responses, limits, drains, locks); None: memory
     redis_url: str | None = None
     redis_timeout: float = Field(0.1, gt=0, le=5.0)  # bound of every Redis call, seconds
+    # this replica's name in what only it holds in Redis (its cli session index: cli
+    # workers are its processes, their names repeat on every replica); None: the
+    # host name and a random suffix, new at every start
+    replica_id: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,64}$")
+
+    # every Redis key of this deployment starts with "<redis_prefix>:" (deployments sharing
+    # one Redis need different ones; the replicas of one deployment, the same)
+    redis_prefix: str = Field("poolgate", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    # the only environment variables a worker registered at run time may name in api_key_env
+    runtime_secret_envs: tuple[str, ...] = ()
     admin_token_env: str | None = "POOLGATE_ADMIN_TOKEN"
     admin_token: SecretStr | None = None  # resolved from admin_token_env
     metrics_token_env: str | None = "POOLGATE_METRICS_TOKEN"
@@ -108,6 +126,23 @@ class ServerSettings(BaseModel):
             raise ValueError("redis_url must start with redis://, rediss:// or unix://")
         return url
 
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, url: SecretStr | None) -> SecretStr | None:
+        if url is None or not url.get_secret_value():
+            return None
+        if not url.get_secret_value().startswith(("sqlite://", "postgresql://", "postgres://")):
+            raise ValueError("database_url must start with sqlite:// or postgresql://")
+        return url
+
+    @field_validator("runtime_secret_envs")
+    @classmethod
+    def _check_secret_envs(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        for name in names:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+        return names
+
     @field_validator("log_level", "log_format", mode="before")
     @classmethod
     def _lower(cls, value: Any) -> Any:
@@ -120,6 +155,8 @@ class ServerSettings(BaseModel):
         for name, secret in keys.items():
             if not _NAME.match(name):
                 raise ValueError(f"api key name {name!r} must be letters, digits, '.', '_' or '-'")
+            if name == ANONYMOUS:
+                raise ValueError(f"api key name {name!r} is reserved (requests without a key)")
             value = secret.get_secret_value()
             if not value:
                 raise ValueError(f"api key {name!r} is empty")
@@ -133,12 +170,18 @@ class ServerSettings(BaseModel):
         for name, key in self.keys.items():
             if not _NAME.match(name):
                 raise ValueError(f"key name {name!r} must be letters, digits, '.', '_' or '-'")
+            if name == ANONYMOUS:
+                raise ValueError(f"key name {name!r} is reserved (requests without a key)")
             if name in self.api_keys:
                 raise ValueError(f"key {name!r} is both in api_keys and in keys")
-        secrets = [s.get_secret_value() for s in self.api_keys.values()]
-        secrets += [k.secret.get_secret_value() for k in self.keys.values() if k.secret]
-        if len(set(secrets)) != len(secrets):
-            raise ValueError("two api keys have the same secret")
+        owners: dict[str, str] = {}  # secret -> the first key name holding it
+        named = [(n, s.get_secret_value()) for n, s in self.api_keys.items()]
+        named += [(n, k.secret.get_secret_value()) for n, k in self.keys.items() if k.secret]
+        for name, secret in named:
+            first = owners.setdefault(secret, name)
+            if first != name:  # the operator's own config: naming both keys reveals nothing
+                raise ValueError(f"keys {first!r} and {name!r} have the same secret: each key "
+                                 "name needs its own")
         return self
 
     def plain_api_keys(self) -> dict[str, str]:
@@ -244,6 +287,7 @@ class Settings(BaseSettings):
                     raise ValueError(
                         f"workers[{i}] serves {name!r} as {target!r} but workers[{first[1]}] serves it as {first[0]!r}"
                     )
+        check_homes(workers)
         return workers
 
     @model_validator(mode="after")
@@ -302,9 +346,14 @@ REGISTRABLE = frozenset({
 })
 
 
-def registered_worker(data: Mapping[str, Any], environ: Mapping[str, str]) -> WorkerSettings:
+def registered_worker(data: Mapping[str, Any], environ: Mapping[str, str],
+                      secret_envs: Collection[str] = ()) -> WorkerSettings:
     """A remote worker registered at run time, validated as a ``[[workers]]``
-    entry is and its key resolved from ``environ``; ``ConfigError`` otherwise."""
+    entry is and its key resolved from ``environ``; ``ConfigError`` otherwise.
+
+    Its ``api_key_env`` must be one of ``secret_envs`` (``server.runtime_secret_envs``):
+    whoever registers a worker chooses where its key is sent, so only variables the
+    operator set aside for that may be named, never the admin token or cloud credentials."""
     if "api_key" in data:
         raise ConfigError(["api_key: secrets never go in a request body; name the environment "
                            "variable that holds it in api_key_env"])
@@ -319,6 +368,9 @@ def registered_worker(data: Mapping[str, Any], environ: Mapping[str, str]) -> Wo
     except ValidationError as exc:
         raise ConfigError([_format_error(err) for err in exc.errors()]) from None
     env = worker.api_key_env
+    if env is not None and env not in secret_envs:
+        raise ConfigError([f"api_key_env: {env} is not listed in server.runtime_secret_envs "
+                           "(the variables a worker registered at run time may name)"])
     if env is not None and not environ.get(env):
         raise ConfigError([f"api_key_env: environment variable {env} is not set"])
     return _resolve_worker(worker, environ)
@@ -327,10 +379,26 @@ def registered_worker(data: Mapping[str, Any], environ: Mapping[str, str]) -> Wo
 def check_config(path: str, environ: Mapping[str, str]) -> list[str]:
     """Every problem with the configuration at ``path`` (as ``serve`` would load it), or []."""
     try:
-        load_settings(path, environ)
+        settings = load_settings(path, environ)
     except ConfigError as exc:
         return exc.problems
-    return []
+    return _sandbox_problems(settings)
+
+
+def _sandbox_problems(settings: Settings) -> list[str]:
+    """Agent-mode cli workers whose sandbox this machine cannot give (``serve``
+    refuses them the same way)."""
+    from pool.cli.sandbox import SandboxUnavailable  # lazily: check-config stays light
+
+    from .factory import cli_spec
+    problems = []
+    for i, worker in enumerate(settings.workers):
+        if worker.kind == "cli" and worker.mode == "agent":
+            try:
+                cli_spec(worker, settings.environment)
+            except SandboxUnavailable as exc:
+                problems.append(f"workers[{i}].sandbox: {exc}")
+    return problems
 
 
 def _read_toml(path: str, problems: list[str]) -> dict:
@@ -358,7 +426,8 @@ def _env_layer(environ: Mapping[str, str], problems: list[str]) -> dict:
         keys = _parse_api_keys(raw_keys, problems)
         if keys is not None:
             data["server"] = {**data.get("server", {}), "api_keys": keys}
-    for env, field in ((STATE_DIR_ENV, "state_dir"), (REDIS_URL_ENV, "redis_url")):
+    for env, field in ((STATE_DIR_ENV, "state_dir"), (REDIS_URL_ENV, "redis_url"),
+                       (DATABASE_URL_ENV, "database_url")):
         value = environ.get(env)
         if value:
             data["server"] = {**data.get("server", {}), field: value}

@@ -106,23 +106,29 @@ class EventStreamResponse:
         # from the loop's board (a place on it, no timer per stream), which
         # starts a short task only when a ping is due. No task and no timer of
         # its own per open stream: less memory with thousands of them open.
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": SSE_HEADERS + self.headers})
-        # The request's headers were read (auth, routing, decoding; a retry
-        # happens before a stream starts): emptied, so neither the scope nor
-        # uvicorn's protocol (the same list, until the connection's next
-        # request) holds them for as long as the stream is open.
-        request_headers = scope.get("headers")
-        if type(request_headers) is list:
-            request_headers.clear()
-        del request_headers
         task = asyncio.current_task()
         assert task is not None
         self._task = task
-        watch = DisconnectWatch(receive, self._client_gone, task.get_loop())
-        pings = self._pings = _Pinger(self, send, task.get_loop()) if self.ping_interval > 0 else None
+        watch: DisconnectWatch | None = None
+        pings: _Pinger | None = None
         relay = None  # the relay, once the upstream's frames are forwarded
+        # Everything from the response start on is inside the try: a start
+        # that fails (the client gone) or is cancelled still gives the lease
+        # back, stops the worker and closes its upstream request (the finally).
         try:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": SSE_HEADERS + self.headers})
+            # The request's headers were read (auth, routing, decoding; a retry
+            # happens before a stream starts): emptied, so neither the scope nor
+            # uvicorn's protocol (the same list, until the connection's next
+            # request) holds them for as long as the stream is open.
+            request_headers = scope.get("headers")
+            if type(request_headers) is list:
+                request_headers.clear()
+            del request_headers
+            watch = DisconnectWatch(receive, self._client_gone, task.get_loop())
+            if self.ping_interval > 0:
+                pings = self._pings = _Pinger(self, send, task.get_loop())
             # the pump, in this frame (one coroutine frame fewer per open stream)
             try:
                 if isinstance(self.first, asyncio.Future):
@@ -165,7 +171,8 @@ class EventStreamResponse:
                 raise
         finally:
             self._pumping = False
-            watch.close()
+            if watch is not None:
+                watch.close()
             if pings is not None:
                 pings.stop()
             first = self.first

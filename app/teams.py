@@ -3,16 +3,20 @@ budget limits (refused with 429 and the headers OpenAI and Anthropic clients
 read), and what an answer that ended is charged.
 
 Cost per request: one dict lookup for a key without a policy; with one, a
-cached glob match and one :meth:`LimitStore.admit` (O(1) in the memory store).
+cached glob match and one :meth:`LimitStore.admit` (O(1) in the memory store),
+and with Redis and a ``max_in_flight``, a slot shared by the replicas
+(:meth:`Teams.take_slot`: a spare reserved earlier, else one round trip).
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from typing import Any, Iterable
 
 from auth.limits import KeyPolicy, LimitStore, Refusal
+from pool.admission import KeyLimitExceeded
 from pool.errors import GatewayError, NotFound
 
 __all__ = ["Teams", "RateLimited", "policy_from_settings", "policy_from_mapping",
@@ -118,9 +122,12 @@ def _refusal_error(key: str, refusal: Refusal, now: float) -> RateLimited:
 class Teams:
     """The policies of the keys that have one, and the windows counting them."""
 
-    def __init__(self, policies: Iterable[KeyPolicy], limits: LimitStore) -> None:
+    def __init__(self, policies: Iterable[KeyPolicy], limits: LimitStore, *,
+                 slots: Any = None, max_wait: float = 0.0) -> None:
         self.policies: dict[str, KeyPolicy] = {p.name: p for p in policies}
         self.limits = limits
+        self.slots = slots  # sessions.redis_slots.RedisSlots with Redis, else None
+        self.max_wait = max_wait  # how long a request waits for one of its key's slots
 
     def set_policy(self, policy: KeyPolicy) -> None:
         self.policies[policy.name] = policy
@@ -134,12 +141,6 @@ class Teams:
         policy = self.policies.get(key)
         return policy is None or policy.allows(model)
 
-    def check_model(self, key: str, model: str) -> None:
-        """Raise the unknown-model 404 when ``model`` is outside the key's list."""
-        policy = self.policies.get(key)
-        if policy is not None and not policy.allows(model):
-            raise model_not_found(model)
-
     async def admit(self, key: str, model: str) -> None:
         """Check the model and count one request; raise NotFound or RateLimited."""
         policy = self.policies.get(key)
@@ -151,6 +152,30 @@ class Teams:
             refusal = await self.limits.admit(policy)
             if refusal is not None:
                 raise _refusal_error(key, refusal, time.time())
+
+    async def take_slot(self, key: str) -> None:
+        """One of the key's ``max_in_flight`` slots shared by the replicas,
+        waiting up to ``max_wait`` for one that a request here hands over or,
+        looking again at growing intervals up to 0.25 s, one that another
+        replica gave back; raise :class:`KeyLimitExceeded` after that."""
+        policy = self.policies.get(key)
+        limit = policy.max_in_flight if policy is not None else None
+        slots = self.slots
+        if limit is None or slots is None:
+            return
+        if await slots.take(key, limit):
+            return
+        loop = asyncio.get_running_loop()
+        deadline, pause = loop.time() + self.max_wait, 0.02
+        while (left := deadline - loop.time()) > 0:
+            if await slots.wait(key, min(pause, left)):
+                return
+            pause = min(pause * 2, 0.25)
+            if await slots.take(key, limit):
+                return
+        raise KeyLimitExceeded(f"This API key already has {limit} requests in flight; "
+                               "retry when one finishes.", code="rate_limit_exceeded",
+                               retry_after=1.0)
 
     def charge(self, key: str, tokens: int) -> None:
         """Charge an answer that ended (input + output tokens) to the key's windows."""

@@ -4,15 +4,16 @@ builds the whole configuration from them."""
 
 from __future__ import annotations
 
+import os
 import re
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from .account_settings import LoginSettings
 
-__all__ = ["SamplingDefaultsSettings", "WorkerSettings", "default_model_name", "DEFAULT_LOCAL_MODEL",
+__all__ = ["SamplingDefaultsSettings", "WorkerSettings", "default_model_name", "check_homes", "DEFAULT_LOCAL_MODEL",
            "EMBEDDED_SAMPLING", "DEFAULT_WORKER"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -73,6 +74,14 @@ class WorkerSettings(BaseModel):
     tool_timeout: float = Field(300.0, gt=0)  # a held client tool call is released after this
     conversation_idle: float = Field(900.0, gt=0)  # an idle conversation is closed after this
     cli_options: dict[str, Any] = Field(default_factory=dict)  # driver-specific (jsonrpc methods)
+    # agent mode: what the CLI's tools run in (pool/cli/sandbox.py); "auto" takes the strongest
+    # that works here and refuses agent mode when none does; "none" must be written out
+    sandbox: Literal["auto", "bwrap", "uid", "none"] = "auto"
+    sandbox_paths: tuple[str, ...] = ()  # more paths the sandbox shows read-only
+    workspace_root: str | None = None  # agent mode: one workspace per key; default <home>-workspaces
+    login_timeout: float = Field(600.0, gt=0)  # a login ends by then, code or not (its locks freed)
+    # a refused account is tried again (a one-token turn) after this, doubling up to an hour
+    login_probe_interval: float = Field(60.0, gt=0)
     # cli: the account's logged-in files at start-up (a session bundle, docs/accounts.md)
     bundle: str | None = None  # a bundle file (tar.gz)
     bundle_env: str | None = None  # an environment variable holding a bundle, base64
@@ -198,3 +207,21 @@ EMBEDDED_SAMPLING = SamplingDefaultsSettings(temperature=0.2, top_p=0.9, max_tok
 
 DEFAULT_WORKER = WorkerSettings(name="local", kind="local", engine="llamacpp", capacity=4,
                                  context_length=4096)
+
+
+def check_homes(workers: Sequence[WorkerSettings]) -> None:
+    """Each cli worker has a home of its own: two CLIs in one home (or one home
+    inside another) would share credentials, rotate each other's refresh tokens
+    and load each other's sessions. ValueError naming both workers."""
+    seen: list[tuple[str, str]] = []  # (real path, worker)
+    for worker in workers:
+        if worker.kind != "cli" or worker.home is None:
+            continue
+        real = os.path.realpath(os.path.expanduser(worker.home))
+        for other_real, other in seen:
+            if real == other_real or os.path.commonpath((real, other_real)) in (real, other_real):
+                how = "the same home" if real == other_real else "nested homes"
+                raise ValueError(f"cli workers {other!r} and {worker.name!r} share {how} "
+                                 f"({other_real} and {real}): each account needs a home of "
+                                 "its own")
+        seen.append((real, worker.name))

@@ -86,15 +86,16 @@ def _plain(secret: Any) -> str:
 
 
 class KeyRing:
-    """The inbound keys, name -> secret digest. Empty means auth is off
-    (unless ``required``: run-time keys may all be deleted, and the gateway
-    must not open up then)."""
+    """The inbound keys, name -> secret digest and immutable id (a config
+    key's id is its name). Empty means auth is off (unless ``required``:
+    run-time keys may all be deleted, and the gateway must not open up then)."""
 
-    __slots__ = ("_by_digest", "_by_name", "_required")
+    __slots__ = ("_by_digest", "_by_name", "_ids", "_required")
 
     def __init__(self, keys: Mapping[str, Any], *, required: bool = False) -> None:
         self._by_digest: dict[bytes, str] = {}
         self._by_name: dict[str, bytes] = {}
+        self._ids: dict[str, str] = {}
         self._required = required
         for name, secret in keys.items():
             self.add(name, _digest(_plain(secret)))
@@ -111,11 +112,19 @@ class KeyRing:
         """Keep auth on from now on, even if every key is removed."""
         self._required = True
 
-    def add(self, name: str, secret_digest: bytes) -> None:
-        """Accept the key whose secret has ``secret_digest`` as ``name`` (replacing its old secret)."""
+    def add(self, name: str, secret_digest: bytes, key_id: str | None = None) -> None:
+        """Accept the key whose secret has ``secret_digest`` as ``name`` (replacing its old
+        secret); ``key_id`` owns what it creates (default: the name). A secret another
+        name holds is refused (ValueError naming only ``name``): one secret would
+        otherwise identify as whichever name came last."""
+        holder = self._by_digest.get(secret_digest)
+        if holder is not None and holder != name:
+            raise ValueError(f"key {name!r}: its secret is already another key's")
         self.remove(name)
         self._by_digest[secret_digest] = name
         self._by_name[name] = secret_digest
+        if key_id is not None and key_id != name:
+            self._ids[name] = key_id
 
     def remove(self, name: str) -> bool:
         """Refuse ``name`` from now on; False if it was not there."""
@@ -123,7 +132,15 @@ class KeyRing:
         if old is None:
             return False
         del self._by_digest[old]
+        self._ids.pop(name, None)
         return True
+
+    def id_of(self, name: str) -> str:
+        """The id of the key named ``name`` (a config key's, or anonymous: the name)."""
+        return self._ids.get(name, name)
+
+    def digest_of(self, name: str) -> bytes | None:
+        return self._by_name.get(name)
 
     def knows_secret(self, secret_digest: bytes) -> bool:
         return secret_digest in self._by_digest

@@ -26,7 +26,7 @@ import functools
 import time
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Callable, Protocol
+from typing import Callable, Mapping, Protocol
 
 __all__ = ["KeyPolicy", "Refusal", "WindowState", "LimitStore", "MemoryLimits", "model_allowed",
            "Counters", "month_number", "WINDOW_SECONDS"]
@@ -100,6 +100,12 @@ class LimitStore(Protocol):
 
     async def seed(self, key: str, day_tokens: int, month_tokens: int) -> None:
         """Start today's and this month's budgets at what the ledger already has."""
+        ...
+
+    async def rebuild(self, totals: Mapping[str, tuple[int, int]]) -> None:
+        """Seed every key of ``totals`` (name -> today's, this month's tokens, as
+        the ledger has them); a shared store also writes back what it knew, so
+        counters lost with Redis come back from the database and the replicas."""
         ...
 
     async def forget(self, key: str) -> None:
@@ -195,6 +201,23 @@ class MemoryLimits:
             refused = "tokens"
         if refused is not None:
             return Refusal(refused, reset_after, now + reset_after, self._state(policy, c, reset_after))
+        return self._budget_refusal(policy, c, now, reset_after)
+
+    def over_budget(self, policy: KeyPolicy) -> Refusal | None:
+        """The budget refusal of ``policy`` by this process's counters (what the
+        ledger, the shared store's last answers and this replica's own charges
+        say), or None: a shared store that lost its counters refuses by it."""
+        if policy.budget_day is None and policy.budget_month is None:
+            return None
+        c = self._keys.get(policy.name)
+        if c is None:
+            return None
+        now = self._clock()
+        c.roll(now)
+        return self._budget_refusal(policy, c, now, c.window_start + WINDOW_SECONDS - now)
+
+    def _budget_refusal(self, policy: KeyPolicy, c: Counters, now: float,
+                        reset_after: float) -> Refusal | None:
         budget = policy.budget_day
         if budget is not None and c.day_tokens >= budget:
             resets = float((c.day + 1) * _DAY)
@@ -216,9 +239,25 @@ class MemoryLimits:
         c.month_tokens += tokens
 
     async def seed(self, key: str, day_tokens: int, month_tokens: int) -> None:
+        self.raise_to(key, day_tokens, month_tokens)
+
+    def raise_to(self, key: str, day_tokens: int, month_tokens: int) -> None:
+        """Today's and this month's tokens are at least these (never lowered)."""
         c = self._counters(key, self._clock())
         c.day_tokens = max(c.day_tokens, day_tokens)
         c.month_tokens = max(c.month_tokens, month_tokens)
+
+    def budget_used(self, key: str) -> tuple[int, int]:
+        """Today's and this month's tokens of ``key`` as counted here."""
+        c = self._keys.get(key)
+        if c is None:
+            return 0, 0
+        c.roll(self._clock())
+        return c.day_tokens, c.month_tokens
+
+    async def rebuild(self, totals: Mapping[str, tuple[int, int]]) -> None:
+        for key, (day_tokens, month_tokens) in totals.items():
+            self.raise_to(key, day_tokens, month_tokens)
 
     async def forget(self, key: str) -> None:
         self._keys.pop(key, None)

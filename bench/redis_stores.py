@@ -75,17 +75,19 @@ def start_redis(tmp: str) -> tuple[subprocess.Popen, str]:
 
 
 def run_once(name: str, a: argparse.Namespace, out: Path,
-             redis_url: str | None) -> tuple[dict, int]:
+             redis_url: str | None, extra: tuple[str, ...] = ()) -> tuple[dict, int]:
     """Per scenario: gateway CPU per request, p50, requests, errors; and how
-    often the gateway logged Redis down."""
+    often the gateway logged Redis down. ``extra``: more bench/run.py arguments."""
     target = out / f"{name}-{time.strftime('%H%M%S')}"
     argv = [sys.executable, str(HERE / "run.py"), "--scenarios", a.scenarios,
             "-d", str(a.duration), "--warmup", str(a.warmup), "--out", str(target),
             "--python", sys.executable,  # run.py serves app.cli from this checkout
             "--targets", "direct,poolgate", "--open-streams", "0",
-            "--teams", "1", "--openai-workers", "2"]
+            "--teams", "1", "--openai-workers", "2",
+            "--repeat", "1"]  # one round: this runner repeats and interleaves itself
     if redis_url:
         argv += ["--redis", redis_url]
+    argv += extra
     if a.no_pin:
         argv.append("--no-pin")
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)

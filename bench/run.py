@@ -285,6 +285,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "(bench/teams.py compares; 0: one plain api key, no state dir)")
     ap.add_argument("--redis", metavar="URL",
                     help="server.redis_url: the shared stores in this Redis (bench/redis_stores.py)")
+    ap.add_argument("--database", metavar="URL",
+                    help="server.database_url: keys and the ledger in this database "
+                         "(bench/database.py; default with --teams: SQLite in the state dir)")
     ap.add_argument("--openai-workers", type=int, default=1, metavar="N",
                     help="N remote workers for the OpenAI models (>1: routing runs per request)")
     a = ap.parse_args(argv)
@@ -369,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
             teams, env = (teams_config(a.teams, out / f"state-{target}") if a.teams > 0
                           else (None, None))
             config.write_text(config_toml(gw_port, up_port, level, teams, a.redis,
-                                          a.openai_workers, state_dir=out / f"state-{target}"))
+                                          a.openai_workers, state_dir=out / f"state-{target}",
+                                          database_url=a.database))
             gateway = Proc(target, [*poolgate_argv(a), "serve", "--config", str(config), "--host",
                                     "127.0.0.1", "--port", str(gw_port)], out / f"{target}.log",
                            cpus["gateway"], env=env)

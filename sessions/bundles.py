@@ -10,7 +10,11 @@ decompression, every member is checked (a regular file, a relative path on
 the CLI's list, no ``..``, no link, device or fifo, at most
 :data:`MAX_FILES` files and :data:`MAX_BYTES` unpacked), the manifest must
 match the files exactly, and only then is anything written: each file 0600
-into a staging directory inside the home, then renamed into place. A refusal
+into a staging directory inside the home, then renamed into place, and the
+previous account's other allow-listed files deleted (the bundle is the
+home's whole login). A home that is a link, or a link on the way to any
+allow-listed file, is refused; nothing below the home is opened through a
+link. A refusal
 raises :class:`BundleError` with a message that names the problem and never
 the contents.
 
@@ -20,12 +24,14 @@ the same account any more (see docs/accounts.md).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import os
+import secrets
+import stat
 import tarfile
-import tempfile
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -135,35 +141,132 @@ def read_bundle(data: bytes, cli: str) -> tuple[Manifest, dict[str, bytes]]:
 
 
 def import_bundle(data: bytes, cli: str, home: str | os.PathLike[str]) -> Manifest:
-    """Check ``data`` and write its files 0600 into ``home``; all or nothing."""
+    """Check ``data`` and make it the home's whole login: its files written 0600
+    (in 0700 directories), and every other file of ``BUNDLE_FILES[cli]`` the
+    home held (the previous account's) deleted. All checks come before the
+    first write. A home that is a link, or a link anywhere on the path of an
+    allow-listed file inside it, is refused: every step below the home is
+    opened relative to its parent with ``O_NOFOLLOW``, so a link planted
+    between the check and the write is refused too, never followed."""
     manifest, members = read_bundle(data, cli)
+    allowed = _files_of(cli, BUNDLE_FILES)
     root = Path(home)
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    real = root.resolve()
-    for name in members:
-        parent = (root / name).parent
-        if parent.exists() and not parent.resolve().is_relative_to(real):
-            raise BundleError(f"{name}: its directory in the home leads outside it")
-        if (root / name).is_symlink() or (root / name).is_dir():
-            raise BundleError(f"{name}: the home has a link or directory there")
-    staging = Path(tempfile.mkdtemp(prefix=".bundle-import-", dir=real))
+    if root.is_symlink():
+        raise BundleError("the worker's home is a link; refused (use the real directory)")
+    root.parent.mkdir(parents=True, exist_ok=True)  # above the home: the operator's layout
+    with contextlib.suppress(FileExistsError):
+        root.mkdir(mode=0o700)
+    home_fd = _open_dir(None, str(root), "the worker's home")
     try:
-        for index, (name, content) in enumerate(members.items()):
-            tmp = staging / str(index)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        os.fchmod(home_fd, 0o700)  # set again: the umask is not trusted either way
+        for name in allowed:  # what is there must be a regular file or nothing, no link on the way
+            _check_path(home_fd, name)
+        _write_members(home_fd, members)
+        for name in allowed:
+            if name not in members:
+                _remove(home_fd, name)
+    finally:
+        os.close(home_fd)
+    return manifest
+
+
+def _open_dir(dir_fd: int | None, name: str, shown: str) -> int:
+    try:
+        return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except OSError:  # ELOOP (a link) or ENOTDIR: refused either way
+        raise BundleError(f"{shown}: a link or not a directory in the home "
+                          "(a link leads outside the home's files); refused") from None
+
+
+def _parent_fd(home_fd: int, name: str, *, create: bool) -> int | None:
+    """An fd of ``name``'s directory, every level opened without following
+    links (and made 0700 when ``create``); None when it is missing."""
+    fd = os.dup(home_fd)
+    try:
+        for part in Path(name).parts[:-1]:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o700, dir_fd=fd)
+            else:
+                try:
+                    os.lstat(part, dir_fd=fd)
+                except FileNotFoundError:
+                    os.close(fd)
+                    return None
+            child = _open_dir(fd, part, f"{name}: {part}")
+            os.close(fd)
+            fd = child
+            if create:
+                os.fchmod(fd, 0o700)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _write_members(home_fd: int, members: Mapping[str, bytes]) -> None:
+    """Each file 0600 into a staging directory inside the home, then renamed into place."""
+    staging = f".bundle-import-{secrets.token_hex(8)}"
+    os.mkdir(staging, 0o700, dir_fd=home_fd)
+    staging_fd = _open_dir(home_fd, staging, "the staging directory")
+    try:
+        os.fchmod(staging_fd, 0o700)  # whatever the umask left of mkdir's mode
+        for index, content in enumerate(members.values()):
+            fd = os.open(str(index), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                         dir_fd=staging_fd)
+            os.fchmod(fd, 0o600)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(content)
                 fh.flush()
                 os.fsync(fh.fileno())
         for index, name in enumerate(members):
-            target = real / name
-            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            os.replace(staging / str(index), target)
+            parent = _parent_fd(home_fd, name, create=True)
+            assert parent is not None
+            try:
+                os.replace(str(index), Path(name).name, src_dir_fd=staging_fd, dst_dir_fd=parent)
+            finally:
+                os.close(parent)
     finally:
-        for leftover in staging.iterdir():
-            leftover.unlink()
-        staging.rmdir()
-    return manifest
+        for leftover in os.listdir(staging_fd):
+            os.unlink(leftover, dir_fd=staging_fd)
+        os.close(staging_fd)
+        os.rmdir(staging, dir_fd=home_fd)
+
+
+def _remove(home_fd: int, name: str) -> None:
+    """Delete the previous account's ``name`` (a file the bundle does not hold)."""
+    parent = _parent_fd(home_fd, name, create=False)
+    if parent is None:
+        return
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(Path(name).name, dir_fd=parent)
+    finally:
+        os.close(parent)
+
+
+def _check_path(home_fd: int, name: str) -> None:
+    fd = os.dup(home_fd)
+    try:
+        for part in Path(name).parts[:-1]:
+            try:
+                st = os.lstat(part, dir_fd=fd)
+            except FileNotFoundError:
+                return  # created fresh at write time
+            if not stat.S_ISDIR(st.st_mode):
+                raise BundleError(f"{name}: {part} in the home is a link or not a directory "
+                                  "(a link leads outside the home's files); refused")
+            child = _open_dir(fd, part, f"{name}: {part}")
+            os.close(fd)
+            fd = child
+        try:
+            st = os.lstat(Path(name).name, dir_fd=fd)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISREG(st.st_mode):
+            raise BundleError(f"{name}: the home has a link or directory there; refused")
+    finally:
+        os.close(fd)
 
 
 # --- checking an archive ---------------------------------------------------------------

@@ -14,14 +14,11 @@ import time
 from typing import Any, Callable
 
 from .bindings import MemoryBindingStore
-from .redis_link import PREFIX, RedisDown, RedisLink
+from .redis_link import RedisDown, RedisLink
 from .upstream import MemoryUpstreamSessions
 
-__all__ = ["RedisBindingStore", "RedisUpstreamSessions"]
+__all__ = ["RedisBindingStore", "RedisUpstreamSessions", "cli_index_keys"]
 
-_BIND = PREFIX + "bind:"
-_CLI = PREFIX + "cli:"
-_CLI_WORKER = PREFIX + "cliw:"
 
 # KEYS[1] binding; ARGV expected ('' = unbound), worker, ttl (ms)
 _CLAIM = """
@@ -35,10 +32,27 @@ redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return ARGV[2]
 """
 
-# KEYS[1] the worker's set of index keys; ARGV worker
+# The cli session index: an entry per conversation (SET PX: its own time to
+# live), and per worker a sorted set of its entries' key names scored by when
+# each expires, so that every member goes with its entry (reaped on each put)
+# and the set lives as long as its newest member. Redis's clock (TIME) scores.
+
+# KEYS[1] entry, KEYS[2] the worker's sorted set; ARGV worker, ttl (ms)
+_CLI_PUT = """
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), KEYS[1])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+"""
+
+# KEYS[1] the worker's sorted set; ARGV worker
 _DROP_WORKER = """
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local n = 0
-for _, key in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+for _, key in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf')) do
   if redis.call('GET', key) == ARGV[1] then
     redis.call('DEL', key)
     n = n + 1
@@ -47,6 +61,14 @@ end
 redis.call('DEL', KEYS[1])
 return n
 """
+
+
+def cli_index_keys(replica: str, prefix: str) -> tuple[str, str]:
+    """The key name prefixes of a replica's cli session index: of its entries
+    (``+ <conversation hash>``) and of its workers' sorted sets (``+ <worker>``).
+    Per replica: cli workers are processes of one replica, and their names
+    repeat on every replica of a deployment."""
+    return f"{prefix}cli:{replica}:", f"{prefix}cliw:{replica}:"
 
 
 def _text(value: Any) -> str | None:
@@ -68,6 +90,7 @@ class RedisBindingStore:
                  fresh: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl = ttl
         self._link = link
+        self._bind = link.prefix + "bind:"
         self.local = MemoryBindingStore(ttl=ttl, max_items=max_items)
         self._claim = link.client.register_script(_CLAIM)
         self._fallbacks = 0
@@ -93,7 +116,7 @@ class RedisBindingStore:
         client = self._link.client
         try:
             worker = _text(await self._link.call(
-                lambda: client.getex(_BIND + key, px=int(self.ttl * 1000))))
+                lambda: client.getex(self._bind + key, px=int(self.ttl * 1000))))
         except RedisDown:
             self._fallbacks += 1
             return await self.local.get(key)
@@ -110,7 +133,7 @@ class RedisBindingStore:
         await self.local.set(key, worker, ttl)
         client = self._link.client
         try:
-            await self._link.call(lambda: client.set(_BIND + key, worker, px=int(ttl * 1000)))
+            await self._link.call(lambda: client.set(self._bind + key, worker, px=int(ttl * 1000)))
         except RedisDown:
             self._fallbacks += 1
         else:
@@ -121,7 +144,7 @@ class RedisBindingStore:
         self._confirmed.pop(key, None)
         client = self._link.client
         try:
-            await self._link.call(lambda: client.delete(_BIND + key))
+            await self._link.call(lambda: client.delete(self._bind + key))
         except RedisDown:
             self._fallbacks += 1
 
@@ -130,7 +153,7 @@ class RedisBindingStore:
         ttl = self.ttl if ttl is None else ttl
         try:
             held = _text(await self._link.call(lambda: self._claim(
-                keys=[_BIND + key], args=[expected or "", worker, int(ttl * 1000)])))
+                keys=[self._bind + key], args=[expected or "", worker, int(ttl * 1000)])))
         except RedisDown:
             self._fallbacks += 1
             return await self.local.claim(key, expected, worker, ttl)
@@ -145,22 +168,26 @@ class RedisBindingStore:
 
 
 class RedisUpstreamSessions:
-    """:class:`~pool.cli.index.SessionIndex` in Redis: ``cli:<hash>`` → worker
-    with a time to live of ``max_age`` (the count bound is Redis's
-    ``maxmemory``), plus a set per worker so its entries can be dropped at once."""
+    """:class:`~pool.cli.index.SessionIndex` in Redis, one per replica
+    (:func:`cli_index_keys`): ``cli:<replica>:<hash>`` → worker, each entry
+    with its own time to live of ``max_age`` (the count bound is Redis's
+    ``maxmemory``), plus a sorted set per worker, by expiry, so its entries can
+    be dropped at once."""
 
-    def __init__(self, link: RedisLink, *, max_entries: int = 10_000,
-                 max_age: float = 6 * 3600) -> None:
+    def __init__(self, link: RedisLink, *, replica: str,
+                 max_entries: int = 10_000, max_age: float = 6 * 3600) -> None:
         self._link = link
         self._ttl_ms = int(max_age * 1000)
+        self._entry, self._worker = cli_index_keys(replica, link.prefix)
         self.local = MemoryUpstreamSessions(max_entries=max_entries, max_age=max_age)
+        self._put = link.client.register_script(_CLI_PUT)
         self._drop_worker = link.client.register_script(_DROP_WORKER)
         self._fallbacks = 0
 
     async def get(self, key: str) -> str | None:
         client = self._link.client
         try:
-            return _text(await self._link.call(lambda: client.get(_CLI + key)))
+            return _text(await self._link.call(lambda: client.get(self._entry + key)))
         except RedisDown:
             self._fallbacks += 1
             return await self.local.get(key)
@@ -168,14 +195,9 @@ class RedisUpstreamSessions:
     async def put(self, key: str, worker: str) -> None:
         await self.local.put(key, worker)
 
-        async def write() -> None:
-            pipe = self._link.client.pipeline(transaction=False)
-            pipe.set(_CLI + key, worker, px=self._ttl_ms)
-            pipe.sadd(_CLI_WORKER + worker, _CLI + key)
-            pipe.pexpire(_CLI_WORKER + worker, self._ttl_ms)
-            await pipe.execute()
         try:
-            await self._link.call(write)
+            await self._link.call(lambda: self._put(
+                keys=[self._entry + key, self._worker + worker], args=[worker, self._ttl_ms]))
         except RedisDown:
             self._fallbacks += 1
 
@@ -183,14 +205,14 @@ class RedisUpstreamSessions:
         await self.local.drop(key)
         client = self._link.client
         try:
-            await self._link.call(lambda: client.delete(_CLI + key))
+            await self._link.call(lambda: client.delete(self._entry + key))
         except RedisDown:
             self._fallbacks += 1
 
     async def drop_worker(self, worker: str) -> None:
         await self.local.drop_worker(worker)
         try:
-            await self._link.call(lambda: self._drop_worker(keys=[_CLI_WORKER + worker],
+            await self._link.call(lambda: self._drop_worker(keys=[self._worker + worker],
                                                             args=[worker]))
         except RedisDown:
             self._fallbacks += 1

@@ -15,27 +15,35 @@ Token charges and lease returns are queued and sent together, in one
 script call for all keys, ``batch`` seconds after the first of them.
 
 While Redis is down, admission falls back to counting in this process (the
-``local`` store): a key's limits then hold per replica, so across N replicas
-a key may get up to N times its rpm/tpm until Redis is back. Tokens charged
-meanwhile stay local; the shared windows resume from what Redis holds.
+``local`` store): a key's rate limits then hold per replica, so across N
+replicas a key may get up to N times its rpm/tpm until Redis is back.
+
+Budgets are not lost with Redis: the local store is their floor. It starts at
+the ledger's totals, takes every token this replica charges and the day's
+and month's totals of every answer Redis gives, and a key over its budget by
+it is refused whatever Redis says (after a ``FLUSHALL``, a restart, or while
+Redis is down). Each replica keeps a marker key in Redis; when it is gone
+(Redis lost its data) or after an outage, :meth:`RedisLimits.rebuild` writes
+the floors of every budgeted key back (the ledger's totals, as the caller
+passes them, or more), so a replica that never saw a key's usage refuses it too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import structlog
 
 from .limit_leases import Lease
-from .redis_link import PREFIX, RedisDown, RedisLink
+from .redis_link import RedisDown, RedisLink
 
 __all__ = ["RedisLimits"]
 
 log = structlog.get_logger("poolgate.redis")
 
-_KEY = PREFIX + "lim:"
 _DAY = 86400
 _KEEP_MS = 40 * _DAY * 1000  # a month's budget, and a little more
 
@@ -120,6 +128,7 @@ class RedisLimits:
                  batch: float = 0.05, clock: Callable[[], float] = time.time,
                  leases: bool = True) -> None:
         self._link = link
+        self._key = link.prefix + "lim:"
         self.local = local
         self._window = window
         self._clock = clock
@@ -130,6 +139,9 @@ class RedisLimits:
         self._returns: dict[str, tuple[str, int]] = {}  # key -> (window, leased requests)
         self._flusher: asyncio.Task[Any] | None = None
         self._leases: dict[str, Lease] | None = {} if leases else None
+        self.replica = secrets.token_hex(8)  # this process, among the replicas
+        # gone when Redis lost its data
+        self._marker = link.prefix + "lim-seeded:" + self.replica
         self.fallbacks = 0
         self.lease_hits = self.round_trips = 0
 
@@ -138,6 +150,9 @@ class RedisLimits:
         return [repr(now), int(now // _DAY), _month(now), self._window, _KEEP_MS]
 
     async def admit(self, policy: Any) -> Any:
+        over = self.local.over_budget(policy)  # None at once for a key without a budget
+        if over is not None:
+            return over
         now = self._clock()
         leases = self._leases
         if leases is None or not self._link.up:
@@ -173,6 +188,7 @@ class RedisLimits:
         except RedisDown:
             self._fell_back("admit")
             return await self.local.admit(policy)
+        self._learn(policy, reply, now)
         if not reply[0]:
             return None
         return self.local.refusal(policy, _Snapshot(reply), now)
@@ -180,7 +196,7 @@ class RedisLimits:
     async def _run(self, now: float, ops: list[tuple[str, list[Any]]]) -> Any:
         """The limit script on each ``(key, op)`` in turn: one round trip
         (:class:`RedisDown` when out of reach); the reply of the first."""
-        keys = [_KEY + key for key, _ in ops]
+        keys = [self._key + key for key, _ in ops]
         args = self._args(now) + [value for _, op in ops for value in op]
         self.round_trips += 1
         return await self._link.call(lambda: self._script(keys=keys, args=args))
@@ -202,11 +218,18 @@ class RedisLimits:
             return
         finally:
             lease.refreshing = None
+        self._learn(policy, reply, now)
         if self._leases is not None and self._leases.get(policy.name) is lease:
             lease.granted(policy, reply, now)
             self._expire_later(policy.name, lease)
         elif int(reply[7]):  # forgotten meanwhile
             self._give_back(policy.name, _text(reply[1]), int(reply[7]))
+
+    def _learn(self, policy: Any, reply: list[Any], now: float) -> None:
+        """Raise the budget floor of ``policy``'s key to the totals Redis counted."""
+        if ((policy.budget_day is not None or policy.budget_month is not None)
+                and int(reply[4]) == int(now // _DAY)):
+            self.local.raise_to(policy.name, int(reply[5]), int(reply[6]))
 
     def _expire_later(self, key: str, lease: Lease) -> None:
         if lease.timer is None:
@@ -235,9 +258,9 @@ class RedisLimits:
         ``batch`` seconds after the first charge in it (tpm windows lag that much)."""
         if tokens <= 0:
             return
+        self.local.charge(key, tokens)  # the budget floor; the windows while Redis is down
         if not self._link.up:
             self._fell_back("charge")
-            self.local.charge(key, tokens)
             return
         lease = self._leases.get(key) if self._leases is not None else None
         if lease is not None:
@@ -266,9 +289,7 @@ class RedisLimits:
         try:
             await self._run(self._clock(), ops)
         except RedisDown:
-            self._fell_back("charge")
-            for key, tokens in charges.items():
-                self.local.charge(key, tokens)
+            self._fell_back("charge")  # counted locally already (see ``charge``)
 
     async def seed(self, key: str, day_tokens: int, month_tokens: int) -> None:
         await self.local.seed(key, day_tokens, month_tokens)
@@ -278,13 +299,33 @@ class RedisLimits:
         except RedisDown:
             self._fell_back("seed")
 
+    async def rebuild(self, totals: Mapping[str, tuple[int, int]]) -> None:
+        """Seed each key of ``totals`` here, then in Redis with the larger of
+        those and this replica's floor (in one script call), and mark Redis as
+        seeded by this replica."""
+        await self.local.rebuild(totals)
+        ops = [(key, _op("seed", _NONE, *self.local.budget_used(key))) for key in totals]
+        client, marker = self._link.client, self._marker
+        try:
+            if ops:
+                await self._run(self._clock(), ops)
+            await self._link.call(lambda: client.set(marker, 1, px=_KEEP_MS))
+        except RedisDown:
+            self._fell_back("seed")
+
+    async def lost(self) -> bool:
+        """Whether Redis lost what this replica seeded (flushed, or restarted
+        empty); :class:`RedisDown` when out of reach."""
+        client, marker = self._link.client, self._marker
+        return not await self._link.call(lambda: client.exists(marker))
+
     async def forget(self, key: str) -> None:
         await self.local.forget(key)
         self._drop_lease(key)
         self._returns.pop(key, None)
         client = self._link.client
         try:
-            await self._link.call(lambda: client.delete(_KEY + key))
+            await self._link.call(lambda: client.delete(self._key + key))
         except RedisDown:
             self._fell_back("forget")
 

@@ -26,12 +26,12 @@ from redis.exceptions import RedisError, ResponseError
 
 from pool.errors import GatewayError
 
-__all__ = ["RedisLink", "RedisDown", "StoreUnavailable", "PREFIX"]
+__all__ = ["RedisLink", "RedisDown", "StoreUnavailable", "DEFAULT_PREFIX"]
 
 log = structlog.get_logger("poolgate.redis")
 
-#: every key poolgate writes starts with this
-PREFIX = "poolgate:"
+#: every key a deployment writes starts with its prefix and ``:`` (``server.redis_prefix``)
+DEFAULT_PREFIX = "poolgate"
 
 T = TypeVar("T")
 
@@ -53,8 +53,11 @@ class StoreUnavailable(GatewayError):
 class RedisLink:
     """A ``redis.asyncio`` client with explicit retry and timeouts, and an up/down flag."""
 
-    def __init__(self, url: str, *, timeout: float = 0.1, probe_interval: float = 0.5) -> None:
+    def __init__(self, url: str, *, timeout: float = 0.1, probe_interval: float = 0.5,
+                 prefix: str = DEFAULT_PREFIX) -> None:
         self.url = url
+        # the stores build every key name from this: two deployments on one Redis never meet
+        self.prefix = prefix + ":"
         self.timeout = timeout
         self.probe_interval = probe_interval
         self.client: Redis = Redis.from_url(
@@ -100,14 +103,24 @@ class RedisLink:
             self._since = time.monotonic()
         return True
 
-    async def watch(self, on_tick: Callable[[], Awaitable[Any]] | None = None) -> None:
-        """Forever: ping, then ``on_tick()`` while up (shared state to poll)."""
+    async def watch(self, on_tick: Callable[[], Awaitable[Any]] | None = None,
+                    on_down: Callable[[], Awaitable[Any]] | None = None) -> None:
+        """Forever: ping, then ``on_tick()`` while up (shared state to poll);
+        ``on_down()`` once per outage, at the first ping that finds it down."""
+        seen = -1  # the outage on_down was called for
         while True:
-            if await self.ping() and on_tick is not None:
+            call = None
+            if await self.ping():
+                call = on_tick
+            elif on_down is not None and seen != self.outages:
+                seen, call = self.outages, on_down
+            if call is not None:
                 try:
-                    await on_tick()
+                    await call()
                 except RedisDown:
                     pass
+                except Exception:  # the probe must go on: it is what brings Redis back
+                    log.exception("redis.watch_failed")
             await asyncio.sleep(self.probe_interval)
 
     def stats(self) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Stored responses in Redis, shared by every replica.
 
-Layout (all under ``poolgate:``): an entry is the hash ``r:<id>`` with the
+Layout (all under the link's prefix, ``poolgate:`` by default): an entry is the hash ``r:<id>`` with the
 serialised entry ``d``, the id it continued ``p`` and its owner ``o``, with a
 time to live of ``max_age`` (the age bound, kept by Redis itself). The
 bookkeeping for the count and byte bounds lives in ``rs:*``: each owner's
@@ -26,15 +26,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .redis_link import PREFIX, RedisDown, RedisLink, StoreUnavailable
+from .redis_link import RedisDown, RedisLink, StoreUnavailable
 from .responses import MAX_CHAIN, StoredResponse, dumps, loads
 
 __all__ = ["RedisResponseStore"]
 
-_ENTRY = PREFIX + "r:"
-
+# KEYS[1], KEYS[2]: the prefixes of the entries and of the bookkeeping (``<prefix>r:``, ``rs:``)
 _COMMON = """
-local E, B = 'poolgate:r:', 'poolgate:rs:'
+local E, B = KEYS[1], KEYS[2]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function drop(rid)
@@ -107,13 +106,25 @@ if redis.call('EXISTS', E .. ARGV[1]) == 0 then drop(ARGV[1]); return 0 end
 return drop(ARGV[1])
 """
 
-# ARGV: id, limit -> {entries newest first, the first missing link or ''}
+# KEYS: as _COMMON; ARGV: owner -> the entries deleted (a deleted key's, in one call)
+_DELETE_OWNER = _COMMON + """
+local n = 0
+for _, rid in ipairs(redis.call('ZRANGE', B .. 'own:' .. ARGV[1], 0, -1)) do
+  drop(rid)
+  n = n + 1
+end
+redis.call('DEL', B .. 'own:' .. ARGV[1])
+return n
+"""
+
+# KEYS[1]: the entries' prefix; ARGV: id, limit -> {entries newest first, the first missing
+# link or ''}
 _CHAIN = """
 local out, seen, id = {}, {}, ARGV[1]
 local limit = tonumber(ARGV[2])
 while true do
   if seen[id] or #out >= limit then return {out, id} end
-  local v = redis.call('HMGET', 'poolgate:r:' .. id, 'd', 'p')
+  local v = redis.call('HMGET', KEYS[1] .. id, 'd', 'p')
   if not v[1] then return {out, id} end
   seen[id] = true
   out[#out + 1] = v[1]
@@ -132,10 +143,13 @@ class RedisResponseStore:
             raise ValueError("max_items, max_bytes and max_age must be positive")
         self._link = link
         self._limits = (max_items, max_bytes, int(max_age * 1000))
+        self._entry = link.prefix + "r:"
+        self._keys = [self._entry, link.prefix + "rs:"]  # the prefixes the scripts build on
         client = link.client
         self._put = client.register_script(_PUT)
         self._delete = client.register_script(_DELETE)
         self._chain = client.register_script(_CHAIN)
+        self._delete_owner = client.register_script(_DELETE_OWNER)
         self._counts = {"stored": 0, "evicted": 0, "expired": 0, "rejected": 0, "unavailable": 0}
 
     @property
@@ -155,7 +169,7 @@ class RedisResponseStore:
     async def put(self, item: StoredResponse) -> None:
         data = dumps(item)
         max_items, max_bytes, max_age = self._limits
-        stored, evicted, expired = await self._call(lambda: self._put(args=[
+        stored, evicted, expired = await self._call(lambda: self._put(keys=self._keys, args=[
             item.id, item.owner, len(data), data, item.previous_id or "",
             max_items, max_bytes, max_age]))
         counts = self._counts
@@ -165,14 +179,17 @@ class RedisResponseStore:
 
     async def get(self, response_id: str) -> StoredResponse | None:
         client = self._link.client
-        data = await self._call(lambda: client.hget(_ENTRY + response_id, "d"))
+        data = await self._call(lambda: client.hget(self._entry + response_id, "d"))
         return None if data is None else loads(data)
 
     async def delete(self, response_id: str) -> bool:
-        return bool(await self._call(lambda: self._delete(args=[response_id])))
+        return bool(await self._call(lambda: self._delete(keys=self._keys, args=[response_id])))
+
+    async def delete_owner(self, owner: str) -> int:
+        return int(await self._call(lambda: self._delete_owner(keys=self._keys, args=[owner])))
 
     async def get_chain(self, response_id: str) -> tuple[list[StoredResponse], str | None]:
-        found, missing = await self._call(lambda: self._chain(args=[response_id, MAX_CHAIN]))
+        found, missing = await self._call(lambda: self._chain(keys=self._keys[:1], args=[response_id, MAX_CHAIN]))
         if isinstance(missing, bytes):
             missing = missing.decode()
         return [loads(data) for data in found], (missing or None)

@@ -37,8 +37,9 @@ class StoredResponse:
     the client; ``input_items`` this request's input items (with ids);
     ``previous_id`` the response it continued (``previous_response_id``), or
     None; ``worker`` the worker that served it (for affinity); ``created_at``
-    wall-clock seconds; ``owner`` the name of the API key that created it
-    (``anonymous`` with auth off): only that key may read, delete or continue it."""
+    wall-clock seconds; ``owner`` the id of the API key that created it (a
+    config key's id is its name; ``anonymous`` with auth off): only that key
+    may read, delete or continue it, and deleting the key deletes it."""
 
     id: str
     response: Mapping[str, Any]
@@ -60,6 +61,10 @@ class ResponseStore(Protocol):
 
     async def delete(self, response_id: str) -> bool:
         """``True`` if there was an entry to delete."""
+        ...
+
+    async def delete_owner(self, owner: str) -> int:
+        """Delete every entry of ``owner`` (a deleted key's id); how many there were."""
         ...
 
     async def get_chain(self, response_id: str) -> tuple[list[StoredResponse], str | None]:
@@ -229,6 +234,13 @@ class MemoryResponseStore:
         self._drop(response_id)
         # an expired entry was already gone as far as the client can tell
         return self._clock() - found[2] < self._max_age
+
+    async def delete_owner(self, owner: str) -> int:
+        found = self._owners.get(owner)
+        ids = list(found.ids) if found is not None else []
+        for response_id in ids:
+            self._drop(response_id)
+        return len(ids)
 
     async def get_chain(self, response_id: str) -> tuple[list[StoredResponse], str | None]:
         return await follow_links(self.get, response_id)

@@ -21,15 +21,13 @@ from typing import AsyncIterator, Protocol
 import structlog
 from redis.exceptions import LockError, RedisError
 
-from .redis_link import PREFIX, RedisDown, RedisLink
+from .redis_link import RedisDown, RedisLink
 
 __all__ = ["Locks", "MemoryLocks", "RedisLocks", "LockTimeout", "DrainedSet",
            "MemoryDrainedSet", "RedisDrainedSet"]
 
 log = structlog.get_logger("poolgate.shared")
 
-_LOCK = PREFIX + "lock:"
-_DRAINED = PREFIX + "drained"
 
 
 class LockTimeout(TimeoutError):
@@ -84,6 +82,7 @@ class RedisLocks:
 
     def __init__(self, link: RedisLink, *, poll: float = 0.05) -> None:
         self._link = link
+        self._prefix = link.prefix + "lock:"
         self._poll = poll
         self.local = MemoryLocks()
 
@@ -95,7 +94,7 @@ class RedisLocks:
             async with self.local.hold(name, ttl=ttl, wait=wait):
                 yield
             return
-        lock = self._link.client.lock(_LOCK + name, timeout=ttl, sleep=self._poll,
+        lock = self._link.client.lock(self._prefix + name, timeout=ttl, sleep=self._poll,
                                       blocking_timeout=wait)
         try:
             acquired = await lock.acquire()
@@ -147,16 +146,17 @@ class RedisDrainedSet:
 
     def __init__(self, link: RedisLink) -> None:
         self._link = link
+        self._key = link.prefix + "drained"
 
     async def add(self, name: str) -> None:
         client = self._link.client
-        await self._link.call(lambda: client.sadd(_DRAINED, name))
+        await self._link.call(lambda: client.sadd(self._key, name))
 
     async def discard(self, name: str) -> None:
         client = self._link.client
-        await self._link.call(lambda: client.srem(_DRAINED, name))
+        await self._link.call(lambda: client.srem(self._key, name))
 
     async def members(self) -> set[str]:
         client = self._link.client
-        raw = await self._link.call(lambda: client.smembers(_DRAINED))
+        raw = await self._link.call(lambda: client.smembers(self._key))
         return {m.decode() if isinstance(m, bytes) else m for m in raw}

@@ -4,7 +4,8 @@
 - ``PUT /internal/workers/{name}/bundle``: import one (raw tar.gz, or JSON ``{"bundle_b64"}``)
 - ``POST /internal/workers/{name}/login`` (``{"auto": true|false}``),
   ``GET /internal/workers/{name}/login``, ``GET …/login/screenshot``,
-  ``POST /internal/workers/{name}/login/code`` (``{"code": "…"}``)
+  ``POST /internal/workers/{name}/login/code`` (``{"code": "…"}``),
+  ``DELETE /internal/workers/{name}/login`` (cancel the login under way)
 - the seed gateway's paths: ``POST /internal/auto-login/start?instance=NAME``,
   ``GET /internal/auto-login/status``, ``POST /internal/session/export?instance=NAME``
 """
@@ -25,7 +26,8 @@ from ..gateway import Gateway
 from ..http import error_response, json_response, read_json
 from .ops import admin_denied
 
-__all__ = ["get_bundle", "put_bundle", "session_export", "start_login", "login_status",
+__all__ = ["get_bundle", "put_bundle", "session_export", "start_login", "cancel_login",
+           "login_status",
            "login_code", "login_screenshot", "auto_login_start", "auto_login_status"]
 
 _MAX_JSON = 64 * 1024
@@ -69,7 +71,7 @@ async def _raw_body(request: Request, limit: int) -> bytes:
 @admin
 async def get_bundle(request: Request, gw: Gateway) -> Response:
     worker = _worker(gw, request.path_params["name"])
-    data = await gw.accounts.export(worker)
+    data = await gw.accounts.account(worker.name).export_bundle()
     return Response(data, media_type="application/gzip", headers={
         "content-disposition": f'attachment; filename="{worker.name}.bundle.tar.gz"'})
 
@@ -86,7 +88,7 @@ async def put_bundle(request: Request, gw: Gateway) -> Response:
         data = await _raw_body(request, MAX_BYTES)
     if not data:
         raise BadRequest("The body is empty: send the bundle (tar.gz).", param="bundle")
-    manifest = await gw.accounts.import_(worker, data)
+    manifest = await gw.accounts.account(worker.name).import_bundle(data)
     return json_response({"worker": worker.name, "imported": manifest.summary()})
 
 
@@ -94,7 +96,7 @@ async def put_bundle(request: Request, gw: Gateway) -> Response:
 async def session_export(request: Request, gw: Gateway) -> Response:
     """The seed's export: JSON with ``bundle_b64``."""
     worker = _worker(gw, request.query_params.get("instance"), "instance")
-    data = await gw.accounts.export(worker)
+    data = await gw.accounts.account(worker.name).export_bundle()
     return json_response({"instance": worker.name, "bundle_b64": base64.b64encode(data).decode(),
                           "bytes": len(data)})
 
@@ -126,8 +128,16 @@ def _auto_flag(body: dict[str, Any]) -> bool | None:
 async def start_login(request: Request, gw: Gateway) -> Response:
     worker = _worker(gw, request.path_params["name"])
     auto = _auto_flag(await _login_body(request))
-    status = await gw.logins.start(worker, auto=auto)
+    status = await gw.accounts.account(worker.name).login(auto)
     return json_response(status, status=202)
+
+
+@admin
+async def cancel_login(request: Request, gw: Gateway) -> Response:
+    """End the login under way: its CLI process and every lock it held go with it."""
+    worker = _worker(gw, request.path_params["name"])
+    await gw.accounts.account(worker.name).cancel_login()
+    return json_response(gw.logins.status(worker.name))
 
 
 @admin
@@ -144,7 +154,7 @@ async def login_code(request: Request, gw: Gateway) -> Response:
     if not isinstance(code, str) or not code.strip():
         raise BadRequest("code must be the code (or redirect URL) the login page showed.",
                          param="code")
-    return json_response(await gw.logins.paste(worker, code.strip()))
+    return json_response(await gw.accounts.account(worker.name).login_code(code.strip()))
 
 
 @admin
@@ -160,7 +170,7 @@ async def login_screenshot(request: Request, gw: Gateway) -> Response:
 async def auto_login_start(request: Request, gw: Gateway) -> Response:
     """The seed's start: an automatic login of ``?instance=NAME``."""
     worker = _worker(gw, request.query_params.get("instance"), "instance")
-    return json_response(await gw.logins.start(worker, auto=True), status=202)
+    return json_response(await gw.accounts.account(worker.name).login(True), status=202)
 
 
 @admin

@@ -40,8 +40,10 @@ chat_completions = _route(openai_chat, "openai_chat", "openai")
 messages = _route(anthropic_messages, "anthropic", "anthropic")
 async def completions(gw: Gateway, request: Incoming, record: RequestRecord) -> Any:
     """Legacy completions: one prompt is served like any request; a list of
-    prompts (not streamed) is answered by one request per prompt, concurrently,
-    their choices in prompt order."""
+    prompts (not streamed) is one request for the key's policy (one of its
+    rpm), answered by one upstream request per prompt, concurrently, their
+    choices in prompt order. The prompts that finished are charged also when
+    another failed."""
     record.dialect = "openai_completions"
     try:
         body = await read_json(request, gw.max_body_bytes)
@@ -49,12 +51,12 @@ async def completions(gw: Gateway, request: Incoming, record: RequestRecord) -> 
         if len(chats) == 1:
             return await serve(gw, request, chats[0], openai_completions, record)
         record.model = chats[0].model
+        if record.key in gw.teams.policies:  # one request, whatever the number of prompts
+            await gw.teams.admit(record.key, record.model)
         done = await _complete_all(gw, request, chats, record)
     except GatewayError as exc:
         record.error = exc.kind
         return error_response(exc, "openai")
-    record.tokens_in = sum(c.usage.input_tokens or 0 for c in done)
-    record.tokens_out = sum(c.usage.output_tokens or 0 for c in done)
     return json_response(openai_completions.encode_completions(
         list(done), chats[0], response_id=new_id("cmpl-"), created=now(), model=chats[0].model))
 
@@ -62,12 +64,20 @@ async def completions(gw: Gateway, request: Incoming, record: RequestRecord) -> 
 async def _complete_all(gw: Gateway, request: Incoming, chats: list[Any],
                         record: Any) -> list[Any]:
     """Every prompt's completion, concurrently; the first failure cancels the
-    others (their slots are released as they unwind) and is the answer."""
+    others (their slots are released as they unwind) and is the answer. The
+    usage of those that finished goes on ``record`` either way (charged)."""
+    tasks: list[asyncio.Task[Any]] = []
     try:
         async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(complete(gw, request, c, record)) for c in chats]
+            tasks += (group.create_task(complete(gw, request, c, record, counted=True))
+                      for c in chats)
     except BaseExceptionGroup as failed:
         raise _first_failure(failed) from None
+    finally:
+        finished = [t.result() for t in tasks
+                    if t.done() and not t.cancelled() and t.exception() is None]
+        record.tokens_in = sum(c.usage.input_tokens or 0 for c in finished)
+        record.tokens_out = sum(c.usage.output_tokens or 0 for c in finished)
     return [t.result() for t in tasks]
 
 
@@ -84,13 +94,15 @@ async def count_tokens(gw: Gateway, request: Incoming, record: RequestRecord) ->
     """Input tokens of ``system`` + ``messages`` + ``tools``: the worker's own
     count when it has one (an Anthropic upstream), else the documented
     estimate of :func:`pool.tokens.estimate_tokens`. Never a 404 for a known
-    model: Claude Code would fall back to billable calls."""
+    model: Claude Code would fall back to billable calls. One request of the
+    key's ``rpm`` (the upstream is asked with the operator's credentials); it
+    charges no tokens."""
     record.dialect = "anthropic"
     try:
         body = await read_json(request, gw.max_body_bytes)
         chat = anthropic_messages.decode_count_tokens(body, request.headers)
         record.model = chat.model
-        gw.teams.check_model(record.key, chat.model)
+        await gw.teams.admit(record.key, chat.model)
         exact = None
         if gw.pool.knows(chat.model):
             worker, routed = gw.pool.pick(chat)

@@ -69,9 +69,10 @@ async def serve(gw: Gateway, request: Request, chat: ChatRequest, dialect: Modul
 
 
 async def complete(gw: Gateway, request: Request, chat: ChatRequest,
-                   record: RequestRecord) -> Completion:
+                   record: RequestRecord, *, counted: bool = False) -> Completion:
     """The whole answer to ``chat`` as one Completion (admitted, routed and
-    retried like :func:`serve`); raises GatewayError."""
+    retried like :func:`serve`; ``counted``: the key's policy already admitted
+    the request this answer is part of); raises GatewayError."""
     async def attempt(lease: Any, routed: ChatRequest) -> Completion:
         try:
             answer = await until_disconnect(request.receive, fold_answer(lease.worker.stream(routed)))
@@ -84,16 +85,17 @@ async def complete(gw: Gateway, request: Request, chat: ChatRequest,
         gw.release(lease)
         return answer
 
-    return await _with_retry(gw, request, chat, record, None, attempt)
+    return await _with_retry(gw, request, chat, record, None, attempt, counted)
 
 
 async def _with_retry(gw: Gateway, request: Request, chat: ChatRequest, record: RequestRecord,
                       prefer: str | None,
-                      attempt: Callable[[Any, ChatRequest], Awaitable[T]]) -> T:
+                      attempt: Callable[[Any, ChatRequest], Awaitable[T]],
+                      counted: bool = False) -> T:
     """Admit and route ``chat``, run ``attempt(lease, routed)``; on a retryable
     failure try once more on another eligible worker. Raises the GatewayError
     the client must see, with ``.worker`` naming the last worker tried."""
-    if record.key in gw.teams.policies:  # the key's models, rate and budget
+    if not counted and record.key in gw.teams.policies:  # the key's models, rate and budget
         await gw.teams.admit(record.key, chat.model)
     tried: list[str] = []
     failure: GatewayError | None = None

@@ -15,13 +15,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from auth.keys import digest
+from auth.keys import ANONYMOUS, digest
 from pool.errors import BadRequest, Conflict, GatewayError, NotFound
+from sessions.database import DatabaseUnavailable
 from sessions.keystore import KeyExists
 from sessions.ledger import GROUPS
+from sessions.redis_link import StoreUnavailable
 
 from ..gateway import Gateway
 from ..http import error_response, json_response, read_json
+from ..key_sync import forget_key
 from ..state import apply_policy, day_start
 from ..teams import policy_as_mapping, policy_from_mapping
 from .ops import admin_denied
@@ -75,15 +78,23 @@ def _entry(gw: Gateway, name: str, today: dict[str, tuple[int, int, int]]) -> di
     fields = (policy_as_mapping(policy) if policy is not None else
               {"models": None, "max_in_flight": None, "rpm": None, "tpm": None,
                "budget_tokens": None})
-    requests, tokens_in, tokens_out = today.get(name, (0, 0, 0))
-    return {"name": name, "source": "config" if name in gw.config_keys else "runtime", **fields,
+    key_id = gw.keyring.id_of(name)
+    requests, tokens_in, tokens_out = today.get(key_id, (0, 0, 0))
+    return {"name": name, "id": key_id, "source": "config" if name in gw.config_keys else "runtime", **fields,
             "usage_today": {"requests": requests, "input_tokens": tokens_in,
                             "output_tokens": tokens_out}}
 
 
 async def _today(gw: Gateway) -> dict[str, tuple[int, int, int]]:
+    """key id -> today's (requests, input, output tokens)."""
     assert gw.ledger is not None
     return await asyncio.to_thread(gw.ledger.tokens_by_key, day_start(time.time()))
+
+
+def _database_down(exc: DatabaseUnavailable) -> Response:
+    log.warning("admin.database_unavailable", error=str(exc))
+    return error_response(StoreUnavailable(
+        "The gateway's database is not reachable; retry shortly."), "openai")
 
 
 async def list_keys(request: Request) -> Response:
@@ -91,7 +102,10 @@ async def list_keys(request: Request) -> Response:
     denied = admin_denied(gw, request)
     if denied is not None:
         return denied
-    today = await _today(gw)
+    try:
+        today = await _today(gw)
+    except DatabaseUnavailable as exc:
+        return _database_down(exc)
     config = [n for n in gw.keyring.names if n in gw.config_keys]
     runtime = sorted(n for n in gw.keyring.names if n not in gw.config_keys)
     return json_response({"keys": [_entry(gw, n, today) for n in (*config, *runtime)]})
@@ -106,23 +120,39 @@ async def create_key(request: Request) -> Response:
     try:
         body, fields = await _body(request, _NewKey)
         name = body.name  # type: ignore[attr-defined]
+        if name == ANONYMOUS:
+            raise BadRequest(f"name: '{ANONYMOUS}' is reserved (requests without a key).",
+                             param="name")
         if name in gw.config_keys or name in gw.keyring.names:
             raise Conflict(f"A key named '{name}' already exists.", param="name",
                            code="key_exists")
-        secret = SECRET_PREFIX + secrets.token_urlsafe(32)
+        secret = _new_secret(gw)
         assert gw.keystore is not None
         try:
-            await asyncio.to_thread(gw.keystore.create, name, digest(secret), fields)
+            stored = await asyncio.to_thread(gw.keystore.create, name, digest(secret), fields)
         except KeyExists:
             raise Conflict(f"A key named '{name}' already exists.", param="name",
                            code="key_exists") from None
     except GatewayError as exc:
         return error_response(exc, "openai")
-    gw.keyring.add(name, digest(secret))
+    except DatabaseUnavailable as exc:
+        return _database_down(exc)
+    gw.keyring.add(name, digest(secret), stored.id)
     gw.keyring.require()  # deleting every key later must not open the gateway
     apply_policy(gw, policy_from_mapping(name, fields))
-    log.info("admin.key_created", name=name)
+    log.info("admin.key_created", name=name, id=stored.id)
     return json_response({**_entry(gw, name, {}), "secret": secret}, status=201)
+
+
+def _new_secret(gw: Gateway) -> str:
+    """A secret no key holds. The gateway draws it (a client never chooses one), so a
+    clash can only be a CSPRNG collision: a new secret is drawn, silently. Answering
+    409 instead would tell the caller that some other key has that secret."""
+    for _ in range(3):
+        secret = SECRET_PREFIX + secrets.token_urlsafe(32)
+        if not gw.keyring.knows_secret(digest(secret)):
+            return secret
+    raise GatewayError("Could not draw a fresh key secret; try again.")
 
 
 def _runtime_key(gw: Gateway, request: Request) -> Response | None:
@@ -155,25 +185,32 @@ async def update_key(request: Request) -> Response:
     current = gw.teams.policies.get(name)
     merged = {**(policy_as_mapping(current) if current is not None else {}), **fields}
     assert gw.keystore is not None
-    await asyncio.to_thread(gw.keystore.update, name, merged)
-    apply_policy(gw, policy_from_mapping(name, merged))
+    try:
+        await asyncio.to_thread(gw.keystore.update, name, merged)
+        apply_policy(gw, policy_from_mapping(name, merged))
+        today = await _today(gw)
+    except DatabaseUnavailable as exc:
+        return _database_down(exc)
     log.info("admin.key_updated", name=name, fields=sorted(fields))
-    return json_response(_entry(gw, name, await _today(gw)))
+    return json_response(_entry(gw, name, today))
 
 
 async def delete_key(request: Request) -> Response:
-    """Revoke a run-time key: its next request is refused."""
+    """Revoke a run-time key: its next request is refused here, and on every
+    replica once it polled the database; its stored responses are deleted."""
     gw: Gateway = request.app.state.gateway
     refused = _runtime_key(gw, request)
     if refused is not None:
         return refused
     name = request.path_params["name"]
-    gw.keyring.remove(name)  # first: refused from this moment
     assert gw.keystore is not None
-    await asyncio.to_thread(gw.keystore.delete, name)
-    await gw.teams.drop(name)
-    gw.admission.set_key_limit(name, None)
-    log.info("admin.key_deleted", name=name)
+    try:
+        # the database first: a replica that polls meanwhile must not bring it back
+        key_id = await asyncio.to_thread(gw.keystore.delete, name)
+    except DatabaseUnavailable as exc:
+        return _database_down(exc)
+    await forget_key(gw, name, key_id or gw.keyring.id_of(name))
+    log.info("admin.key_deleted", name=name, id=key_id)
     return json_response({"name": name, "deleted": True})
 
 
@@ -207,7 +244,10 @@ async def usage(request: Request) -> Response:
         return error_response(exc, "openai")
     group_by = [g for g in GROUPS if g in groups]
     assert gw.ledger is not None
-    rows = await asyncio.to_thread(gw.ledger.usage, key=query.get("key") or None,
-                                   model=query.get("model") or None, since=since, until=until,
-                                   group_by=group_by)
+    try:
+        rows = await asyncio.to_thread(gw.ledger.usage, key=query.get("key") or None,
+                                       model=query.get("model") or None, since=since,
+                                       until=until, group_by=group_by)
+    except DatabaseUnavailable as exc:
+        return _database_down(exc)
     return json_response({"since": since, "until": until, "group_by": group_by, "rows": rows})

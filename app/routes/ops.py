@@ -95,7 +95,7 @@ def worker_info(gw: Gateway, w: Any, now: float) -> dict[str, Any]:
 
 
 _CLI_FIELDS = ("cli", "version", "account", "login", "conversations", "held_tool_calls",
-               "cooldown_until", "mode")
+               "cooldown_until", "mode", "sandbox", "account_state")
 
 
 def _cli_info(w: Any) -> dict[str, Any]:
@@ -141,21 +141,35 @@ async def worker_action(request: Request) -> Response:
         return error_response(Conflict(
             f"The worker '{worker.name}' is leaving the pool; it cannot be resumed.",
             param="name", code="worker_leaving"), "openai")
+    if action not in ("drain", "resume", "restart", "stop") or (
+            action == "stop" and not hasattr(worker, "supervisor")):
+        return error_response(NotFound(f"No worker action '{action}' "
+                                       "(drain, resume, restart, stop)."), "openai")
+    try:
+        await _act(gw, worker, action)
+    except GatewayError as exc:  # a cli account's state does not allow it: 409
+        return error_response(exc, "openai")
+    log.info("admin.worker_action", worker=worker.name, action=action)
+    return json_response(worker_info(gw, worker, time.time()))
+
+
+async def _act(gw: Gateway, worker: Any, action: str) -> None:
+    """The action, through the account's state machine for a cli worker."""
+    account = getattr(worker, "account", None)
     if action in ("drain", "resume"):
-        await gw.drains.set(gw, worker, action == "drain")  # here, then every replica
+        async def publish() -> None:
+            await gw.drains.set(gw, worker, action == "drain")  # here, then every replica
+        await (getattr(account, action)(publish) if account is not None else publish())
     elif action == "restart":
-        await worker.restart()
+        await (account.restart() if account is not None else worker.restart())
         gw.admission.refresh()
-    elif action == "stop" and hasattr(worker, "supervisor"):
+    elif account is not None:
+        await account.stop()
+    else:
         # stopped until /restart: what a bundle import needs (its CLI must not run meanwhile)
         await worker.drain(worker.spec.stop_timeout)
         await worker.supervisor.stop()
         worker.resume()
-    else:
-        return error_response(NotFound(f"No worker action '{action}' "
-                                       "(drain, resume, restart, stop)."), "openai")
-    log.info("admin.worker_action", worker=worker.name, action=action)
-    return json_response(worker_info(gw, worker, time.time()))
 
 
 async def worker_engine(request: Request) -> Response:

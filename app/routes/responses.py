@@ -34,6 +34,11 @@ def _not_found(response_id: str, param: str | None = None) -> NotFound:
                     code="response_not_found")
 
 
+def _owner(gw: Gateway, request: Request) -> str:
+    """The id of the key the request came with: what owns stored responses."""
+    return gw.keyring.id_of(request.scope["state"]["record"].key)
+
+
 async def _owned(gw: Gateway, response_id: str, owner: str) -> StoredResponse | None:
     """The stored response if the key ``owner`` created it; another key's
     response is ``None``, exactly like one that does not exist."""
@@ -72,7 +77,8 @@ async def create_response(gw: Gateway, request: Incoming, record: RequestRecord)
             if not isinstance(previous, str):
                 raise BadRequest("previous_response_id must be a string.",
                                  param="previous_response_id")
-            chain = await _chain(gw, previous, record.key, "previous_response_id")
+            chain = await _chain(gw, previous, gw.keyring.id_of(record.key),
+                                   "previous_response_id")
             history = conversation(chain)
             prefer = chain[-1].worker  # the worker that served the previous turn
             link = previous
@@ -95,7 +101,7 @@ async def create_response(gw: Gateway, request: Incoming, record: RequestRecord)
                 await gw.responses.put(StoredResponse(
                     id=response["id"], response=response, input_items=items,
                     previous_id=link, worker=worker, created_at=time.time(),
-                    owner=record.key))
+                    owner=gw.keyring.id_of(record.key)))
             except StoreUnavailable:
                 # the store was lost while the answer was generated: the answer stands
                 log.warning("responses.not_stored", response_id=response["id"])
@@ -108,7 +114,7 @@ async def get_response(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
     response_id = request.path_params["response_id"]
     try:
-        stored = await _owned(gw, response_id, request.scope["state"]["record"].key)
+        stored = await _owned(gw, response_id, _owner(gw, request))
     except StoreUnavailable as exc:
         return error_response(exc, "openai")
     if stored is None:
@@ -119,7 +125,7 @@ async def get_response(request: Request) -> Response:
 async def delete_response(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
     response_id = request.path_params["response_id"]
-    owner = request.scope["state"]["record"].key
+    owner = _owner(gw, request)
     try:
         found = (await _owned(gw, response_id, owner) is not None
                  and await gw.responses.delete(response_id))
@@ -141,7 +147,7 @@ async def list_input_items(request: Request) -> Response:
     except BadRequest as exc:
         return error_response(exc, "openai")
     try:
-        chain = await _chain(gw, response_id, request.scope["state"]["record"].key)
+        chain = await _chain(gw, response_id, _owner(gw, request))
     except GatewayError as exc:  # not found, or the store is unavailable
         return error_response(exc, "openai")
     items = chain_input_items(chain)

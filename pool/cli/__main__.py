@@ -16,13 +16,19 @@ import sys
 from typing import Any
 
 import orjson
+import structlog
 
 from .. import worker_main
-from .driver import DriverConfig
+from ..dumpable import undumpable
+from .driver import DriverConfig, DriverError
 from .host import CliHost
+from .private import private_dir
 from .registry import make_driver
+from .sandbox import Sandbox
 
 ENV_CONFIG = "POOLGATE_CLI_CONFIG"
+EXIT_REFUSED = 78  # EX_CONFIG: the driver refused to start (the log says why)
+log = structlog.get_logger("pool.cli")
 
 
 def driver_config(data: dict[str, Any]) -> DriverConfig:
@@ -32,12 +38,18 @@ def driver_config(data: dict[str, Any]) -> DriverConfig:
         command=tuple(command) if command else None, env=dict(data.get("env") or {}),
         mode=data.get("mode", "chat"), max_conversations=int(data.get("max_conversations", 4)),
         options=dict(data.get("options") or {}), tool_timeout=float(data.get("tool_timeout", 300)),
-        idle_timeout=float(data.get("idle_timeout", 300)))
+        idle_timeout=float(data.get("idle_timeout", 300)),
+        workspace_root=data.get("workspace_root") or "",
+        sandbox=Sandbox.from_dict(data.get("sandbox")))
 
 
 async def _main(data: dict[str, Any]) -> None:
     config = driver_config(data)
-    os.makedirs(config.cwd, exist_ok=True)
+    # what the vendor CLI writes into the account's home (credentials, sessions) is
+    # private too, whatever umask the gateway was started with
+    os.umask(0o077)
+    private_dir(config.home)
+    private_dir(config.cwd)
     driver = make_driver(config)
     if hasattr(driver, "on_process_exit"):
         # one vendor process serves every conversation (Codex): when it dies, so does
@@ -47,13 +59,20 @@ async def _main(data: dict[str, Any]) -> None:
                    conversation_idle=float(data.get("conversation_idle", 900)),
                    login_recheck=float(data.get("login_recheck", 5)))
     try:
-        await worker_main.serve(host.answer, setup=host.start, calls={"status": host.status})
+        await worker_main.serve(host.answer, setup=host.start, calls={"status": host.status,
+                                                                   "probe_login": host.probe_login})
+    except DriverError as exc:
+        # the account cannot run as it is on disk or configured: say why (the log is
+        # where an operator sees it) and exit with EX_CONFIG; the supervisor backs off
+        log.error("cli.start_refused", worker=config.name, cli=config.cli, reason=str(exc))
+        raise SystemExit(EXIT_REFUSED) from None
     finally:
         await host.aclose()
 
 
 def main() -> None:
     worker_main.guard_parent()
+    undumpable()  # the CLI's tools must not read this child's environment (its config)
     data = orjson.loads(os.environ.pop(ENV_CONFIG))
     try:
         asyncio.run(_main(data))

@@ -15,17 +15,19 @@ import itertools
 import os
 import re
 import uuid
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 import orjson
 import structlog
 
 from .claude_events import ClaudeStream
-from .claude_transcript import MCP_PREFIX, content_blocks, write_transcript
+from .claude_transcript import (MCP_PREFIX, content_blocks, forget_session, forget_sessions,
+                                write_transcript)
 from .driver import DriverConfig, DriverError, credentials_stamp
 from .events import (TERMINAL, CliEvent, CliHealth, ConversationSetup, ToolAnswer, Turn,
                      TurnFailed)
-from .proc import JsonLineProcess, find_binary
+from .private import private_dir
+from .proc import JsonLineProcess, find_binary, run_probe
 
 __all__ = ["ClaudeDriver", "ClaudeConversation"]
 
@@ -39,6 +41,7 @@ _QUIET_ENV = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDA
               "MCP_TOOL_TIMEOUT": "100000000"}  # a held client tool call may take long
 _AUTH_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN")
 _SERVER = "gw"
+_PROBE_TIMEOUT = 30.0  # seconds for ``claude --version``
 
 
 class ClaudeDriver:
@@ -59,14 +62,13 @@ class ClaudeDriver:
 
     async def start(self) -> CliHealth:
         self._argv0 = find_binary(self.config.command, "claude", self.config.env)
-        os.makedirs(self.config.home, exist_ok=True)
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *self._argv0, "--version", stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL, stdin=asyncio.subprocess.DEVNULL,
-                env=self.env, cwd=self.config.cwd)
-            async with asyncio.timeout(30):
-                out, _ = await proc.communicate()
+        private_dir(self.config.home)
+        private_dir(self.config.cwd)
+        forget_sessions(self.config.home, self.config.cwd)  # left by a worker that died
+        try:  # a probe that hangs is killed (idle_timeout: silence that counts as hung)
+            _, out, _ = await run_probe([*self._argv0, "--version"], env=self.env,
+                                        cwd=self.config.cwd,
+                                        timeout=min(_PROBE_TIMEOUT, self.config.idle_timeout))
         except (OSError, TimeoutError) as exc:
             raise DriverError(f"cannot run {self._argv0[0]} --version ({type(exc).__name__})") from None
         match = re.search(rb"\d+\.\d+\.\d+", out or b"")
@@ -99,8 +101,9 @@ class ClaudeDriver:
                 "--allowedTools", ",".join(MCP_PREFIX + t.name for t in setup.tools)]
         if setup.effort:
             argv += ["--effort", setup.effort]
+        cwd = setup.workspace or self.config.cwd
         if setup.history:
-            write_transcript(self.config.home, self.config.cwd, session_id, setup.model,
+            write_transcript(self.config.home, cwd, session_id, setup.model,
                              setup.history, (t.name for t in setup.tools), self.version)
             argv += ["--resume", session_id]
         else:
@@ -110,8 +113,14 @@ class ClaudeDriver:
             env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(setup.max_tokens)
         if setup.thinking_budget:
             env["MAX_THINKING_TOKENS"] = str(setup.thinking_budget)
-        proc = await JsonLineProcess.spawn(argv, env=env, cwd=self.config.cwd, label="claude")
+        argv = self.config.sandboxed(argv, cwd=cwd, env=env)
+        try:
+            proc = await JsonLineProcess.spawn(argv, env=env, cwd=cwd, label="claude")
+        except BaseException:
+            forget_session(self.config.home, cwd, session_id)
+            raise
         conversation = ClaudeConversation(proc, setup, session_id, self.idle_timeout)
+        conversation.on_closed = lambda: forget_session(self.config.home, cwd, session_id)
         try:
             await conversation.initialize()
         except BaseException:
@@ -139,6 +148,7 @@ class ClaudeConversation:
         self._held: dict[str, tuple[str, Any]] = {}      # tool_use id -> (request id, mcp id)
         self._answers: dict[str, ToolAnswer] = {}        # answered before the CLI asked
         self._reader = asyncio.ensure_future(self._read())
+        self.on_closed: Callable[[], None] | None = None  # deletes the session's transcript
 
     @property
     def session_id(self) -> str | None:
@@ -175,10 +185,14 @@ class ClaudeConversation:
                 await self._control({"subtype": "interrupt"}, timeout=5)
 
     async def close(self) -> None:
-        await self.proc.close()
-        self._reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
+        try:
+            await self.proc.close()
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        finally:  # the process is gone (or being killed): it writes no more
+            if self.on_closed is not None:
+                self.on_closed()
 
     # --- the process's output -----------------------------------------------------------
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import os
 import re
+import shutil
 import uuid
 from typing import Any, Iterable, Sequence
 
@@ -21,14 +22,34 @@ import orjson
 from ..model import (ExecutedToolPart, ImagePart, Message, TextPart, ToolCallPart, ToolResultPart,
                      executed_text)
 from .history import tool_result_text
+from .private import private_dir, remove_quietly, write_private
 
-__all__ = ["project_dir", "write_transcript", "content_blocks", "MCP_PREFIX"]
+__all__ = ["project_dir", "write_transcript", "forget_session", "forget_sessions",
+           "content_blocks", "MCP_PREFIX"]
 
 MCP_PREFIX = "mcp__gw__"  # how the model sees a client tool served by the in-band MCP server
 
 
+def _project(cwd: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]", "-", cwd)
+
+
 def project_dir(home: str, cwd: str) -> str:
-    return os.path.join(home, "projects", re.sub(r"[^A-Za-z0-9]", "-", cwd))
+    return os.path.join(home, "projects", _project(cwd))
+
+
+def forget_session(home: str, cwd: str, session_id: str) -> None:
+    """Delete a session's transcript (and the CLI's side files of it): the
+    conversation ended, and its text must not outlive it on disk."""
+    directory = project_dir(home, cwd)
+    remove_quietly(os.path.join(directory, f"{session_id}.jsonl"))
+    shutil.rmtree(os.path.join(directory, session_id), ignore_errors=True)
+
+
+def forget_sessions(home: str, cwd: str) -> None:
+    """Delete every session of the account's cwd (at start: none is live, and a
+    worker that died left its conversations' transcripts behind)."""
+    shutil.rmtree(project_dir(home, cwd), ignore_errors=True)
 
 
 def content_blocks(message: Message, client_tools: frozenset[str]) -> list[dict[str, Any]]:
@@ -66,8 +87,7 @@ def write_transcript(home: str, cwd: str, session_id: str, model: str,
                      version: str | None = None) -> str:
     """Write ``history`` as session ``session_id``; returns the file's path."""
     tools = frozenset(client_tools)
-    directory = project_dir(home, cwd)
-    os.makedirs(directory, exist_ok=True)
+    directory = private_dir(home, "projects", _project(cwd))
     path = os.path.join(directory, f"{session_id}.jsonl")
     parent: str | None = None
     now = datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
@@ -89,6 +109,5 @@ def write_transcript(home: str, cwd: str, session_id: str, model: str,
             "type": "assistant" if message.role == "assistant" else "user",
             "message": body, "uuid": record_id, "timestamp": now}))
         parent = record_id
-    with open(path, "wb") as fh:
-        fh.write(b"\n".join(lines) + b"\n")
+    write_private(path, b"\n".join(lines) + b"\n")
     return path

@@ -27,7 +27,6 @@ import asyncio
 import os
 import re
 import signal
-from pathlib import Path
 from typing import Any, Callable
 
 import structlog
@@ -40,6 +39,7 @@ from .codex_rpc import CodexRpc, RpcClosed, RpcError
 from .codex_thread import CodexThread
 from .driver import DriverConfig, DriverError, credentials_stamp
 from .events import CliHealth, ConversationSetup
+from .private import private_dir
 from .proc import JsonLineProcess, find_binary
 
 __all__ = ["CodexDriver"]
@@ -65,6 +65,7 @@ class CodexDriver:
         self.process: JsonLineProcess | None = None
         self._rpc: CodexRpc | None = None
         self._threads: dict[str, CodexThread] = {}
+        self._closing: set[asyncio.Future[None]] = set()  # unsubscribes of orphaned threads
         self._watchers: list[asyncio.Task[None]] = []
         self._stopping = False
         self.version: str | None = None
@@ -84,10 +85,14 @@ class CodexDriver:
     async def start(self) -> CliHealth:
         env = {**self.config.env, "CODEX_HOME": self.config.home}
         binary = native_binary(find_binary(self.config.command, "codex", env), env)
-        Path(self.config.home).mkdir(parents=True, exist_ok=True)
-        Path(self.config.cwd).mkdir(parents=True, exist_ok=True)
+        private_dir(self.config.home)
+        private_dir(self.config.cwd)
         argv = app_server_argv(binary, chat=self.config.mode == "chat", options=self.options)
-        self.process = await JsonLineProcess.spawn(argv, env=env, cwd=self.config.cwd,
+        # one app-server serves every key: its sandbox shows all of this account's workspaces
+        cwd = self.config.workspace_root if self.config.mode == "agent" and \
+            self.config.workspace_root else self.config.cwd
+        argv = self.config.sandboxed(argv, cwd=cwd, env=env)
+        self.process = await JsonLineProcess.spawn(argv, env=env, cwd=cwd,
                                                    label="codex app-server")
         proc = self.process.proc
         assert proc.stdout is not None and proc.stdin is not None
@@ -151,7 +156,10 @@ class CodexDriver:
                                   "credentials": credentials_stamp(
                                       os.path.join(self.config.home, "auth.json"))}
         if account is None:
-            return CliHealth(login="logged_out", version=self.version, detail=detail)
+            # a provider that needs no OpenAI login (a custom model_provider) serves as it is
+            ready = answer.get("requiresOpenaiAuth") is False
+            return CliHealth(login="ready" if ready else "logged_out", version=self.version,
+                             detail=detail)
         detail["auth"] = account.get("type")
         if account.get("planType"):
             detail["plan"] = account["planType"]
@@ -174,7 +182,8 @@ class CodexDriver:
     async def open(self, setup: ConversationSetup) -> CodexThread:
         chat = self.config.mode == "chat"
         params: dict[str, Any] = {
-            "cwd": self.config.cwd, "model": setup.model, "approvalPolicy": "never",
+            "cwd": setup.workspace or self.config.cwd, "model": setup.model,
+            "approvalPolicy": "never",
             "sandbox": "read-only" if chat else self.options.sandbox, "ephemeral": True,
             # says when a model response is complete (how many tool calls it made)
             "experimentalRawEvents": self.options.raw_events,
@@ -185,19 +194,52 @@ class CodexDriver:
             params["baseInstructions"] = setup.system or DEFAULT_CHAT_SYSTEM
         elif setup.system:
             params["developerInstructions"] = setup.system
+        # shielded: a request cancelled meanwhile still learns the thread's id, to close it
+        starting = asyncio.ensure_future(self.rpc.request("thread/start", params))
         try:
-            result = await self.rpc.request("thread/start", params)
-            thread_id = result["thread"]["id"]
-            queue = self.rpc.subscribe(thread_id)
+            result = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            starting.add_done_callback(self._close_started)
+            raise
+        except (RpcError, RpcClosed, TimeoutError) as exc:
+            raise DriverError(f"codex thread/start failed: {exc}") from exc
+        thread_id = result["thread"]["id"]
+        queue = self.rpc.subscribe(thread_id)
+        try:
             if setup.history:
                 await self.rpc.request("thread/inject_items", {
                     "threadId": thread_id, "items": history_items(setup.history)})
-        except (RpcError, RpcClosed, TimeoutError) as exc:
-            raise DriverError(f"codex thread/start failed: {exc}") from exc
+        except BaseException as exc:  # a failed inject or a cancelled request: no thread left open
+            self._close_later(thread_id)
+            if isinstance(exc, (RpcError, RpcClosed, TimeoutError)):
+                raise DriverError(f"codex thread/inject_items failed: {exc}") from exc
+            raise
         thread = CodexThread(self, thread_id, setup.model, setup.effort, queue,
                              {codex_name(t.name): t.name for t in setup.tools})
         self._threads[thread_id] = thread
         return thread
+
+    def _close_started(self, starting: asyncio.Future[Any]) -> None:
+        if not starting.cancelled() and starting.exception() is None:
+            thread = (starting.result() or {}).get("thread") or {}
+            if thread.get("id"):
+                self._close_later(str(thread["id"]))
+
+    def _close_later(self, thread_id: str) -> None:
+        """Unsubscribe a thread no conversation owns, in a task of its own (the
+        request that opened it may be cancelled)."""
+        self.forget(thread_id)
+        task = asyncio.ensure_future(self._unsubscribe(thread_id))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _unsubscribe(self, thread_id: str) -> None:
+        if self._rpc is None or self._rpc.closed.is_set():
+            return
+        try:
+            await self._rpc.request("thread/unsubscribe", {"threadId": thread_id}, timeout=5)
+        except (RpcError, RpcClosed, TimeoutError) as exc:
+            log.info("codex.unsubscribe_failed", thread=thread_id, error=type(exc).__name__)
 
     def forget(self, thread_id: str) -> None:
         self._threads.pop(thread_id, None)

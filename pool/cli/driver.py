@@ -73,6 +73,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping, Protocol, Sequence
 
 from .events import CliEvent, CliHealth, ConversationSetup, Mode, ToolAnswer, Turn
+from .sandbox import Sandbox, key_dir
 
 __all__ = ["DriverConfig", "CliDriver", "Conversation", "DriverError", "credentials_stamp"]
 
@@ -88,7 +89,10 @@ class DriverConfig:
     ``env`` is the complete environment for the vendor processes (the
     gateway's, then the worker's ``env``, secrets resolved); the driver adds
     the variables its CLI needs (config home, no telemetry). ``cwd`` is the
-    fixed working directory of the account (Claude keys sessions by it)."""
+    fixed working directory of the account (Claude keys sessions by it) in
+    chat mode; in agent mode each API key works in its own directory under
+    ``workspace_root`` (:meth:`workspace`). ``sandbox`` is what a vendor
+    process runs in (:mod:`pool.cli.sandbox`): spawn through :meth:`sandboxed`."""
 
     name: str
     cli: str
@@ -101,6 +105,22 @@ class DriverConfig:
     options: Mapping[str, Any] = field(default_factory=dict)
     tool_timeout: float = 300.0
     idle_timeout: float = 300.0  # silence from the CLI mid-turn after which it counts as hung
+    workspace_root: str = ""  # agent mode: one workspace per API key under it
+    sandbox: Sandbox = field(default_factory=Sandbox)
+
+    def workspace(self, key: str | None) -> str:
+        """The working directory of a conversation of ``key``: its own workspace
+        in agent mode, the account's fixed ``cwd`` in chat mode (no tool runs)."""
+        if self.mode != "agent" or not self.workspace_root:
+            return self.cwd
+        return os.path.join(self.workspace_root, key_dir(key))
+
+    def sandboxed(self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str]) -> list[str]:
+        """``argv`` wrapped in the worker's sandbox, ``cwd`` (a key's workspace, or
+        the root of all of them for a CLI serving every key from one process)
+        created and writable."""
+        self.sandbox.prepare(cwd)
+        return self.sandbox.command(argv, cwd=cwd, writable=(cwd,), env=env)
 
 
 class Conversation(Protocol):

@@ -163,6 +163,7 @@ class ConversationSetup:
     max_tokens: int | None = None
     effort: str | None = None           # OpenAI reasoning_effort / CLI --effort
     thinking_budget: int | None = None  # Anthropic thinking.budget_tokens
+    workspace: str | None = None        # the key's working directory (None: the account's)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ import structlog
 from ..errors import BadRequest, GatewayError, Overloaded, UpstreamTimeout, UpstreamUnavailable
 from ..model import (ChatRequest, Event, ExecutedTool, ExecutedToolPart, Finish, Message, ReasoningDelta, ReasoningEnd, Start,
                      TextDelta, TextPart, ToolCallDelta, ToolCallEnd, ToolCallPart, ToolCallStart,
-                     ToolResultPart, Usage)
+                     Sampling, ToolResultPart, Usage)
 from .driver import CliDriver, Conversation, DriverConfig
 from .events import (CliHealth, ConversationSetup, LoginRequired, PendingToolCall, RateLimited,
                      Retrying, SessionStarted, TextChunk, ThinkingChunk, ToolAnswer, ToolExecuted,
@@ -40,6 +40,9 @@ DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 _STOP = {"end_turn": "stop", "max_tokens": "length", "stop_sequence": "stop_sequence",
          "refusal": "content_filter"}
 _RATE_LIMIT_DEFAULT = 60.0  # seconds of cooldown when the CLI does not say when the limit resets
+#: a discarded conversation is dead within this (interrupt, EOF, SIGTERM, SIGKILL, reap)
+DISCARD_DEADLINE = 10.0
+_INTERRUPT_SHARE = 0.3  # of the deadline, at most, for a polite interrupt before closing
 
 
 @dataclass(eq=False)
@@ -71,6 +74,10 @@ class CliHost:
         # the credentials stamp a turn was refused with (a tuple: the stamp may be None)
         self._refused: tuple[object] | None = None
         self._closing: set[asyncio.Future[None]] = set()
+        # max_conversations counts what is live, being opened and being killed
+        self._opening = 0
+        self._dying: set[_Slot] = set()
+        self._freed = asyncio.Event()  # set (and replaced) whenever room may have been freed
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -128,8 +135,42 @@ class CliHost:
 
     # --- one request ----------------------------------------------------------------------
 
-    async def answer(self, request: ChatRequest) -> AsyncIterator[Event]:
+    async def probe_login(self, params: Any = None) -> dict[str, Any]:
+        """Try a logged-out account again (the gateway's account state machine
+        calls this, with a backoff): a changed credentials file is enough; an
+        account refused with credentials that cannot show a change (an API key,
+        an ``apiKeyHelper``, a Qwen or jsonrpc account) gets a one-token turn,
+        and is ready again once the upstream answers it."""
         if self.health.login != "ready":
+            await self.recheck_login()
+        # refused by the upstream (a turn, or the session a jsonrpc agent opens at start)
+        refused = self._refused is not None or bool(self.health.detail.get("reason"))
+        if self.health.login == "ready" or not refused:
+            return await self.status()
+        model = params.get("model") if isinstance(params, dict) else None
+        probe = ChatRequest(model=str(model or ""), dialect="anthropic",
+                            messages=(Message("user", (TextPart("Reply with one word."),)),),
+                            sampling=Sampling(max_tokens=1))
+        before = list(self._slots)
+        try:
+            async for _ in self.answer(probe, probe=True):
+                pass
+        except GatewayError as exc:
+            log.info("cli.login_probe_refused", worker=self.config.name, code=exc.code)
+        else:
+            self._refused = None
+            health = await self.driver.health()
+            self.health = health if health.login == "ready" else CliHealth(
+                login="ready", version=health.version, account=health.account,
+                detail=health.detail)
+            log.info("cli.logged_in", worker=self.config.name, account=self.health.account,
+                     by="probe")
+        for slot in [s for s in self._slots if s not in before]:  # nobody's conversation
+            await self._discard(slot)
+        return await self.status()
+
+    async def answer(self, request: ChatRequest, *, probe: bool = False) -> AsyncIterator[Event]:
+        if self.health.login != "ready" and not probe:
             raise UpstreamUnavailable(f"worker {self.config.name}: the account is "
                                       f"{self.health.login.replace('_', ' ')}",
                                       code="login_required", status=503)
@@ -196,10 +237,13 @@ class CliHost:
         setup = ConversationSetup(
             model=request.model, system=system, tools=request.tools,
             history=history if loads else (), max_tokens=request.sampling.max_tokens,
-            effort=request.reasoning_effort, thinking_budget=request.thinking_budget)
+            effort=request.reasoning_effort, thinking_budget=request.thinking_budget,
+            workspace=self.config.workspace(request.key_name))
         turn = new if loads or not history else (flatten(history, new),)
-        await self._make_room()
+        await self._make_room()  # reserves the room: from here on it is counted as opening
         try:
+            if setup.workspace:  # the key's workspace exists before its CLI looks for it
+                self.config.sandbox.prepare(setup.workspace)
             conv = await self.driver.open(setup)
         except GatewayError:
             raise
@@ -208,17 +252,41 @@ class CliHost:
                         detail=str(exc)[:300])
             raise UpstreamUnavailable(f"worker {self.config.name} could not start a "
                                       f"{self.config.cli} conversation") from None
+        finally:
+            self._opening -= 1
+            self._notify_freed()
         slot = _Slot(conv, setup)
         self._slots.append(slot)
         return slot, conv.send(Turn(turn))
 
+    def _in_use(self) -> int:
+        return len(self._slots) + self._opening + len(self._dying)
+
+    def _notify_freed(self) -> None:
+        self._freed.set()
+        self._freed = asyncio.Event()
+
     async def _make_room(self) -> None:
-        if len(self._slots) < self.config.max_conversations:
-            return
-        idle = [s for s in self._slots if not s.busy]
-        if not idle:
-            raise Overloaded(f"worker {self.config.name} has no free conversation", retry_after=1)
-        await self._discard(min(idle, key=lambda s: s.last_used))
+        """Reserve room for one more conversation: live, opening and dying ones all
+        count, so concurrent first turns never run more than ``max_conversations``
+        CLI processes. The least recently used idle one makes way (and is dead
+        before its room is taken); with none idle, a dying one is waited for."""
+        while self._in_use() >= self.config.max_conversations:
+            idle = [s for s in self._slots if not s.busy]
+            if idle:
+                await self._discard(min(idle, key=lambda s: s.last_used))
+                continue
+            if not self._dying:
+                raise Overloaded(f"worker {self.config.name} has no free conversation",
+                                 retry_after=1)
+            freed = self._freed  # taken before any await: no wake-up is lost
+            try:
+                async with asyncio.timeout(DISCARD_DEADLINE + 5):
+                    await freed.wait()
+            except TimeoutError:
+                raise Overloaded(f"worker {self.config.name} has no free conversation",
+                                 retry_after=1) from None
+        self._opening += 1
 
     async def _translate(self, steps: AsyncIterator[Any], answer: list[Any]) -> AsyncIterator[Event]:
         """The driver's events as canonical ones; ``answer`` collects the parts a
@@ -313,17 +381,27 @@ class CliHost:
             task.add_done_callback(self._closing.discard)
 
     async def _discard(self, slot: _Slot, *, interrupt: bool = False) -> None:
+        """Close ``slot``'s conversation within :data:`DISCARD_DEADLINE`; its room
+        stays taken (``_dying``) until the close returned, i.e. until the CLI
+        process is reaped (a close cut short by the deadline SIGKILLs and reaps
+        on its way out, see :meth:`pool.cli.proc.JsonLineProcess.close`)."""
         with contextlib.suppress(ValueError):
             self._slots.remove(slot)
         if slot.release is not None:
             slot.release.cancel()
+        self._dying.add(slot)
         try:
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(DISCARD_DEADLINE):
                 if interrupt and slot.conv.alive:
-                    await slot.conv.interrupt()
+                    with contextlib.suppress(TimeoutError):  # the close below is what counts
+                        async with asyncio.timeout(DISCARD_DEADLINE * _INTERRUPT_SHARE):
+                            await slot.conv.interrupt()
                 await slot.conv.close()
         except Exception as exc:  # noqa: BLE001 - closing must not fail the request path
             log.warning("cli.close_failed", worker=self.config.name, error=type(exc).__name__)
+        finally:
+            self._dying.discard(slot)
+            self._notify_freed()
 
     async def _reap_forever(self) -> None:
         interval = max(1.0, min(30.0, self.conversation_idle / 4))

@@ -34,7 +34,7 @@ from .events import (
     CliEvent, CliHealth, ConversationSetup, LoginRequired, SessionStarted, TextChunk,
     ThinkingChunk, ToolAnswer, ToolExecuted, ToolOutput, Turn, TurnFailed, TurnFinished, TurnUsage,
 )
-from .jsonrpc_agent import EOF, Agent, RpcError
+from .jsonrpc_agent import EOF, OVERFLOW, Agent, RpcError
 from .jsonrpc_options import JsonRpcOptions
 from .proc import JsonLineProcess
 from .turns import guarded
@@ -96,6 +96,22 @@ class JsonRpcDriver:
         self._spare: tuple[Agent, str] | None = None  # a session opened by start()
         self._lock = asyncio.Lock()
         self._conversations: weakref.WeakSet[JsonRpcConversation] = weakref.WeakSet()
+        self._ending: set[asyncio.Future[None]] = set()  # end_session of orphaned sessions
+
+    def end_later(self, agent: Agent, session_id: str) -> None:
+        """End an agent session no conversation holds, in a task of its own (the
+        request that opened it may be cancelled): the agent keeps no stray sessions."""
+        agent.sessions.pop(session_id, None)
+        if self.options.end_session and agent.running:
+            task = asyncio.ensure_future(self._end(agent, session_id))
+            self._ending.add(task)
+            task.add_done_callback(self._ending.discard)
+
+    async def _end(self, agent: Agent, session_id: str) -> None:
+        assert self.options.end_session is not None
+        with contextlib.suppress(RpcError, asyncio.TimeoutError):
+            await agent.call(self.options.end_session, {self.options.session_field: session_id},
+                             timeout=2.0)
 
     def env(self) -> dict[str, str]:
         return {**self.config.env, "HOME": self.config.home}
@@ -106,8 +122,12 @@ class JsonRpcDriver:
                 return self._agent
             if self._agent is not None:
                 await self._agent.proc.close(grace=0.5)
-            proc = await JsonLineProcess.spawn(self.config.command or (), env=self.env(),
-                                               cwd=self.config.cwd, label="jsonrpc agent")
+            env, cwd = self.env(), self.config.workspace_root or self.config.cwd
+            if self.config.mode != "agent":
+                cwd = self.config.cwd
+            # one process serves every key: its sandbox shows all of this account's workspaces
+            argv = self.config.sandboxed(self.config.command or (), cwd=cwd, env=env)
+            proc = await JsonLineProcess.spawn(argv, env=env, cwd=cwd, label="jsonrpc agent")
             agent = Agent(proc, self.options, self.config.mode)
             if self.options.initialize:
                 try:
@@ -153,7 +173,7 @@ class JsonRpcDriver:
         agent = await self._ensure_agent()
         conversation = JsonRpcConversation(self, agent, setup)
         spare, self._spare = self._spare, None
-        if spare is not None and spare[0] is agent:
+        if spare is not None and spare[0] is agent and setup.workspace in (None, self.config.cwd):
             conversation.adopt(spare[1])
         self._conversations.add(conversation)
         return conversation
@@ -192,7 +212,8 @@ class JsonRpcConversation:
 
     @property
     def alive(self) -> bool:
-        return not self._closed and self.agent.running
+        return (not self._closed and self.agent.running and
+                (self._session_id is None or self._session_id in self.agent.sessions))
 
     def _failure(self, exc: RpcError) -> CliEvent:
         if exc.code == self.o.auth_error_code:
@@ -207,15 +228,29 @@ class JsonRpcConversation:
         self.agent.sessions[session_id] = self._queue
 
     async def _start_session(self) -> CliEvent:
+        # shielded: a request cancelled meanwhile still learns the session, to end it
+        starting = asyncio.ensure_future(
+            self.agent.new_session(self.setup.workspace or self.driver.config.cwd))
         try:
-            self.adopt(await self.agent.new_session(self.driver.config.cwd))
+            session_id = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            starting.add_done_callback(self._orphaned)
+            raise
         except RpcError as exc:
             return self._failure(exc)
         except asyncio.TimeoutError:
             return TurnFailed("timeout", f"jsonrpc: no answer to {self.o.start_session}")
         except ValueError as exc:
             return TurnFailed("upstream", f"jsonrpc: {exc}")
+        if self._closed:  # closed while the agent opened it
+            self.driver.end_later(self.agent, session_id)
+            return TurnFailed("interrupted", "jsonrpc: the conversation was closed")
+        self.adopt(session_id)
         return SessionStarted(self._session_id or "", self.setup.model)
+
+    def _orphaned(self, starting: asyncio.Future[str]) -> None:
+        if not starting.cancelled() and starting.exception() is None:
+            self.driver.end_later(self.agent, starting.result())
 
     def _prompt_blocks(self, turn: Turn) -> list[dict[str, Any]]:
         blocks = turn_blocks(turn)
@@ -300,6 +335,11 @@ class JsonRpcConversation:
                     return
                 for event in self._finish(result):
                     yield event
+                return
+            if item is OVERFLOW:
+                await self.interrupt()
+                yield TurnFailed("upstream", "jsonrpc: the agent sent more updates than were "
+                                 "read; the conversation is closed")
                 return
             if item is EOF:
                 await self.agent.proc.proc.wait()

@@ -12,11 +12,15 @@ from .content import dig
 from .jsonrpc_options import JsonRpcOptions
 from .proc import JsonLineProcess
 
-__all__ = ["Agent", "RpcError", "EOF"]
+__all__ = ["Agent", "RpcError", "EOF", "OVERFLOW", "MAX_UNREAD"]
 
 _CALL_TIMEOUT = 60.0
 #: put on every session's queue when the agent's stdout ends
 EOF = object()
+#: put on a session's queue (emptied first) when the agent sent more than
+#: MAX_UNREAD notifications nobody read: the session is then dropped
+OVERFLOW = object()
+MAX_UNREAD = 10_000
 
 
 class RpcError(Exception):
@@ -99,9 +103,17 @@ class Agent:
     def _incoming(self, msg: Mapping[str, Any]) -> None:
         params = msg.get("params") or {}
         if msg.get("method") == self.o.notification and "id" not in msg:
-            queue = self.sessions.get(str(dig(params, self.o.notification_session_path)))
-            if queue is not None:
-                queue.put_nowait(params)
+            sid = str(dig(params, self.o.notification_session_path))
+            queue = self.sessions.get(sid)
+            if queue is None:
+                return  # a session nobody holds (closed, or never adopted): dropped
+            if queue.qsize() >= MAX_UNREAD:  # nobody reads it: bounded, and the session is over
+                while not queue.empty():
+                    queue.get_nowait()
+                queue.put_nowait(OVERFLOW)
+                del self.sessions[sid]
+                return
+            queue.put_nowait(params)
             return
         if "id" not in msg:
             return  # a notification nobody asked about

@@ -32,6 +32,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, Sequence
 
+from .private import private_dir
 from .proc import JsonLineProcess, find_binary
 
 __all__ = ["LoginChallenge", "LoginFailed", "LoginUnsupported", "CliLogin", "ClaudeLogin",
@@ -109,7 +110,7 @@ class ClaudeLogin:
         self._code = ""
 
     async def begin(self, timeout: float) -> LoginChallenge:
-        os.makedirs(self.home, exist_ok=True)
+        private_dir(self.home)
         master, slave = os.openpty()
         # wide enough that the URL is never wrapped across lines
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 4000, 0, 0))
@@ -138,6 +139,10 @@ class ClaudeLogin:
         url = _URL.search(self.output)
         assert url is not None
         return LoginChallenge(url=url.group(), wants_code=True)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
 
     async def submit(self, code: str, timeout: float) -> None:
         if self.master is None or self.proc is None:
@@ -204,11 +209,14 @@ class CodexLogin:
         self._reader: asyncio.Task[None] | None = None
 
     async def begin(self, timeout: float) -> LoginChallenge:
-        os.makedirs(self.home, exist_ok=True)
+        private_dir(self.home)
         loop = asyncio.get_running_loop()
         self._done = loop.create_future()
+        # its own process group: a login that is abandoned is ended whole (the
+        # npm launcher and the binary under it, which holds port 1455)
         self.proc = await JsonLineProcess.spawn(self.argv, env=self.env, cwd=self.home,
-                                                label="codex app-server (login)")
+                                                label="codex app-server (login)",
+                                                new_session=True)
         self._reader = asyncio.ensure_future(self._read())
         try:
             async with asyncio.timeout(timeout):
@@ -244,11 +252,28 @@ class CodexLogin:
             raise LoginFailed(f"codex refused the login: {_scrub(str(params.get('error')))[:200]}",
                               "code_refused")
 
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
     async def close(self) -> None:
+        """End the app-server: stdin closed, then its whole process group killed
+        if it is still there (signalled while its leader lives, never after)."""
         if self._reader is not None:
             self._reader.cancel()
-        if self.proc is not None:
-            await self.proc.close(grace=0.5)
+        if self.proc is None:
+            return
+        proc = self.proc.proc
+        if proc.returncode is None:
+            if proc.stdin is not None and not proc.stdin.is_closing():
+                proc.stdin.close()
+            try:
+                async with asyncio.timeout(0.5):
+                    await proc.wait()
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+        await self.proc.close(grace=0)
 
     async def _call(self, rid: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
         assert self.proc is not None

@@ -24,7 +24,7 @@ import structlog
 
 from .driver import DriverError
 
-__all__ = ["JsonLineProcess", "find_binary"]
+__all__ = ["JsonLineProcess", "find_binary", "kill_and_reap", "run_probe"]
 
 log = structlog.get_logger("pool.cli")
 _LINE_LIMIT = 64 * 1024 * 1024  # one stream-json line can carry a whole tool result
@@ -46,6 +46,35 @@ def find_binary(command: Sequence[str] | None, default: str, env: Mapping[str, s
     return [found]
 
 
+async def kill_and_reap(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL ``proc`` unless it has exited, and wait for it (SIGKILL cannot be
+    ignored: the wait is short). Shielded: a cancelled caller still reaps it."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    waiting = asyncio.ensure_future(proc.wait())
+    try:
+        await asyncio.shield(waiting)
+    except asyncio.CancelledError:
+        await waiting  # cancelled again: finish the reap, then let the cancel go on
+        raise
+
+
+async def run_probe(argv: Sequence[str], *, env: Mapping[str, str], cwd: str,
+                    timeout: float) -> tuple[int, bytes, bytes]:
+    """Run a short command (``--version``): its exit code, stdout and stderr.
+    TimeoutError after ``timeout`` s, with the process killed and reaped."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=dict(env), cwd=cwd, preexec_fn=_die_with_parent)
+    try:
+        async with asyncio.timeout(timeout):
+            out, err = await proc.communicate()
+    finally:
+        await kill_and_reap(proc)
+    return proc.returncode if proc.returncode is not None else -1, out, err
+
+
 class JsonLineProcess:
     def __init__(self, proc: asyncio.subprocess.Process, label: str) -> None:
         self.proc = proc
@@ -55,12 +84,12 @@ class JsonLineProcess:
 
     @classmethod
     async def spawn(cls, argv: Sequence[str], *, env: Mapping[str, str], cwd: str,
-                    label: str) -> JsonLineProcess:
+                    label: str, new_session: bool = False) -> JsonLineProcess:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, env=dict(env), cwd=cwd, limit=_LINE_LIMIT,
-                preexec_fn=_die_with_parent)
+                preexec_fn=_die_with_parent, start_new_session=new_session)
         except OSError as exc:
             raise DriverError(f"cannot run {argv[0]}: {exc.strerror}") from None
         return cls(proc, label)
@@ -99,21 +128,28 @@ class JsonLineProcess:
             f": {tail}" if tail else "")
 
     async def close(self, grace: float = 2.0) -> None:
+        """End the process: stdin EOF, ``grace`` s; SIGTERM, 3 s; SIGKILL. Returns
+        once it is reaped, also when the caller's deadline cancels the sequence
+        midway: then it is SIGKILLed and reaped on the way out, so no caller
+        ever frees a slot while the process still runs."""
         proc = self.proc
-        if proc.returncode is None:
-            if proc.stdin is not None and not proc.stdin.is_closing():
-                proc.stdin.close()
-            for signal_it, wait in ((None, grace), (proc.terminate, 3.0), (proc.kill, 5.0)):
-                if signal_it is not None:
-                    with contextlib.suppress(ProcessLookupError):
-                        signal_it()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(wait):
-                        await proc.wait()
-                        break
-        self._stderr_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._stderr_task
+        try:
+            if proc.returncode is None:
+                if proc.stdin is not None and not proc.stdin.is_closing():
+                    proc.stdin.close()
+                for signal_it, wait in ((None, grace), (proc.terminate, 3.0)):
+                    if signal_it is not None:
+                        with contextlib.suppress(ProcessLookupError):
+                            signal_it()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(wait):
+                            await proc.wait()
+                            break
+        finally:
+            await kill_and_reap(proc)
+            self._stderr_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._stderr_task
 
     async def _drain_stderr(self) -> None:
         stderr = self.proc.stderr

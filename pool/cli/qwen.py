@@ -40,8 +40,9 @@ from .events import (
 from .qwen_events import QwenTurnParser, UsageTotals, is_login_error
 from .qwen_home import QwenHome
 from .qwen_tools import PREFIX, SdkToolServer
-from .qwen_transcript import write_transcript
-from .proc import JsonLineProcess, find_binary
+from .qwen_transcript import forget_session, forget_sessions, write_transcript
+from .private import private_dir
+from .proc import JsonLineProcess, find_binary, run_probe
 from .turns import guarded
 
 __all__ = ["QwenDriver", "QwenConversation", "CHAT_EXCLUDED_TOOLS"]
@@ -97,19 +98,18 @@ class QwenDriver:
 
     async def start(self) -> CliHealth:
         self.command = find_binary(self.config.command, "qwen", self.config.env)
-        self.home.mkdir(parents=True, exist_ok=True)
-        Path(self.config.cwd).mkdir(parents=True, exist_ok=True)
+        private_dir(self.home)
+        private_dir(self.config.cwd)
+        forget_sessions(self.home, self.config.cwd)  # left by a worker that died
         self.account.write()
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *self.command, "--version", env=self.env(), cwd=self.config.cwd,
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE)
-            out, err = await asyncio.wait_for(proc.communicate(), _HANDSHAKE_TIMEOUT)
-        except (OSError, asyncio.TimeoutError) as exc:
+        try:  # a probe that hangs is killed (idle_timeout: silence that counts as hung)
+            code, out, err = await run_probe(
+                [*self.command, "--version"], env=self.env(), cwd=self.config.cwd,
+                timeout=min(_HANDSHAKE_TIMEOUT, self.config.idle_timeout))
+        except (OSError, TimeoutError) as exc:
             raise DriverError(f"qwen: cannot run {self.command[0]}: {exc!r}") from None
-        if proc.returncode != 0:
-            raise DriverError(f"qwen --version exited {proc.returncode}: "
+        if code != 0:
+            raise DriverError(f"qwen --version exited {code}: "
                               f"{err.decode(errors='replace').strip()[-300:]}")
         self.version = out.decode(errors="replace").strip().splitlines()[-1] if out.strip() else None
         log.info("cli.qwen.started", worker=self.config.name, version=self.version)
@@ -128,7 +128,7 @@ class QwenDriver:
     async def open(self, setup: ConversationSetup) -> QwenConversation:
         conversation = QwenConversation(self, setup)
         if setup.history:
-            conversation.resume_from(write_transcript(self.home, self.config.cwd, setup.history,
+            conversation.resume_from(write_transcript(self.home, conversation.cwd, setup.history,
                                                       version=self.version))
         self._conversations.add(conversation)
         return conversation
@@ -151,6 +151,7 @@ class QwenConversation:
     def __init__(self, driver: QwenDriver, setup: ConversationSetup) -> None:
         self.driver = driver
         self.setup = setup
+        self.cwd = setup.workspace or driver.config.cwd
         self._proc: JsonLineProcess | None = None
         self._lines: AsyncIterator[dict[str, Any]] | None = None
         self._tools = SdkToolServer(setup.tools) if setup.tools else None
@@ -161,6 +162,7 @@ class QwenConversation:
         self._resumable = True   # false after a crash: the session on disk is suspect
         self._interrupted = False
         self._requests = 0
+        self._sessions: set[str] = set()  # every session id it had: deleted on close
 
     @property
     def session_id(self) -> str | None:
@@ -169,6 +171,7 @@ class QwenConversation:
     def resume_from(self, session_id: str) -> None:
         """Start the process with ``--resume session_id`` (a written transcript)."""
         self._session_id = session_id
+        self._sessions.add(session_id)
 
     async def _read(self, timeout: float) -> dict[str, Any] | None:
         """The CLI's next JSON line; None at EOF. TimeoutError after ``timeout`` s of silence."""
@@ -222,8 +225,9 @@ class QwenConversation:
         """Start the process and handshake; a terminal event when that failed."""
         self._interrupted = False
         try:
-            proc = await JsonLineProcess.spawn(self.argv(), env=self.driver.env(),
-                                               cwd=self.driver.config.cwd, label="qwen")
+            env = self.driver.env()
+            argv = self.driver.config.sandboxed(self.argv(), cwd=self.cwd, env=env)
+            proc = await JsonLineProcess.spawn(argv, env=env, cwd=self.cwd, label="qwen")
         except DriverError as exc:
             return TurnFailed("upstream", f"qwen: {exc}")
         self._proc, self._lines = proc, proc.lines()
@@ -240,6 +244,8 @@ class QwenConversation:
                     if response.get("request_id") == request_id:
                         sid = (response.get("response") or {}).get("session_id")
                         self._session_id = str(sid) if sid else self._session_id
+                        if sid:
+                            self._sessions.add(str(sid))
                         initialized = True
                 elif obj.get("type") == "control_request":
                     await self._answer_control(obj)
@@ -341,6 +347,7 @@ class QwenConversation:
                     if event.session_id == self._session_id:
                         continue
                     self._session_id = event.session_id
+                    self._sessions.add(event.session_id)
                 elif isinstance(event, PendingToolCall) and self._tools is not None:
                     self._tools.called(event)
                 yield event
@@ -373,5 +380,10 @@ class QwenConversation:
 
     async def close(self) -> None:
         self._closed = True
-        if self._proc is not None:
-            await self._proc.close()
+        try:
+            if self._proc is not None:
+                await self._proc.close()
+        finally:  # the process is gone: the conversation's text leaves the disk with it
+            config = self.driver.config
+            for session_id in self._sessions:
+                forget_session(config.home, config.cwd, session_id)

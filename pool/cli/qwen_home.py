@@ -14,6 +14,9 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from .driver import DriverError
+from .private import FILE_MODE, private_dir, write_private
+
 __all__ = ["QwenHome"]
 
 _SETTINGS: dict[str, Any] = {
@@ -55,20 +58,47 @@ class QwenHome:
             return {}
         return data if isinstance(data, dict) else {}
 
+    def strict_settings(self) -> dict[str, Any]:
+        """The settings, or {} when there are none; :class:`DriverError` when the
+        file is there but not a strict JSON object (rewriting it would lose what
+        it holds, its API key say). The message names the place, never the text."""
+        path = self.settings_path()
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise DriverError(f"qwen: cannot read {path} ({exc.strerror}); "
+                              "the worker does not start") from None
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            where = (f" (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+                     if isinstance(exc, json.JSONDecodeError) else "")
+            raise DriverError(f"qwen: {path} is not strict JSON{where}; poolgate leaves it "
+                              "untouched and the worker does not start: make it plain JSON "
+                              "(no comments, no trailing commas)") from None
+        if not isinstance(data, dict):
+            raise DriverError(f"qwen: {path} is not a JSON object; poolgate leaves it "
+                              "untouched and the worker does not start")
+        return data
+
     def write(self) -> None:
         """Turn managed auto-memory, auto-update and telemetry off, keeping
-        whatever else the account's settings hold (its API key, say)."""
+        whatever else the account's settings hold (its API key, say); a file
+        that is not strict JSON is refused (:meth:`strict_settings`), never replaced."""
         path = self.settings_path()
-        settings = self.read_settings()
+        settings = self.strict_settings()
         defaults: dict[str, Any] = dict(_SETTINGS)
-        if not isinstance(settings.get("security", {}).get("auth", {}).get("selectedType"), str):
+        security = settings.get("security")
+        auth = security.get("auth") if isinstance(security, dict) else None
+        if not isinstance(auth.get("selectedType") if isinstance(auth, dict) else None, str):
             defaults["security"] = {"auth": {"selectedType": self.auth_type}}
+        private_dir(self.home, ".qwen")
         if _merge(settings, defaults) or not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(settings, indent=2))
-            os.chmod(tmp, 0o600)
-            tmp.replace(path)
+            write_private(path, json.dumps(settings, indent=2).encode())
+        else:
+            os.chmod(path, FILE_MODE)
 
     def has_credentials(self) -> bool:
         """For ``openai`` auth: a key in the environment, settings.json or an .env file."""

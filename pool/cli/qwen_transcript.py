@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,12 +21,27 @@ from typing import Sequence
 
 from ..model import Message
 from .content import message_text
+from .private import private_dir, remove_quietly, write_private
 
-__all__ = ["chats_dir", "write_transcript"]
+__all__ = ["chats_dir", "write_transcript", "forget_session", "forget_sessions"]
+
+
+def _project(cwd: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9]", "-", cwd)
 
 
 def chats_dir(home: str | Path, cwd: str) -> Path:
-    return Path(home) / ".qwen" / "projects" / re.sub(r"[^a-zA-Z0-9]", "-", cwd) / "chats"
+    return Path(home) / ".qwen" / "projects" / _project(cwd) / "chats"
+
+
+def forget_session(home: str | Path, cwd: str, session_id: str) -> None:
+    """Delete a session's transcript: its conversation ended."""
+    remove_quietly(chats_dir(home, cwd) / f"{session_id}.jsonl")
+
+
+def forget_sessions(home: str | Path, cwd: str) -> None:
+    """Delete every session of the account's cwd (at start, when none is live)."""
+    shutil.rmtree(chats_dir(home, cwd), ignore_errors=True)
 
 
 def write_transcript(home: str | Path, cwd: str, history: Sequence[Message], *,
@@ -45,7 +61,6 @@ def write_transcript(home: str | Path, cwd: str, history: Sequence[Message], *,
             "message": {"role": "user" if message.role == "user" else "model",
                         "parts": [{"text": message_text(message)}]}}))
         parent = record_id
-    directory = chats_dir(home, cwd)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / f"{session_id}.jsonl").write_text("\n".join(lines) + "\n")
+    directory = private_dir(home, ".qwen", "projects", _project(cwd), "chats")
+    write_private(directory / f"{session_id}.jsonl", ("\n".join(lines) + "\n").encode())
     return session_id

@@ -33,6 +33,7 @@ from .history import answer_message, conversation_hash, split, system_text
 from .host import DEFAULT_SYSTEM_PROMPT
 from .index import SessionIndex
 from .limits import check_request
+from .sandbox import Sandbox
 
 __all__ = ["CliSpec", "CliWorker"]
 
@@ -62,12 +63,23 @@ class CliSpec:
     tool_timeout: float = 300.0
     conversation_idle: float = 900.0
     idle_timeout: float = 300.0
+    sandbox: Sandbox = field(default_factory=Sandbox)  # resolved (pool/cli/sandbox.py)
+    workspace_root: str | None = None  # agent mode: one workspace per key; default <home>-workspaces
+    login_timeout: float = 600.0  # a login (its code included) ends by then
+    login_probe_interval: float = 60.0  # a refused account is tried again after this, doubling
     supervision: SupervisorPolicy = field(default_factory=SupervisorPolicy)
 
     @property
     def cwd(self) -> str:
         """The account's fixed working directory (Claude keys sessions by it)."""
         return os.path.join(os.path.abspath(os.path.expanduser(self.home)), "workspace")
+
+    @property
+    def workspaces(self) -> str:
+        """Where agent mode's per-key workspaces live: outside the credential home."""
+        if self.workspace_root:
+            return os.path.abspath(os.path.expanduser(self.workspace_root))
+        return os.path.abspath(os.path.expanduser(self.home)).rstrip("/") + "-workspaces"
 
     def child_config(self, base_env: Mapping[str, str]) -> dict[str, Any]:
         return {"name": self.name, "cli": self.cli,
@@ -78,6 +90,7 @@ class CliSpec:
                 "mode": self.mode, "max_conversations": self.max_conversations,
                 "options": dict(self.options), "tool_timeout": self.tool_timeout,
                 "conversation_idle": self.conversation_idle, "idle_timeout": self.idle_timeout,
+                "workspace_root": self.workspaces, "sandbox": self.sandbox.to_dict(),
                 # a logged-out account is probed again on the health interval
                 "login_recheck": self.supervision.health_interval}
 
@@ -111,6 +124,13 @@ class CliWorker(ProcessWorker):
 
     #: set by the gateway while it logs the account in (hook for app/logins.py)
     login_override: str | None = None
+    #: the account's state machine (pool/cli/account.py), set by the gateway
+    account: Any = None
+
+    @property
+    def process_state(self) -> WorkerState:
+        """The process's state, whatever the account's login says."""
+        return super().state
 
     @property
     def login(self) -> str | None:
@@ -146,7 +166,9 @@ class CliWorker(ProcessWorker):
                 "account": status.get("account"), "login": self.login,
                 "conversations": status.get("conversations", 0),
                 "held_tool_calls": status.get("held_tool_calls", 0),
-                "cooldown_until": self.cooldown_until, "mode": self.cli_spec.mode}
+                "cooldown_until": self.cooldown_until, "mode": self.cli_spec.mode,
+                "sandbox": self.cli_spec.sandbox.kind,
+                "account_state": self.account.state.value if self.account is not None else None}
 
     def session_counts(self) -> dict[str, int]:
         return dict(self._status.get("sessions") or {})
@@ -165,6 +187,22 @@ class CliWorker(ProcessWorker):
         await self.refresh()
         self._poller = asyncio.ensure_future(self._poll())
         return ready
+
+    async def stop(self) -> None:
+        """Stop the process until :meth:`restart` (what a bundle import needs)."""
+        await self.drain(self.spec.stop_timeout)
+        await self.supervisor.stop()
+        self.resume()
+
+    async def probe_login(self) -> None:
+        """Have the child try the refused account with a one-token turn."""
+        child = self._child()
+        if child is None or super().state is not WorkerState.READY:
+            return
+        with contextlib.suppress(GatewayError):
+            status = await child.call("probe_login", {"model": self.models[0]},
+                                      timeout=self.spec.health_timeout + 120.0)
+            self._status = dict(status)  # type: ignore[call-overload]
 
     async def aclose(self) -> None:
         if self._poller is not None:

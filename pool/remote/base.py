@@ -270,7 +270,7 @@ class RemoteWorker:
         try:
             # by what came, not what was asked: some servers stream regardless
             streamed = "event-stream" in resp.headers.get("content-type", "")
-            if streamed:
+            if streamed and self.spec.lean:
                 lean_response(resp)  # ≈ 2 KiB less for as long as it streams
             if relay is not None and streamed == relay.stream:
                 if streamed:

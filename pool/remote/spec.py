@@ -31,6 +31,9 @@ class RemoteSpec:
     max_in_flight: int = 256            # the admission guard's per-worker capacity
     headers: Mapping[str, str] = field(default_factory=dict)
     policy: PassPolicy = field(default_factory=PassPolicy)  # what a pass-through may carry
+    # streamed responses made lean (pool.remote.lean); off when its start-up
+    # self-test (pool.remote.lean_check) failed on this aiohttp
+    lean: bool = True
 
 
 class StreamParser(Protocol):

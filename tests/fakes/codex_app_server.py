@@ -8,7 +8,8 @@ stdio, as recorded against it:
 * ``initialize`` → ``{userAgent, codexHome, platformFamily, platformOs}``,
   then the client's ``initialized`` notification;
 * ``account/read`` → ``{"account": {"type": "apiKey"} | null,
-  "requiresOpenaiAuth": true}`` from ``$CODEX_HOME/auth.json``;
+  "requiresOpenaiAuth": …}`` from ``$CODEX_HOME/auth.json`` and the provider's
+  ``requires_openai_auth`` (default: true for ``openai`` only, as Codex does);
 * ``account/login/start`` (``chatgpt``): see codex_fake_login.py;
 * ``thread/start`` / ``thread/resume`` (threads are kept in
   ``$CODEX_HOME/sessions/<id>.json``; an unknown id is the real
@@ -47,7 +48,11 @@ Fault switches, read from ``$CODEX_HOME/fault`` at every turn so a test can
 flip them on a running process: ``401`` (the upstream call fails as
 unauthorized), ``usage`` (a 429 ``usage_limit_reached``, reset in an hour),
 ``crash`` (exit 1 after the first text delta), ``hang`` (stop
-answering anything, as a wedged process would).
+answering anything, as a wedged process would), ``inject-fails`` (an
+error answers ``thread/inject_items``), ``inject-slow`` (it answers after
+3 s). Loaded threads are logged to ``$CODEX_HOME/threads.jsonl``
+(``{"op": "start" | "unsubscribe", "thread": id}``), so a test sees which
+ones were closed.
 """
 
 from __future__ import annotations
@@ -146,7 +151,8 @@ class Server:
 
     def rpc_account_read(self, params: dict[str, Any]) -> dict[str, Any]:
         account = {"type": "apiKey"} if self.upstream.key() else None
-        return {"account": account, "userId": None, "requiresOpenaiAuth": True,
+        return {"account": account, "userId": None,
+                "requiresOpenaiAuth": self.upstream.requires_openai_auth,
                 "workspaceRouting": None}
 
     def rpc_account_login_start(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -160,6 +166,7 @@ class Server:
             thread.input.append(text_item("developer", params["baseInstructions"]))
         thread.save()
         self.threads[thread.id] = thread
+        self.log_thread("start", thread.id)
         info = thread.info(params.get("cwd") or "")
         notify("thread/started", {"thread": info})
         return {"thread": info, "model": params.get("model"), "cwd": params.get("cwd")}
@@ -177,7 +184,15 @@ class Server:
             self.threads[tid] = thread
         return {"thread": thread.info(params.get("cwd") or ""), "model": params.get("model")}
 
+    def log_thread(self, op: str, thread_id: str) -> None:
+        with open(self.home / "threads.jsonl", "a") as fh:
+            fh.write(json.dumps({"op": op, "thread": thread_id}) + "\n")
+
     def rpc_thread_inject_items(self, params: dict[str, Any]) -> dict[str, Any]:
+        if self.fault() == "inject-fails":
+            raise LookupError("cannot inject these items")
+        if self.fault() == "inject-slow":
+            time.sleep(3)
         thread = self.threads.get(params["threadId"])
         if thread is None:
             raise LookupError(f"thread not found: {params['threadId']}")
@@ -187,6 +202,7 @@ class Server:
 
     def rpc_thread_unsubscribe(self, params: dict[str, Any]) -> dict[str, Any]:
         thread = self.threads.pop(params.get("threadId", ""), None)
+        self.log_thread("unsubscribe", params.get("threadId", ""))
         return {"status": "unsubscribed" if thread else "notSubscribed"}
 
     def rpc_turn_start(self, params: dict[str, Any]) -> dict[str, Any]:

@@ -38,6 +38,10 @@ class Upstream:
         provider = config.get("model_provider", "openai")
         self.base_url = config.get(f"model_providers.{provider}.base_url", "")
         self.retries = int(config.get(f"model_providers.{provider}.stream_max_retries", 5))
+        # like Codex: the built-in openai provider needs an OpenAI login, a custom one
+        # only when its requires_openai_auth says so
+        self.requires_openai_auth = bool(config.get(
+            f"model_providers.{provider}.requires_openai_auth", provider == "openai"))
         self.home = home
 
     def key(self) -> str | None:

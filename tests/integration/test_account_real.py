@@ -17,6 +17,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import json
 import os
 import shutil
@@ -35,6 +37,7 @@ from tests.fakes.idp import FakeIdP
 from tests.fakes.upstreams import FakeUpstream
 from tests.integration.clis import CLAUDE_CODE, CODEX, NPM_PREFIX, _base_env, ensure_cli
 from tests.support.cli_accounts import claude_home, wait_for
+from tests.support.procs import alive
 from tests.support.server import ServerThread
 
 pytestmark = [pytest.mark.cli, pytest.mark.slow]
@@ -177,3 +180,29 @@ async def test_the_operator_pastes_codex_s_redirect_url(tmp_path: Path, codex_bi
     assert "workspace routing discovery failed" in str(info.value)
     assert idp.tokens_issued == ["alice@example.com"]
 
+
+
+async def test_an_abandoned_codex_login_frees_port_1455(tmp_path: Path, codex_bin: str) -> None:
+    """A login that is cancelled (its deadline, or DELETE …/login) while Codex
+    listens for the callback: the app-server is gone and the port is free."""
+    with FakeIdP({"alice@example.com": "pw-alice"}) as idp:
+        env = {**_base_env(tmp_path / "os-home"), "CODEX_APP_SERVER_LOGIN_ISSUER": idp.url}
+        login = CodexLogin(home=str(tmp_path / "codex"), env=env, command=(codex_bin,))
+        try:
+            await login.begin(60)
+            pid = login.pid
+            assert pid is not None and alive(pid)
+            waiting = asyncio.ensure_future(login.wait(600))
+            await asyncio.sleep(0.5)
+            waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting
+        finally:
+            await login.close()
+    assert not alive(pid)
+    with socket.socket() as sock:
+        # nobody listens there any more (SO_REUSEADDR, as Codex binds it: the
+        # callback connections it made to itself may linger in TIME_WAIT)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 1455))
+        sock.listen()

@@ -100,6 +100,10 @@ def test_runner_config_is_accepted_by_the_gateway_settings(tmp_path: Path) -> No
     assert keys["bench"].secret.get_secret_value() == run.API_KEY
     assert keys["bench"].models == ("mock-*",) and keys["bench"].budget_tokens.day
     assert settings.server.state_dir == str(tmp_path / "state")
+    # --database URL (bench/database.py): the ledger and keys in that database
+    url = "postgresql://postgres@127.0.0.1:5432/bench0"
+    path.write_text(run.config_toml(18000, 18001, "warning", teams, database_url=url))
+    assert load_settings(str(path), env).server.database_url.get_secret_value() == url
 
 
 def test_runner_benches_the_default_configuration(tmp_path: Path) -> None:

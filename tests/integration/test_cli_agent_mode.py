@@ -45,8 +45,10 @@ def _gateway(*workers: WorkerSettings) -> ServerThread:
 
 
 def _plant_notes(home: Path) -> None:
-    (home / "workspace").mkdir(parents=True, exist_ok=True)
-    (home / "workspace" / "notes.txt").write_text(NOTES)
+    """In the workspace of key ``team-a`` (agent mode: one per key, beside the home)."""
+    workspace = Path(f"{home}-workspaces") / "team-a"
+    workspace.mkdir(parents=True, exist_ok=True)
+    (workspace / "notes.txt").write_text(NOTES)
 
 
 @pytest.fixture
@@ -54,7 +56,7 @@ def claude(tmp_path: Path) -> Iterator[tuple[Any, httpx.Client, Path]]:
     with FakeUpstream(api_key=TOKEN, models=(MODEL,)) as upstream:
         home = claude_home(tmp_path / "a", TOKEN)
         _plant_notes(home)
-        log = tmp_path / "claude.log"
+        log = home / "fake-claude.log"  # in the home: the sandbox shows the CLI nothing else
         worker = fake_claude_worker("claude-a", home, upstream.anthropic_url, log, mode="agent")
         with _gateway(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
             yield srv, http, log

@@ -422,9 +422,9 @@ def test_a_rate_limit_with_no_other_account_is_a_retry_after(tmp_path, upstream)
 
 
 def test_agent_mode_lets_the_cli_run_its_tools_and_shows_them(tmp_path, upstream):
-    log = tmp_path / "claude.log"
-    worker = fake_claude_worker("claude-a", claude_home(tmp_path / "a", TOKEN),
-                                upstream.anthropic_url, log, mode="agent")
+    home = claude_home(tmp_path / "a", TOKEN)
+    log = home / "claude.log"  # agent mode: in the sandbox only the home is writable
+    worker = fake_claude_worker("claude-a", home, upstream.anthropic_url, log, mode="agent")
     with _gateway(worker) as srv, _oai(srv) as oai:
         out = oai.chat.completions.create(model=MODEL, messages=[
             {"role": "user", "content": '[[tool:Read {"path": "notes.txt"}]]'}])

@@ -387,3 +387,50 @@ def test_responses_api_tool_round_trip_chained_by_previous_response_id(one, upst
              ["cli_sessions"]["workers"]["codex-a"] == {"hits": 1, "misses": 1, "rebuilds": 0})
     if (home / "turns.jsonl").exists():
         assert [t["text"] for t in turn_inputs(home)] == [f"weather? {CALL}"]
+
+
+def _threads(home: Path) -> list[dict]:
+    path = home / "threads.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _closed_every_thread(home: Path) -> bool:
+    log = _threads(home)
+    started = {e["thread"] for e in log if e["op"] == "start"}
+    return bool(started) and started <= {e["thread"] for e in log if e["op"] == "unsubscribe"}
+
+
+HISTORY = [{"role": "user", "content": "earlier"}, {"role": "assistant", "content": "answer"},
+           {"role": "user", "content": "and now"}]
+
+
+def test_a_thread_whose_inject_fails_is_closed(tmp_path, upstream):
+    home = codex_home(tmp_path / "a", KEY)
+    (home / "fault").write_text("inject-fails")
+    with gateway(codex_worker("codex-a", home, upstream.url, command=FAKE_CODEX)) as srv, \
+            httpx.Client(base_url=srv.url, timeout=30) as http:
+        wait_for(lambda: workers(http)["codex-a"]["state"] == "ready")
+        r = http.post("/v1/chat/completions", headers={"authorization": "Bearer sk-team-a"},
+                      json={"model": MODEL, "messages": HISTORY})
+        assert r.status_code >= 500
+        wait_for(lambda: _closed_every_thread(home), timeout=10)
+        assert workers(http)["codex-a"]["conversations"] == 0
+
+
+def test_a_thread_whose_request_is_cancelled_while_it_opens_is_closed(tmp_path, upstream):
+    home = codex_home(tmp_path / "a", KEY)
+    (home / "fault").write_text("inject-slow")  # inject_items answers after 3 s
+    with gateway(codex_worker("codex-a", home, upstream.url, command=FAKE_CODEX)) as srv, \
+            httpx.Client(base_url=srv.url, timeout=30) as http:
+        wait_for(lambda: workers(http)["codex-a"]["state"] == "ready")
+        with httpx.Client(base_url=srv.url, timeout=1.0) as impatient, \
+                pytest.raises(httpx.ReadTimeout):
+            impatient.post("/v1/chat/completions", headers={"authorization": "Bearer sk-team-a"},
+                           json={"model": MODEL, "stream": True, "messages": HISTORY})
+        wait_for(lambda: _threads(home), timeout=10)
+        wait_for(lambda: _closed_every_thread(home), timeout=15)
+        (home / "fault").write_text("")
+        with oai(srv) as client:  # the account still serves
+            out = client.chat.completions.create(model=MODEL, messages=[
+                {"role": "user", "content": "still here"}])
+        assert out.choices[0].message.content == "echo: still here"

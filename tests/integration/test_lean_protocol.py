@@ -10,9 +10,14 @@ from typing import Iterator
 
 import httpx
 import pytest
+import structlog
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from app.cli import build_server
 from app.factory import create_app
 from app.protocol import LeanHttpToolsProtocol, lean_state
+from app.protocol_check import lean_protocol, self_test
+from app.settings import Settings
 from tests.support.server import ServerThread
 
 from .conftest import ADMIN_TOKEN, CLIENT_KEY, OPENAI_MODEL, gateway_settings
@@ -85,3 +90,40 @@ def test_plain_answer_through_the_lean_protocol(served: ServerThread) -> None:
     r = httpx.post(served.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=30)
     assert r.status_code == 200
     assert r.json()["choices"][0]["message"]["content"]
+
+
+# --- the start-up self-test ---------------------------------------------------
+
+class _DropsPipelined(LeanHttpToolsProtocol):
+    """Swaps as it should, but a pipelined request is never answered: a
+    uvicorn whose use of its pipeline changed."""
+
+    def on_response_complete(self) -> None:
+        self.pipeline.clear()
+        super().on_response_complete()
+
+
+def test_the_self_test_passes_on_this_uvicorn() -> None:
+    assert self_test() is None
+    with structlog.testing.capture_logs() as logs:
+        assert lean_protocol() is LeanHttpToolsProtocol
+    assert [(e["event"], e["state"]) for e in logs] == [("protocol.swap", "on")]
+
+
+@pytest.mark.parametrize("candidate,reason", [
+    (HttpToolsProtocol, "not swapped"),  # a uvicorn that keeps these otherwise
+    (_DropsPipelined, "TimeoutError"),  # one whose swapped parts misbehave
+], ids=["not-swapped", "misbehaves"])
+def test_a_failed_self_test_falls_back_to_uvicorns_protocol(candidate: type, reason: str) -> None:
+    assert reason in (self_test(candidate, timeout=0.5) or "")
+    with structlog.testing.capture_logs() as logs:
+        assert lean_protocol(candidate) is HttpToolsProtocol
+    [line] = logs
+    assert (line["event"], line["state"], line["log_level"]) == ("protocol.swap", "off", "warning")
+
+
+def test_poolgate_serve_checks_the_swap_at_start() -> None:
+    with structlog.testing.capture_logs() as logs:
+        server = build_server(create_app(Settings()), Settings())
+    assert server.config.http is LeanHttpToolsProtocol
+    assert [e["state"] for e in logs if e["event"] == "protocol.swap"] == ["on"]

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 
 import aiohttp
+import structlog
 
-from pool.remote.lean import lean_response, lean_state
+from pool.remote.lean import LeanQueue, lean_response, lean_state
+from pool.remote.lean_check import self_test
 
 from .conftest import OPENAI_MODEL, UPSTREAM_KEY
 
@@ -45,3 +47,63 @@ async def test_a_lean_response_streams_the_same_bytes(fake_upstream) -> None:
                 if line.startswith("data: {") and '"choices":[{' in line]
 
     assert texts(lean) == texts(plain) and "".join(texts(lean)).strip()
+
+
+# --- the start-up self-test ---------------------------------------------------
+
+async def test_the_self_test_passes_on_this_aiohttp() -> None:
+    assert await self_test() is None
+
+
+def _corrupting(resp: object) -> None:
+    """Lean, but the body reader's queue no longer holds what aiohttp put
+    there: an aiohttp whose use of it changed."""
+    lean_response(resp)
+    resp.content._buffer.append(b"x")  # type: ignore[attr-defined]
+
+
+async def test_a_swap_that_misbehaves_or_does_not_take_fails_the_self_test() -> None:
+    assert "bytes read" in (await self_test(_corrupting) or "")
+    assert "not lean" in (await self_test(lambda resp: None) or "")
+
+
+def test_the_gateway_checks_the_swap_at_start(fake_upstream) -> None:
+    from app.factory import create_app
+    from tests.support.server import ServerThread
+
+    from .conftest import gateway_settings
+
+    app = create_app(gateway_settings(fake_upstream))
+    with structlog.testing.capture_logs() as logs:
+        with ServerThread(app):
+            gw = app.state.gateway
+            assert gw.remote_lean is True
+            assert all(w.spec.lean for w in gw.pool.workers)
+    assert [(e["state"], e["log_level"]) for e in logs if e["event"] == "remote.swap"] == [
+        ("on", "info")]
+
+
+async def test_a_worker_whose_swap_is_off_leaves_aiohttp_as_it_is(fake_upstream) -> None:
+    from dataclasses import replace
+
+    from pool.model import ChatRequest, Message, TextPart
+    from pool.remote import RemoteSpec, make_remote_worker
+
+    spec = RemoteSpec(name="up", dialect="openai", url=fake_upstream.url, api_key=UPSTREAM_KEY,
+                      models=(OPENAI_MODEL,))
+    seen: list[dict[str, bool]] = []
+    for lean in (True, False):
+        worker = make_remote_worker(replace(spec, lean=lean))
+        await worker.start()
+        try:
+            request = ChatRequest(model=OPENAI_MODEL, stream=True, dialect="openai_chat",
+                                  messages=(Message("user", (TextPart("[[hang-after:2]] one two three"),)),))
+            events = worker.stream(request)
+            await events.__anext__()
+            # the connection's protocol, with the open response's queue of responses
+            [protocol] = worker._session.connector._acquired
+            seen.append({"responses": type(protocol._buffer) is LeanQueue})
+            await events.aclose()
+        finally:
+            await worker.aclose()
+    assert seen == [{"responses": True}, {"responses": False}]

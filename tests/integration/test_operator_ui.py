@@ -142,10 +142,10 @@ async def test_login_state_url_and_paste_code_box(ui: Tab, tmp_path: Path) -> No
     box = p0.get_by_label("login code for p0")
     await box.fill("4/0AbCdEf-code")
     await p0.get_by_role("button", name="Send code").click()
-    # p0 is a process worker with no login under way: the gateway's refusal is shown, not
-    # swallowed
+    # p0 is a process worker, without an account to log in: the gateway's refusal (404,
+    # as for starting its login) is shown, not swallowed
     await expect(p0.locator(".login .msg").last).to_contain_text(
-        "Sending the code failed (HTTP 409)")
+        "Sending the code failed (HTTP 404)")
     assert posted == [({"code": "4/0AbCdEf-code"}, f"Bearer {ADMIN_TOKEN}")]
     # a refused code stays in the box for another try, also across the next poll
     p1_login[0] = "ready"  # what cli workers report once logged in: a plain string

@@ -111,6 +111,19 @@ async def test_response_bounds_evict_the_biggest_owner_first(links) -> None:
     assert b.stats()["evicted"] == 1
 
 
+async def test_a_deleted_keys_responses_go_in_one_call(links) -> None:
+    a, b = (RedisResponseStore(link, max_items=4) for link in links)
+    for i in range(3):
+        await a.put(entry(f"gone{i}", owner="key:old"))
+    await b.put(entry("kept", owner="key:other"))
+    assert await b.delete_owner("key:old") == 3
+    assert all([await a.get(f"gone{i}") is None for i in range(3)])
+    assert await a.get("kept") is not None and await a.delete_owner("key:old") == 0
+    for i in range(3):  # the bookkeeping went too: the bound is not reached by ghosts
+        await a.put(entry(f"new{i}", owner="key:new"))
+    assert a.stats()["evicted"] == 0 and await a.get("kept") is not None
+
+
 async def test_response_byte_bound_and_age(links) -> None:
     size = len(dumps(entry("r0")))
     store = RedisResponseStore(links[0], max_bytes=size * 2 + size // 2, max_age=0.3)
@@ -126,7 +139,8 @@ async def test_response_byte_bound_and_age(links) -> None:
 
 
 async def test_cli_index_shared_and_dropped_per_worker(links) -> None:
-    a, b = (RedisUpstreamSessions(link) for link in links)
+    # two links of one replica (its index outlives a restart with server.replica_id)
+    a, b = (RedisUpstreamSessions(link, replica="r1") for link in links)
     await a.put("h1", "cli-1")
     await a.put("h2", "cli-1")
     await a.put("h3", "cli-2")
@@ -134,6 +148,52 @@ async def test_cli_index_shared_and_dropped_per_worker(links) -> None:
     await b.drop_worker("cli-1")
     assert await a.get("h1") is None and await a.get("h2") is None
     assert await a.get("h3") == "cli-2"
+
+
+async def test_cli_index_is_per_replica(links) -> None:
+    """Worker names repeat across replicas (each runs its own ``cli-1``): one
+    replica's index neither answers for nor drops another's conversations."""
+    a, b = RedisUpstreamSessions(links[0], replica="r1"), RedisUpstreamSessions(links[1],
+                                                                               replica="r2")
+    await a.put("h1", "cli-1")
+    assert await b.get("h1") is None  # r2's cli-1 does not hold it
+    await b.put("h2", "cli-1")
+    await b.drop_worker("cli-1")  # r2's cli-1 restarted: r1's entries stay
+    assert await a.get("h1") == "cli-1" and await b.get("h2") is None
+
+
+async def _members(client, pattern: str) -> dict[str, int]:
+    """Each key matching ``pattern`` and how many members it holds, whatever its type."""
+    sizes = {}
+    async for key in client.scan_iter(match=pattern):
+        kind = (await client.type(key)).decode()
+        size = {"set": client.scard, "zset": client.zcard, "hash": client.hlen}[kind]
+        sizes[key.decode()] = await size(key)
+    return sizes
+
+
+async def test_cli_index_entries_expire_one_by_one(links) -> None:
+    """Every entry has its own time to live, and a worker's list of entries
+    forgets each one as it expires (not only when the whole list idles out)."""
+    client = links[0].client
+    index = RedisUpstreamSessions(links[0], replica="r1", max_age=0.5)
+    await index.put("old", "cli-1")
+    await asyncio.sleep(0.3)
+    await index.put("newer", "cli-1")
+    await asyncio.sleep(0.3)                  # "old" expired, "newer" has 0.2 s left
+    await index.put("newest", "cli-1")        # a busy worker: its list never idles out
+    assert await index.get("old") is None and await index.get("newer") == "cli-1"
+    [(name, size)] = (await _members(client, "poolgate:cliw*")).items()
+    assert size == 2, name                    # "newer" and "newest", not "old"
+    assert 0 < await client.pttl(name) <= 500
+    entries = [key async for key in client.scan_iter(match="poolgate:cli:*")]
+    ttls = [await client.pttl(k) for k in entries]
+    assert len(ttls) == 2 and all(0 < ttl <= 500 for ttl in ttls)
+    await asyncio.sleep(0.3)                  # "newer" expired: dropping the worker
+    assert await index.get("newest") == "cli-1"
+    await index.drop_worker("cli-1")          # deletes what it still held
+    assert await index.get("newest") is None
+    assert not await _members(client, "poolgate:cliw*")
 
 
 async def test_rpm_and_tokens_counted_across_links(links) -> None:
@@ -379,3 +439,24 @@ async def test_closing_gives_the_leases_back(links) -> None:
     await limits.aclose()
     assert await shared_requests(links[0], "closing") == 200
     assert await links[1].client.hget("poolgate:lim:closing", "tok") == b"7"
+
+
+async def test_a_flushed_redis_is_found_and_rebuilt_from_the_floor(server: RedisServer,
+                                                                   links) -> None:
+    a, b = (RedisLimits(link, MemoryLimits()) for link in links)
+    budget = KeyPolicy("team-d", budget_day=50)
+    await a.rebuild({"team-d": (10, 10)})  # the ledger's totals at start
+    a.charge("team-d", 60)  # over, by this replica's own charge
+    await a.flush()
+    assert not await a.lost()
+    client = server.client()
+    try:
+        client.flushall()
+    finally:
+        client.close()
+    assert (await a.admit(budget)).limit == "budget_day"  # its floor, whatever Redis says
+    assert await a.lost()
+    await a.rebuild({"team-d": (10, 10)})  # the ledger lags: the floor wins
+    assert not await a.lost()
+    refusal = await b.admit(budget)  # B never saw the key's usage: Redis has it back
+    assert refusal is not None and refusal.limit == "budget_day"

@@ -36,7 +36,8 @@ BUSY = {"authorization": "Bearer sk-b"}
 BUSY_RPM = 300  # big enough for the replicas to lease requests of it
 
 
-def _config(path: Path, port: int, redis_url: str, workers: tuple[str, ...], upstream: str) -> Path:
+def _config(path: Path, port: int, redis_url: str, workers: tuple[str, ...], upstream: str,
+            extra: str = "", server: str = "") -> Path:
     blocks = "".join(f"""
 [[workers]]
 name = "{name}"
@@ -50,7 +51,7 @@ models = ["{OPENAI_MODEL}"]
 port = {port}
 log_level = "warning"
 redis_url = "{redis_url}"
-
+{server}
 [server.keys.team-a]
 secret_env = "TEAM_A_KEY"
 
@@ -61,19 +62,21 @@ rpm = {RPM}
 [server.keys.team-b]
 secret_env = "TEAM_B_KEY"
 rpm = {BUSY_RPM}
-{blocks}""")
+{extra}{blocks}""")
     return path
 
 
 class Replica:
     def __init__(self, name: str, tmp: Path, redis_url: str, workers: tuple[str, ...],
-                 upstream: str) -> None:
+                 upstream: str, extra: str = "", secrets: dict[str, str] | None = None,
+                 server: str = "") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = _config(tmp / f"{name}.toml", self.port, redis_url, workers, upstream)
+        config = _config(tmp / f"{name}.toml", self.port, redis_url, workers, upstream, extra,
+                         server)
         env = {**os.environ, "TEAM_A_KEY": "sk-a", "TEAM_R_KEY": "sk-r", "TEAM_B_KEY": "sk-b",
                "UPSTREAM_KEY": UPSTREAM_KEY, "POOLGATE_ADMIN_TOKEN": ADMIN_TOKEN,
-               "POOLGATE_METRICS_TOKEN": "m"}
+               "POOLGATE_METRICS_TOKEN": "m", **(secrets or {})}
         for name_ in ("POOLGATE_STATE_DIR", "POOLGATE_REDIS_URL", "POOLGATE_CONFIG"):
             env.pop(name_, None)
         self.proc = subprocess.Popen(
@@ -289,7 +292,10 @@ def test_redis_killed_then_back(cluster) -> None:
     _until(lambda: a.worker_state("w3") == "ready", 5, "A resumes w3")
     rid = b.http.post("/v1/responses", headers=KEY,
                       json={"model": OPENAI_MODEL, "input": "after"}).json()["id"]
-    assert a.http.get(f"/v1/responses/{rid}", headers=KEY).status_code == 200
+    # a Redis call may time out (redis_timeout 0.1 s) on a loaded machine right after the
+    # reconnect: the response must be readable through A within the probe's second
+    _until(lambda: a.http.get(f"/v1/responses/{rid}", headers=KEY).status_code == 200, 5,
+           "A reads what B stored")
     metrics = a.http.get("/metrics", headers={"authorization": "Bearer m"}).text
     assert "poolgate_redis_up 1.0" in metrics
 

@@ -15,7 +15,7 @@ from tests.support.server import ServerThread
 from .conftest import ADMIN_TOKEN, ANTHROPIC_MODEL, OPENAI_MODEL, UPSTREAM_KEY
 
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
-ENTRY = {"name", "source", "models", "max_in_flight", "rpm", "tpm", "budget_tokens",
+ENTRY = {"name", "id", "source", "models", "max_in_flight", "rpm", "tpm", "budget_tokens",
          "usage_today"}
 
 
@@ -52,6 +52,7 @@ def test_create_use_list_patch_delete(gateway):
     made = r.json()
     secret = made.pop("secret")
     assert secret.startswith("sk-pg-") and len(secret) > 30
+    assert made.pop("id").startswith("key:")
     assert made == {"name": "team-c", "source": "runtime", "models": ["claude-*"],
                     "max_in_flight": 2, "rpm": None, "tpm": None,
                     "budget_tokens": {"day": 100000, "month": None},
@@ -135,3 +136,30 @@ def test_first_run_time_key_closes_an_open_gateway(fake_upstream):
         http.delete("/internal/keys/only", headers=ADMIN)
         with pytest.raises(openai.AuthenticationError):
             _ask(srv.url, secret)  # deleting the last key does not open it again
+
+
+def test_a_drawn_secret_that_another_key_holds_is_drawn_again(gateway, monkeypatch):
+    """The gateway draws every run-time secret: a clash (forced here by a CSPRNG
+    that repeats itself) gets a new secret, and neither the answer nor the keys
+    it identifies ever change hands."""
+    import secrets as stdlib_secrets
+
+    draws = iter(["repeated-draw", "repeated-draw", "fresh-draw"])
+    monkeypatch.setattr(stdlib_secrets, "token_urlsafe", lambda n=None: next(draws))
+    url, http = gateway
+    first = http.post("/internal/keys", headers=ADMIN, json={"name": "team-x"})
+    second = http.post("/internal/keys", headers=ADMIN, json={"name": "team-y"})
+    assert (first.status_code, second.status_code) == (201, 201), second.text
+    x, y = first.json()["secret"], second.json()["secret"]
+    assert x == "sk-pg-repeated-draw" and y == "sk-pg-fresh-draw"
+    assert "team-x" not in second.text
+    usage = http.get("/internal/keys", headers=ADMIN).json()["keys"]
+    assert {k["name"] for k in usage} >= {"team-x", "team-y"}
+    assert _ask(url, x) and _ask(url, y)
+    with httpx.Client(base_url=url, timeout=30) as client:
+        for secret, name in ((x, "team-x"), (y, "team-y")):
+            r = client.delete(f"/internal/keys/{name}", headers=ADMIN)
+            assert r.status_code in (200, 204), r.text
+            gone = client.post("/v1/chat/completions", headers={"authorization": f"Bearer {secret}"},
+                               json={"model": OPENAI_MODEL, "messages": [{"role": "user", "content": "hi"}]})
+            assert gone.status_code == 401, (name, gone.status_code)

@@ -49,7 +49,7 @@ def gateway(fake: FakeUpstream) -> Iterator[tuple[httpx.Client, Any]]:
                "POOLGATE_METRICS_TOKEN": METRICS_TOKEN,
                "UPSTREAM_SECRET": UPSTREAM_SECRET}
     settings = load_settings(None, environ, {
-        "server": {"port": 0},
+        "server": {"port": 0, "runtime_secret_envs": ["UPSTREAM_SECRET"]},
         "workers": [{"name": "config-worker", "dialect": "openai", "url": fake.url,
                      "models": [CONFIG_MODEL], "api_key_env": "UPSTREAM_SECRET"}]})
     app = create_app(settings)

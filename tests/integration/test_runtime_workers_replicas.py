@@ -52,7 +52,7 @@ def replicas(fake: FakeUpstream, redis_server: RedisServer
     with ExitStack() as stack:
         def start() -> httpx.Client:
             settings = load_settings(None, environ, {
-                "server": {"port": 0},
+                "server": {"port": 0, "runtime_secret_envs": ["UPSTREAM_SECRET"]},
                 "workers": [{"name": "base", "dialect": "openai", "url": fake.url,
                              "models": ["base-model"], "api_key_env": "UPSTREAM_SECRET"}]})
             srv = stack.enter_context(ServerThread(create_app(settings)))

@@ -28,6 +28,9 @@ KEYS = {
     "budget-month": KeySettings(secret="sk-budget-month",
                                 budget_tokens=BudgetSettings(month=30)),
     "one-at-a-time": KeySettings(secret="sk-one", max_in_flight=1),
+    "rpm2-list": KeySettings(secret="sk-rpm2-list", rpm=2),
+    "list-budget": KeySettings(secret="sk-list-budget", budget_tokens=BudgetSettings(day=1)),
+    "rpm1-count": KeySettings(secret="sk-rpm1-count", rpm=1),
 }
 LONG = "please count these words " * 20  # well over 40 tokens of input
 
@@ -219,3 +222,38 @@ def test_max_in_flight_per_key(gateway):
         except openai.RateLimitError:
             assert time.monotonic() < deadline
             time.sleep(0.05)
+
+
+def test_a_list_prompt_is_one_request_of_the_rpm(gateway):
+    client = oai(gateway, "sk-rpm2-list")
+    three = client.completions.create(model=OPENAI_MODEL, prompt=["one", "two", "three"])
+    assert len(three.choices) == 3
+    assert client.completions.create(model=OPENAI_MODEL, prompt="four").choices
+    with pytest.raises(openai.RateLimitError) as info:
+        client.completions.create(model=OPENAI_MODEL, prompt=["five", "six"])
+    assert info.value.code == "rate_limit_exceeded"
+
+
+def test_the_prompts_that_finished_are_charged_when_another_fails(gateway):
+    client = oai(gateway, "sk-list-budget")
+    with pytest.raises(openai.BadRequestError):  # the second fails after the first finished
+        client.completions.create(model=OPENAI_MODEL,
+                                  prompt=["spend it", "[[sleep:0.3]] [[error:400]]"])
+    time.sleep(0.2)  # charged as the request ends, just after its answer was sent
+    # the first prompt's tokens put the key over its 1-token budget
+    with pytest.raises(openai.RateLimitError) as refused:
+        client.completions.create(model=OPENAI_MODEL, prompt="again")
+    assert refused.value.code == "budget_exceeded"
+
+
+def test_count_tokens_counts_against_the_rpm(gateway):
+    client = claude(gateway, "sk-rpm1-count")
+    counted = client.messages.count_tokens(model=ANTHROPIC_MODEL,
+                                           messages=[{"role": "user", "content": "hi"}])
+    assert counted.input_tokens > 0
+    with pytest.raises(anthropic.RateLimitError):
+        client.messages.count_tokens(model=ANTHROPIC_MODEL,
+                                     messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(anthropic.RateLimitError):
+        client.messages.create(model=ANTHROPIC_MODEL, max_tokens=16,
+                               messages=[{"role": "user", "content": "hi"}])

@@ -75,7 +75,7 @@ def test_usage_rows_grouped_and_filtered(gateway):
     today = time.strftime("%Y-%m-%d", time.gmtime())
     rows = {(r["key"], r["model"]): r for r in body["rows"]}
     for row in rows.values():
-        assert set(row) == {"key", "model", "day"} | ROW_FIELDS and row["day"] == today
+        assert set(row) == {"key", "key_id", "model", "day"} | ROW_FIELDS and row["day"] == today
     a_openai = rows[("a", OPENAI_MODEL)]
     assert a_openai["requests"] == 1 and a_openai["errors"] == 0
     assert a_openai["input_tokens"] == first.usage.prompt_tokens
@@ -91,7 +91,7 @@ def test_usage_rows_grouped_and_filtered(gateway):
     by_key = _usage(http, since=since, group_by="key")
     assert by_key["group_by"] == ["key"]
     assert {r["key"]: r["requests"] for r in by_key["rows"]} == {"a": 2, "b": 2}
-    assert all(set(r) == {"key"} | ROW_FIELDS for r in by_key["rows"])
+    assert all(set(r) == {"key", "key_id"} | ROW_FIELDS for r in by_key["rows"])
     only = _usage(http, since=since, key="b", model=ANTHROPIC_MODEL, group_by="model,key")
     assert only["group_by"] == ["key", "model"]
     assert [(r["key"], r["model"], r["requests"]) for r in only["rows"]] == [

@@ -62,3 +62,19 @@ def test_without_a_recipe_or_a_password_the_login_is_the_operators(tmp_path: Pat
     path.write_text(CONFIG.replace("attempts = 2", "attempts = 0"))
     with pytest.raises(ConfigError, match="attempts"):
         load_settings(str(path), ENV)
+
+
+def test_login_timeout_and_probe_interval(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(CONFIG)
+    [w] = load_settings(str(path), ENV).workers
+    assert (w.login_timeout, w.login_probe_interval) == (600.0, 60.0)
+    path.write_text(CONFIG.replace('bundle_env = "A_BUNDLE"',
+                                   'bundle_env = "A_BUNDLE"\nlogin_timeout = 30\n'
+                                   'login_probe_interval = 5'))
+    [w] = load_settings(str(path), ENV).workers
+    assert (w.login_timeout, w.login_probe_interval) == (30.0, 5.0)
+    path.write_text(CONFIG.replace('bundle_env = "A_BUNDLE"',
+                                   'bundle_env = "A_BUNDLE"\nlogin_timeout = 0'))
+    with pytest.raises(ConfigError, match="login_timeout"):
+        load_settings(str(path), ENV)

@@ -197,3 +197,60 @@ def test_account_modules_follow_the_package_direction(module: str, forbidden: se
         elif isinstance(node, ast.Import):
             imports.update(alias.name.split(".")[0] for alias in node.names)
     assert imports and not imports & forbidden
+
+
+def _qwen_bundle(files: dict[str, bytes]) -> bytes:
+    return pack({"manifest.json": manifest(files, "qwen"), **files})
+
+
+def test_import_replaces_the_whole_login_and_keeps_the_rest(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".qwen" / "projects").mkdir(parents=True)
+    (home / ".qwen" / "settings.json").write_text('{"security": {"auth": {"apiKey": "old"}}}')
+    (home / ".qwen" / ".env").write_text("OPENAI_API_KEY=sk-previous-account\n")
+    (home / ".env").write_text("OPENAI_API_KEY=sk-previous-account\n")
+    (home / ".qwen" / "projects" / "notes.txt").write_text("not a login file")
+    new = {".qwen/settings.json": b'{"security": {"auth": {"apiKey": "new"}}}'}
+    import_bundle(_qwen_bundle(new), "qwen", home)
+    assert (home / ".qwen" / "settings.json").read_bytes() == new[".qwen/settings.json"]
+    assert not (home / ".qwen" / ".env").exists() and not (home / ".env").exists()
+    assert (home / ".qwen" / "projects" / "notes.txt").exists()
+    # claude: the previous account's settings.json (an apiKeyHelper, say) goes too
+    claude = tmp_path / "claude"
+    claude.mkdir()
+    (claude / "settings.json").write_text('{"apiKeyHelper": "/previous/helper"}')
+    import_bundle(pack(good()), "claude", claude)
+    assert sorted(os.listdir(claude)) == [".claude.json", ".credentials.json"]
+
+
+def _links(tmp_path: Path) -> list[tuple[str, Path]]:
+    """Homes with a link somewhere on the way; each case: (what, home)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim").write_text("untouched")
+    cases = []
+    real = tmp_path / "real-home"
+    real.mkdir()
+    home = tmp_path / "linked-home"
+    home.symlink_to(real)
+    cases.append(("the worker's home is a link", home))
+    inner = tmp_path / "inner"
+    (inner / "elsewhere").mkdir(parents=True)
+    (inner / ".qwen").symlink_to(inner / "elsewhere")  # inside the home, still a link
+    cases.append((".qwen/settings.json: .qwen", inner))
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    (stale / ".env").symlink_to(outside / "victim")  # a file the import would delete
+    cases.append((".env: the home has a link", stale))
+    return cases
+
+
+def test_a_home_with_a_link_on_the_way_is_refused_and_nothing_is_touched(tmp_path: Path) -> None:
+    data = _qwen_bundle({".qwen/settings.json": b"{}"})
+    for message, home in _links(tmp_path):
+        before = snapshot(tmp_path)
+        with pytest.raises(BundleError, match="link") as info:
+            import_bundle(data, "qwen", home)
+        assert message in str(info.value), (message, str(info.value))
+        assert snapshot(tmp_path) == before, message
+    assert (tmp_path / "outside" / "victim").read_text() == "untouched"

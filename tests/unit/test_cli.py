@@ -83,6 +83,18 @@ def test_check_config_needs_the_upstream_secret(tmp_path: Path, capsys: pytest.C
     assert "CLI_TEST_UPSTREAM_KEY is not set" in capsys.readouterr().out
 
 
+def test_check_config_names_an_agent_worker_without_a_sandbox(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap, no setpriv here
+    worker = (f'[[workers]]\nname = "claude-a"\nkind = "cli"\ncli = "claude"\n'
+              f'models = ["m"]\nhome = "{tmp_path / "home"}"\nmode = "agent"\n'
+              f'sandbox = "bwrap"\n')
+    assert main(["check-config", config(tmp_path, worker)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("workers[0].sandbox: worker claude-a: agent mode needs a sandbox")
+    assert "bwrap is not on PATH" in out
+
+
 def test_check_config_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check-config", str(tmp_path / "nope.toml")]) == 1
     assert "config file not found" in capsys.readouterr().out

@@ -263,3 +263,67 @@ def test_a_logged_out_account_is_ready_again_only_with_changed_credentials():
         await host.aclose()
 
     run(go())
+
+
+class SlowToDie(ScriptedConversation):
+    """A conversation whose process takes a while to be killed and reaped."""
+
+    async def close(self) -> None:
+        await self.driver.reaped.wait()
+        self.closed = True
+
+
+class SlowDriver(ScriptedDriver):
+    def __init__(self, script: list[list]) -> None:
+        super().__init__(script)
+        self.reaped = asyncio.Event()
+        self.peak = 0  # most conversations not yet closed at one time
+
+    async def open(self, setup: ConversationSetup) -> ScriptedConversation:
+        await asyncio.sleep(0.01)  # spawning takes time: concurrent first turns overlap here
+        conv = SlowToDie(self, setup)
+        self.opened.append(conv)
+        self.peak = max(self.peak, sum(not c.closed for c in self.opened))
+        return conv
+
+
+def test_a_dying_conversation_keeps_its_room_until_it_is_dead():
+    async def go() -> None:
+        driver = SlowDriver([[TurnFailed("upstream", "boom")], _said("next")])
+        host = _host(driver, max_conversations=1)
+        await host.start()
+        first = asyncio.ensure_future(_collect(host, _request(_user("fails"))))
+        await asyncio.sleep(0.05)  # it failed; its process is being killed
+        second = asyncio.ensure_future(_collect(host, _request(_user("new"))))
+        await asyncio.sleep(0.05)
+        assert len(driver.opened) == 1 and not second.done()  # waits for the room
+        driver.reaped.set()
+        with pytest.raises(UpstreamUnavailable):
+            await first
+        assert (await second)[1] == TextDelta("next")
+        assert driver.peak == 1
+        await host.aclose()
+
+    async def main() -> None:
+        async with asyncio.timeout(5):
+            await go()
+
+    run(main())
+
+
+def test_concurrent_first_turns_never_open_more_than_max_conversations():
+    async def go() -> None:
+        driver = SlowDriver([_said(str(i)) for i in range(8)])
+        driver.reaped.set()
+        host = _host(driver, max_conversations=4)
+        await host.start()
+        results = await asyncio.gather(*(_collect(host, _request(_user(f"q{i}")))
+                                         for i in range(8)), return_exceptions=True)
+        served = [r for r in results if isinstance(r, list)]
+        refused = [r for r in results if isinstance(r, Overloaded)]
+        assert len(served) + len(refused) == 8 and served
+        assert driver.peak <= 4, driver.peak
+        assert (await host.status())["conversations"] <= 4
+        await host.aclose()
+
+    run(go())

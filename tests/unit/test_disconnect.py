@@ -57,6 +57,7 @@ async def test_an_early_disconnect_is_noticed_at_once() -> None:
     client, gone = Client(), []
     client.push("http.disconnect")
     DisconnectWatch(client.receive, lambda: gone.append(1), asyncio.get_running_loop())
+    await asyncio.sleep(0)  # driven from the next loop turn on, outside this task
     assert gone == [1]
 
 
@@ -94,3 +95,31 @@ async def test_bare_yields_and_a_failing_receive() -> None:
     DisconnectWatch(failing, lambda: gone.append(2), asyncio.get_running_loop())
     await _settle()
     assert gone == [1]  # no disconnect reported; the watch just ends
+
+
+async def test_a_receive_that_needs_a_task_gets_one() -> None:
+    import structlog
+
+    client, gone = Client(), []
+
+    async def in_a_timeout() -> dict[str, Any]:
+        async with asyncio.timeout(None):  # RuntimeError outside a task
+            return await client.receive()
+
+    loop = asyncio.get_running_loop()
+    with structlog.testing.capture_logs() as logs:
+        DisconnectWatch(in_a_timeout, lambda: gone.append(1), loop)
+        await _settle()
+        client.push("http.disconnect")
+        await _settle()
+        assert gone == [1]
+        closed = DisconnectWatch(in_a_timeout, lambda: gone.append(2), loop)  # a task at once
+        await _settle()
+        assert client.calls == 2
+        closed.close()
+        await _settle()
+        assert client.unwound == 2  # the task's receive() was cancelled
+        client.push("http.disconnect")
+        await _settle()
+        assert gone == [1]
+    assert [(e["event"], e["log_level"]) for e in logs] == [("stream.watch_fallback", "warning")]

@@ -115,3 +115,13 @@ def test_token_gate(case: str, token: object, presented: str | None, ok: bool, c
     assert gate.check(presented) is ok
     assert gate.closed is closed
     assert "tok" not in repr(gate)
+
+
+def test_a_secret_another_name_holds_is_refused_without_naming_it():
+    ring = KeyRing({"team-a": "sk-a"})
+    with pytest.raises(ValueError) as info:
+        ring.add("team-b", digest("sk-a"))
+    assert "team-b" in str(info.value) and "team-a" not in str(info.value)
+    assert ring.identify("sk-a") == "team-a" and ring.names == ("team-a",)
+    ring.add("team-a", digest("sk-a"))  # the same name again: a no-op, not a clash
+    assert ring.identify("sk-a") == "team-a"

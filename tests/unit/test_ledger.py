@@ -34,11 +34,12 @@ def test_grouped_rows_have_only_their_fields(ledger) -> None:
     _fill(ledger)
     rows = ledger.usage()
     assert rows == [
-        {"key": "a", "model": "m1", "day": "2026-11-23", "requests": 2, "input_tokens": 30,
-         "output_tokens": 12, "cached_tokens": 2, "errors": 0},
-        {"key": "a", "model": "m2", "day": "2026-11-23", "requests": 1, "input_tokens": 0,
-         "output_tokens": 0, "cached_tokens": 0, "errors": 1},
-        {"key": "b", "model": "m1", "day": "2026-11-24", "requests": 2, "input_tokens": 2,
+        {"key": "a", "key_id": "a", "model": "m1", "day": "2026-11-23", "requests": 2,
+         "input_tokens": 30, "output_tokens": 12, "cached_tokens": 2, "errors": 0},
+        {"key": "a", "key_id": "a", "model": "m2", "day": "2026-11-23", "requests": 1,
+         "input_tokens": 0, "output_tokens": 0, "cached_tokens": 0, "errors": 1},
+        {"key": "b", "key_id": "b", "model": "m1", "day": "2026-11-24", "requests": 2,
+         "input_tokens": 2,
          "output_tokens": 1, "cached_tokens": 0, "errors": 1},  # a client leaving is no error
     ]
     assert ledger.usage(group_by=["day"]) == [
@@ -81,7 +82,8 @@ def test_file_survives_reopening_and_keys_are_stored(tmp_path) -> None:
     ledger = UsageLedger(db, flush_interval=0.05)
     ledger.add(DAY1, "a", "m1", "w", 3, 4, 0, 200, None)
     keys = KeyStore(db)
-    keys.create("team", b"\x01" * 32, {"rpm": 5})
+    team = keys.create("team", b"\x01" * 32, {"rpm": 5})
+    assert team.id.startswith("key:")
     with pytest.raises(KeyExists):
         keys.create("team", b"\x02" * 32, {})
     assert keys.update("team", {"rpm": 6}) and not keys.update("nobody", {})
@@ -92,9 +94,9 @@ def test_file_survives_reopening_and_keys_are_stored(tmp_path) -> None:
     again = UsageLedger(db)
     assert again.usage(group_by=["key"])[0]["output_tokens"] == 4
     stored = KeyStore(db).all()
-    assert [(k.name, k.digest, dict(k.policy)) for k in stored] == [("team", b"\x01" * 32,
-                                                                      {"rpm": 6})]
-    assert KeyStore(db).delete("team") and not KeyStore(db).delete("team")
+    assert [(k.id, k.name, k.digest, dict(k.policy)) for k in stored] == [
+        (team.id, "team", b"\x01" * 32, {"rpm": 6})]
+    assert KeyStore(db).delete("team") == team.id and KeyStore(db).delete("team") is None
     again.close()
     db.close()
 

@@ -102,3 +102,19 @@ def test_forget_and_unlimited_policy() -> None:
 def test_model_globs(patterns, model, allowed) -> None:
     assert model_allowed(patterns, model) is allowed
     assert KeyPolicy("k", models=patterns).allows(model) is allowed
+
+
+def test_budget_floor_never_lowered_and_refuses_alone() -> None:
+    clock = Clock(T0)
+    limits = MemoryLimits(clock)
+    policy = KeyPolicy("a", rpm=1000, budget_day=100, budget_month=1000)
+    assert limits.over_budget(policy) is None  # nothing known of the key yet
+    run(limits.rebuild({"a": (120, 500)}))
+    limits.raise_to("a", 50, 50)  # a lower answer (a flushed Redis) changes nothing
+    assert limits.budget_used("a") == (120, 500)
+    refusal = limits.over_budget(policy)
+    assert refusal is not None and refusal.limit == "budget_day" and refusal.budget == 100
+    assert limits.over_budget(KeyPolicy("a", rpm=1)) is None  # no budget: never refused by it
+    clock.now += 60  # the next UTC day (and month): the day's floor starts again
+    assert limits.budget_used("a") == (0, 0)
+    assert limits.over_budget(policy) is None

@@ -73,6 +73,18 @@ async def test_delete() -> None:
     assert store.stats()["items"] == 1 and store.stats()["bytes"] == size(entry("r2"))
 
 
+async def test_delete_owner_drops_only_that_keys_entries() -> None:
+    store = MemoryResponseStore()
+    await store.put(entry("a1", owner="key:a"))
+    await store.put(entry("a2", owner="key:a"))
+    await store.put(entry("b1", owner="key:b"))
+    assert await store.delete_owner("key:a") == 2
+    assert await store.get("a1") is None and await store.get("b1") is not None
+    assert store.stats()["items"] == 1 and store.stats()["owners"] == 1
+    assert store.stats()["bytes"] == size(entry("b1", owner="key:b"))
+    assert await store.delete_owner("key:a") == 0
+
+
 async def test_count_bound_evicts_oldest_first() -> None:
     store = MemoryResponseStore(max_items=3)
     for k in range(5):

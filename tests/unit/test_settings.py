@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -173,6 +175,7 @@ INVALID = [
     ("shared api key", {"server": {"api_keys": {"a": "s", "b": "s"}}},
      "server.api_keys: api keys 'a' and 'b' have the same secret"),
     ("bad key name", {"server": {"api_keys": {"a b": "s"}}}, "server.api_keys: api key name 'a b' must be"),
+    ("bad replica id", {"server": {"replica_id": "a:b"}}, "server.replica_id: String should match"),
     ("local without engine", {"workers": [{"name": "l", "kind": "local"}]},
      "workers[0]: a local worker needs an engine"),
     ("local without model", {"workers": [{"name": "l", "kind": "local", "engine": "vllm"}]},
@@ -449,3 +452,54 @@ def test_redis_url_from_the_file_or_poolgate_redis_url(tmp_path) -> None:
     assert load_settings(None, env).server.redis_timeout == 0.1
     with pytest.raises(ConfigError, match="redis_url"):
         load_settings(None, {"POOLGATE_REDIS_URL": "http://redis:6379"})
+
+
+def _cli(name: str, home: str) -> dict:
+    return {"name": name, "kind": "cli", "cli": "claude", "models": ["m"], "home": home}
+
+
+def test_two_cli_workers_may_not_share_a_home(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    cases = [
+        (str(tmp_path / "a"), str(tmp_path / "a" / "."), "the same home"),
+        (str(tmp_path / "real"), str(tmp_path / "link"), "the same home"),
+        (str(tmp_path / "a"), str(tmp_path / "a" / "workspace" / "b"), "nested homes"),
+    ]
+    for first, second, how in cases:
+        path = tmp_path / "c.toml"
+        path.write_text(toml_workers([_cli("acct-one", first), _cli("acct-two", second)]))
+        with pytest.raises(ConfigError) as info:
+            load_settings(str(path), {})
+        text = str(info.value)
+        assert "'acct-one' and 'acct-two' share " + how in text, text
+    path.write_text(toml_workers([_cli("acct-one", str(tmp_path / "a")),
+                                  _cli("acct-two", str(tmp_path / "ab"))]))
+    assert len(load_settings(str(path), {}).workers) == 2
+
+
+def toml_workers(workers: list[dict]) -> str:
+    lines = []
+    for w in workers:
+        lines.append("[[workers]]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in w.items()]
+    return "\n".join(lines) + "\n"
+
+
+def test_two_key_names_may_not_share_a_secret_whichever_table(tmp_path: Path) -> None:
+    path = tmp_path / "k.toml"
+    path.write_text('[server.api_keys]\nplain = "sk-same"\n'
+                    '[server.keys.team]\nsecret_env = "TEAM_KEY"\n')
+    with pytest.raises(ConfigError) as info:
+        load_settings(str(path), {"TEAM_KEY": "sk-same"})
+    assert "keys 'plain' and 'team' have the same secret" in str(info.value)
+    assert "sk-same" not in str(info.value)
+
+
+def test_replica_ids_are_distinct_by_default() -> None:
+    from app.replicas import default_replica_id
+
+    assert load_settings(None, {}, {"server": {"replica_id": "gw-1.east"}}).server.replica_id == \
+        "gw-1.east"
+    ids = {default_replica_id() for _ in range(3)}  # several replicas on one host too
+    assert len(ids) == 3 and all(re.fullmatch(r"[A-Za-z0-9._-]{1,64}", i) for i in ids)
