@@ -106,7 +106,7 @@ class Accounts:
 
     # --- the state machines -----------------------------------------------------------
 
-    def attach(self, pool: Any, logins: Any) -> None:
+    def attach(self, pool: Any, logins: Any, observer: Any = None) -> None:
         """One :class:`~pool.cli.account.Account` per cli worker: every action on
         an account (admin or automatic) goes through it."""
         for name, config in self.configs.items():
@@ -114,7 +114,7 @@ class Accounts:
             spec = worker.cli_spec
             worker.account = self.machines[name] = Account(
                 worker, logins, AccountFiles(config, worker), login_timeout=spec.login_timeout,
-                probe_interval=spec.login_probe_interval)
+                probe_interval=spec.login_probe_interval, observer=observer)
 
     async def aclose(self) -> None:
         """End every login under way (their CLI processes and locks with them)."""

@@ -2,6 +2,9 @@
 
 OpenAI: ``{"error": {"message", "type", "param", "code"}}``.
 Anthropic: ``{"type": "error", "error": {"type", "message"}}``; overload is 529.
+Gemini (Google APIs): ``{"error": {"code", "message", "status", "details"}}``, the
+status a ``google.rpc.Code`` name; a rejected field is named in the message and
+in a ``google.rpc.BadRequest`` field violation; overload is 503 ``UNAVAILABLE``.
 """
 
 from __future__ import annotations
@@ -12,8 +15,8 @@ import orjson
 
 from pool.errors import GatewayError
 
-__all__ = ["openai_error", "anthropic_error", "error_body", "error_status", "error_headers",
-           "openai_error_frame", "anthropic_error_frame"]
+__all__ = ["openai_error", "anthropic_error", "google_error", "error_body", "error_status",
+           "error_headers", "openai_error_frame", "anthropic_error_frame", "google_error_frame"]
 
 # neutral kind -> (OpenAI error.type, OpenAI error.code)
 _OPENAI = {
@@ -44,9 +47,25 @@ _ANTHROPIC = {
 }
 
 
+# neutral kind -> google.rpc.Code name
+_GOOGLE = {
+    "invalid_request": "INVALID_ARGUMENT",
+    "authentication": "UNAUTHENTICATED",
+    "permission": "PERMISSION_DENIED",
+    "not_found": "NOT_FOUND",
+    "request_too_large": "INVALID_ARGUMENT",
+    "rate_limit": "RESOURCE_EXHAUSTED",
+    "overloaded": "UNAVAILABLE",
+    "upstream": "UNAVAILABLE",
+    "timeout": "DEADLINE_EXCEEDED",
+    "internal": "INTERNAL",
+}
+_OVERLOADED = {"anthropic": 529, "gemini": 503}
+
+
 def error_status(exc: GatewayError, dialect: str) -> int:
     if exc.kind == "overloaded":
-        return 529 if dialect == "anthropic" else 429
+        return _OVERLOADED.get(dialect, 429)
     return exc.status
 
 
@@ -61,8 +80,20 @@ def anthropic_error(exc: GatewayError) -> dict[str, Any]:
             "error": {"type": _ANTHROPIC.get(exc.kind, "api_error"), "message": exc.message}}
 
 
+def google_error(exc: GatewayError) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": error_status(exc, "gemini"), "message": exc.message,
+                             "status": _GOOGLE.get(exc.kind, "INTERNAL")}
+    if exc.param:
+        error["details"] = [{"@type": "type.googleapis.com/google.rpc.BadRequest",
+                             "fieldViolations": [{"field": exc.param,
+                                                  "description": exc.message}]}]
+    return {"error": error}
+
+
 def error_body(exc: GatewayError, dialect: str) -> dict[str, Any]:
-    return anthropic_error(exc) if dialect == "anthropic" else openai_error(exc)
+    if dialect == "anthropic":
+        return anthropic_error(exc)
+    return google_error(exc) if dialect == "gemini" else openai_error(exc)
 
 
 def error_headers(exc: GatewayError) -> dict[str, str]:
@@ -81,3 +112,9 @@ def openai_error_frame(exc: GatewayError) -> bytes:
 
 def anthropic_error_frame(exc: GatewayError) -> bytes:
     return b"event: error\ndata: " + orjson.dumps(anthropic_error(exc)) + b"\n\n"
+
+
+def google_error_frame(exc: GatewayError) -> bytes:
+    """A Gemini SSE stream's failure: one ``data:`` frame holding the error
+    envelope, which the google-genai SDK raises as an ``APIError``."""
+    return b"data: " + orjson.dumps(google_error(exc)) + b"\n\n"

@@ -33,6 +33,7 @@ from pool.remote.lean_check import self_test as lean_self_test
 from pool.remote.policy import PassPolicy
 
 from .accounts import Accounts
+from .alerts import AccountAlerts, Alerts
 from .gateway import Gateway
 from .hot import GatewayApp, HotRoute, hot_table, unhandled
 from .logins import Logins
@@ -42,8 +43,8 @@ from .observability import Metrics
 from .pool_metrics import PoolCollector
 from .replicas import Drains, build_stores
 from .runtime_workers import RuntimeWorkers
-from .routes import (accounts as account_routes, chat, keys as key_routes, models, ops, responses,
-                     worker_admin)
+from .routes import (accounts as account_routes, chat, gemini, keys as key_routes, models, ops,
+                     responses, worker_admin)
 from .routes.ui import UI_PATH, UI_STATIC_PATH, OperatorPage
 from .worker_settings import EMBEDDED_SAMPLING
 from .state import apply_policy, open_state, rebuild_budgets
@@ -54,6 +55,9 @@ __all__ = ["create_app", "worker_specs", "remote_spec"]
 log = structlog.get_logger("poolgate")
 
 DEMO_MODELS = {"openai": ("demo",), "anthropic": ("demo-claude",)}
+#: seconds between re-reads of the ledger's budget totals while Redis is down
+#: (a shared database: what the other replicas charged meanwhile)
+BUDGET_RESEED = 2.0
 
 
 def _secret(value: Any) -> str | None:
@@ -191,6 +195,8 @@ def create_app(settings: Any) -> Starlette:
     gw.metrics.registry.register(PoolCollector(gw.metrics_snapshot))
     gw.accounts = Accounts.from_settings(settings)
     gw.logins = Logins(gw.accounts, gw.metrics.registry, settings.environment, locks=gw.locks)
+    alerts = Alerts(settings.alerts, gw.metrics.registry)
+    gw.logins.alerts = gw.teams.alerts = alerts
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -211,12 +217,17 @@ def create_app(settings: Any) -> Starlette:
                             for spec in specs],
                            default_model=settings.routing.default_model)
             gw.logins.pool = gw.pool
-            gw.accounts.attach(gw.pool, gw.logins)
+            gw.accounts.attach(gw.pool, gw.logins, AccountAlerts(alerts))
             await gw.pool.start()
             stack.push_async_callback(gw.pool.aclose)
             stack.push_async_callback(gw.accounts.aclose)
             watcher = asyncio.ensure_future(gw.logins.watch())
             stack.callback(watcher.cancel)
+            if alerts.receivers:  # posted by their own tasks, never on a request's path
+                alerts.start()
+                stack.push_async_callback(alerts.aclose)
+                crashes = asyncio.ensure_future(alerts.watch_workers(lambda: gw.pool.workers))
+                stack.callback(crashes.cancel)
             await _open_runtime_workers(gw, settings, stores.workers, stack)
             probes = asyncio.ensure_future(gw.pool.probe_forever(server.health_interval))
             stack.callback(probes.cancel)
@@ -237,6 +248,9 @@ def create_app(settings: Any) -> Starlette:
     )]
     routes = [
         *(Route(r.path, r, methods=[r.method], name=r.handler.__name__) for r in hot),
+        # Gemini methods (the model in the path) are dispatched by the middleware only
+        Route("/v1beta/models", gemini.list_models, methods=["GET"]),
+        Route("/v1beta/models/{model_id:path}", gemini.get_model, methods=["GET"]),
         Route("/v1/responses/{response_id}", responses.get_response, methods=["GET"]),
         Route("/v1/responses/{response_id}", responses.delete_response, methods=["DELETE"]),
         Route("/v1/responses/{response_id}/input_items", responses.list_input_items,
@@ -274,7 +288,7 @@ def create_app(settings: Any) -> Starlette:
         Route(UI_PATH, operator_page.page, methods=["GET", "HEAD"]),
         Route(UI_STATIC_PATH, operator_page.asset, methods=["GET", "HEAD"]),
     ]
-    table = hot_table(hot)
+    table = hot_table([*hot, *gemini.hot_routes(gw)])
 
     def front(app: Any) -> GatewayMiddleware:
         return GatewayMiddleware(app, keys=keys, max_body_bytes=server.max_body_bytes,
@@ -337,7 +351,9 @@ async def _start_redis(gw: Gateway, stack: contextlib.AsyncExitStack) -> None:
         if gw.pool.workers:
             await gw.drains.sync(gw)
 
-    watch = asyncio.ensure_future(link.watch(tick, on_down=partial(rebuild_budgets, gw)))
+    # while Redis is down the shared ledger is how a replica learns the others' charges
+    watch = asyncio.ensure_future(link.watch(tick, on_down=partial(rebuild_budgets, gw),
+                                             down_every=BUDGET_RESEED))
     stack.callback(watch.cancel)
 
 

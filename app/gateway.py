@@ -11,6 +11,7 @@ from auth.keys import KeyRing, TokenGate
 from auth.limits import MemoryLimits
 from pool.admission import AdmissionGuard, Lease
 from pool.cli.history import request_prefix_hash
+from pool.errors import NotFound
 from pool.model import ChatRequest
 from pool.pool import Pool
 from pool.worker import Worker
@@ -23,9 +24,10 @@ from sessions.shared import MemoryDrainedSet, MemoryLocks
 from sessions.upstream import MemoryUpstreamSessions, SessionIndex
 
 from . import access_log
+from .observability import current_request
 from .record import RequestRecord
 from .replicas import Drains
-from .teams import Teams
+from .teams import Teams, model_not_found
 
 __all__ = ["Gateway"]
 
@@ -74,12 +76,21 @@ class Gateway:
         the global, per-key and per-worker limits (waiting up to the
         deadline), and the worker the model's policy picks among the free ones
         (``prefer`` first when it is free)."""
-        workers, routed = self.pool.eligible(chat, exclude)
+        try:
+            workers, routed = self.pool.eligible(chat, exclude)
+        except NotFound as exc:
+            if exc.code != "model_not_found":
+                raise
+            raise self.unknown_model(key, chat.model) from None
+        # in flight by the key's id: a new key with an old name holds none of the old one's slots
+        key_id = self.keyring.id_of(key)
         if any(w.kind == "cli" for w in workers):
             # cli workers keep per-team state (conversations) by the key (the only
             # readers of key_name): its id, so a new key with an old name inherits
             # nothing; a copy of the request for them, none on the hot path
-            routed = replace(routed, key_name=self.keyring.id_of(key))
+            record = current_request.get()
+            routed = replace(routed, key_name=key_id,
+                             request_id=record.request_id if record is not None else None)
             if prefer is None:
                 prefix = request_prefix_hash(routed)  # the cli worker holding this conversation
                 if prefix is not None:
@@ -93,30 +104,46 @@ class Gateway:
                 for worker in free:
                     if worker.name == prefer:
                         return worker
-            session, _source = owned_session_key(self.keyring.id_of(key), routed, headers)
+            session, _source = owned_session_key(key_id, routed, headers)
             return await policy.choose(routed, session, free)
 
         teams = self.teams
         if teams.slots is not None and key in teams.policies:  # no Redis for the others
-            await teams.take_slot(key)  # the key's max_in_flight, across the replicas
+            shared = await teams.take_slot(key, key_id)  # the key's max_in_flight, across replicas
             try:
-                lease = await self.admission.acquire(key=key, workers=workers, choose=choose)
+                lease = await self.admission.acquire(key=key_id, workers=workers, choose=choose)
             except BaseException:
-                teams.slots.give_back(key)
+                if shared:
+                    teams.slots.give_back(key_id)
                 raise
+            lease.shared_slot = shared  # given back at the end only if taken (a PATCH may come between)
         else:
-            lease = await self.admission.acquire(key=key, workers=workers, choose=choose)
+            lease = await self.admission.acquire(key=key_id, workers=workers, choose=choose)
         policy.placed(routed, lease.worker)
         self.pool.acquire(lease.worker)
         self.metrics.in_flight_started(lease.worker.name)
         return lease, routed
+
+    async def admit_key(self, key: str, model: str) -> None:
+        """The key's policy for one request: its models (else a 404 naming
+        those it has), its rate and its budget."""
+        try:
+            await self.teams.admit(key, model)
+        except NotFound:
+            raise self.unknown_model(key, model) from None
+
+    def unknown_model(self, key: str, model: str) -> NotFound:
+        """The 404 for ``model``, naming the models ``key`` may use (as
+        ``/v1/models`` lists them for it)."""
+        return model_not_found(model, [entry.id for entry in self.pool.models()
+                                       if self.teams.sees(key, entry.id)])
 
     def release(self, lease: Lease) -> None:
         if not lease.released:
             lease.release()
             self.pool.release(lease.worker)
             self.metrics.in_flight_finished(lease.worker.name)
-            if self.teams.slots is not None:
+            if lease.shared_slot:
                 self.teams.slots.give_back(lease.key)
 
     def background(self, work: Any) -> None:
@@ -190,12 +217,12 @@ class Gateway:
         """Charge an answered inference request to its key's windows and ledger."""
         tokens_in = record.tokens_in or 0
         tokens_out = record.tokens_out or 0
-        if record.worker is not None:
+        key_id = record.key_id  # the key that asked, also if its name was given to another since
+        if record.worker is not None and self.keyring.id_of(record.key) == key_id:
             self.teams.charge(record.key, tokens_in + tokens_out)
         if self.ledger is not None:
             self.ledger.add(time.time(), record.key, model, record.worker, tokens_in, tokens_out,
-                            record.tokens_cached or 0, record.status, record.error,
-                            self.keyring.id_of(record.key))
+                            record.tokens_cached or 0, record.status, record.error, key_id)
 
     def finish(self, record: RequestRecord) -> None:
         """The end of every HTTP request: one access log line, the metrics."""

@@ -27,7 +27,7 @@ def add_join_parser(commands: Any) -> None:
     join_cmd.add_argument("--gateway", required=True, metavar="URL",
                           help="the gateway's base URL, e.g. http://poolgate:8000")
     join_cmd.add_argument("--name", required=True)
-    join_cmd.add_argument("--dialect", required=True, choices=("openai", "anthropic"))
+    join_cmd.add_argument("--dialect", required=True, choices=("openai", "anthropic", "gemini"))
     join_cmd.add_argument("--url", required=True, metavar="URL",
                           help="OpenAI base URL with /v1, or the Anthropic root")
     join_cmd.add_argument("--model", action="append", required=True, dest="models",

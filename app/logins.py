@@ -96,6 +96,7 @@ class Logins:
         self.records: dict[str, LoginRecord] = {}
         self._pasted: dict[str, asyncio.Queue[str]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self.alerts: Any = None  # app.alerts.Alerts, set by create_app
         self.started = Counter("poolgate_logins_started", "Logins started.",
                                ["worker", "mode"], registry=registry)
         self.succeeded = Counter("poolgate_logins_succeeded", "Logins that ended logged in.",
@@ -135,9 +136,18 @@ class Logins:
         record.set(state="cancelled" if reason == "cancelled" else "failed", reason=reason,
                    last_error=message, finished_at=time.time(), pid=None)
         self.failed.labels(record.worker, reason).inc()
+        if reason != "cancelled":  # an operator's cancel is no failure
+            self._alert_failed(record, reason)
         if record.started_at is not None:
             self.duration.labels(reason).observe(time.time() - record.started_at)
         log.warning("accounts.login_ended", worker=record.worker, reason=reason)
+
+    def _alert_failed(self, record: LoginRecord, reason: str) -> None:
+        """``login_failed``: one alert per failed attempt (each one an operator acts on)."""
+        if self.alerts is not None:
+            self.alerts.notify("login_failed", "worker", record.worker, "login_failed",
+                               once=f"{record.started_at}:{record.attempt}",
+                               details={"reason": reason, "attempt": record.attempt})
 
     async def answer(self, record: LoginRecord, stage: str) -> dict[str, Any]:
         if stage == "started":  # answer with the URL when there is one
@@ -274,6 +284,7 @@ class Logins:
         record.set(last_error=message, reason=reason, page_text=getattr(exc, "page_text", None),
                    screenshot=shot if shot is not None else record.screenshot)
         self.failed.labels(record.worker, reason).inc()
+        self._alert_failed(record, reason)
         log.warning("accounts.login_failed", worker=record.worker, reason=reason,
                     attempt=record.attempt, error=message)
         return retry and record.auto

@@ -24,6 +24,7 @@ from pool.errors import AuthenticationFailed, GatewayError, NotFound, PayloadToo
 
 from .access import ADMIN, CLIENT, METRICS, PUBLIC, required_credential, route_path
 from .errors import error_body, error_status
+from .gemini_paths import google_key, method_route, wants_gemini
 from .hot import Incoming, raw_headers
 from .http import random_hex
 from .observability import current_request
@@ -82,6 +83,8 @@ class GatewayMiddleware:
         path = route_path(scope)
         record = RequestRecord(request_id, scope["method"], path, started)
         record.anthropic_version = b"anthropic-version" in raw
+        if wants_gemini(path, raw):
+            record.dialect = "gemini"  # its refusals below are in Google's shape
         scope.setdefault("state", {})["record"] = record
         current_request.set(record)  # its id and key go into every line logged meanwhile
         send_with_id = _SendWithId(send, record)
@@ -89,6 +92,9 @@ class GatewayMiddleware:
         try:
             error = self._admit(scope, path, record, raw)
             route = self.hot.get((scope["method"], path))
+            if route is None and ":" in path:  # a Gemini method: the model is in the path
+                wild = method_route(path)
+                route = self.hot.get((scope["method"], wild)) if wild is not None else None
             if error is not None:
                 await self._reject(error, record, send_with_id)
             elif route is None:
@@ -133,12 +139,19 @@ class GatewayMiddleware:
                 return AuthenticationFailed(
                     "/metrics needs the metrics token as 'Authorization: Bearer <token>'.")
         elif needed == CLIENT and self.keys.enabled:
-            name = self.keys.identify(extract_key_from_raw(raw))
+            gemini = record.dialect == "gemini"
+            presented = extract_key_from_raw(raw)
+            if gemini and presented is None:
+                presented = google_key(raw, scope)
+            name = self.keys.identify(presented)
             if name is None:
                 return AuthenticationFailed(
+                    "Invalid or missing API key. Send it as 'x-goog-api-key: <key>', "
+                    "'?key=<key>' or 'Authorization: Bearer <key>'." if gemini else
                     "Invalid or missing API key. Send it as 'Authorization: Bearer <key>' "
                     "or 'x-api-key: <key>'.")
             record.key = name
+            record.key_id = self.keys.id_of(name)
         content_length = raw.get(b"content-length")
         if content_length is not None:
             try:

@@ -9,7 +9,7 @@ class RequestRecord:
     """Filled in as a request goes: the middleware sets the envelope, the route
     the dialect, model and worker, the stream its tokens and outcome."""
 
-    __slots__ = ("request_id", "method", "path", "status", "key", "dialect", "model", "worker",
+    __slots__ = ("request_id", "method", "path", "status", "key", "key_id", "dialect", "model", "worker",
                  "tokens_in", "tokens_out", "tokens_cached", "ttft", "error", "disconnected", "duration",
                  "anthropic_version", "stream", "started")
 
@@ -20,6 +20,7 @@ class RequestRecord:
         self.path = path
         self.status = 0
         self.key = "anonymous"
+        self.key_id = "anonymous"  # the key's id when it was authenticated (its name may be reused)
         self.dialect: str | None = None
         self.model: str | None = None
         self.worker: str | None = None
@@ -34,6 +35,8 @@ class RequestRecord:
         self.stream = False
 
     def error_dialect(self) -> str:
+        if self.dialect == "gemini":
+            return "gemini"
         if self.path.startswith("/v1/messages"):
             return "anthropic"
         if self.anthropic_version and self.path.startswith("/v1/models"):

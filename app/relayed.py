@@ -16,20 +16,24 @@ from starlette.responses import Response
 from pool.errors import GatewayError
 from pool.model import ChatRequest, Event
 
-from .errors import anthropic_error_frame, openai_error_frame
+from .errors import anthropic_error_frame, google_error_frame, openai_error_frame
 from .record import RequestRecord
 
 __all__ = ["relay_for", "RelayedEncoder", "BodyResponse", "record_body"]
 
 _COMMENT_PING = b": ping\n\n"
+_BLANK_LINE = b"\n"
 _DONE = b"data: [DONE]\n\n"
 
 
-def relay_for(worker: Any, routed: ChatRequest, chat: ChatRequest, finalize: Any) -> Any:
+def relay_for(worker: Any, routed: ChatRequest, chat: ChatRequest, finalize: Any,
+              dialect: Any = None) -> Any:
     """The worker's relay for this request, or ``None`` (the canonical path):
     only workers that forward (``remote`` ones), and only when nothing needs
-    the canonical answer (a stored Responses request's ``finalize``)."""
-    if finalize is not None:
+    the canonical answer (a stored Responses request's ``finalize``) and the
+    client's ``dialect`` takes the upstream's frames (not Gemini's JSON-array
+    stream: ``forwards = False``)."""
+    if finalize is not None or not getattr(dialect, "forwards", True):
         return None
     relay = getattr(worker, "relay", None)
     return relay(routed, chat.model) if relay is not None else None
@@ -43,13 +47,13 @@ class RelayedEncoder:
     replaces an upstream's). Canonical events (an upstream that did not stream)
     go to the dialect's own encoder, built then."""
 
-    __slots__ = ("_make", "_inner", "relay", "anthropic")
+    __slots__ = ("_make", "_inner", "relay", "dialect")
 
-    def __init__(self, make: Callable[[], Any], relay: Any, *, anthropic: bool) -> None:
+    def __init__(self, make: Callable[[], Any], relay: Any, *, dialect: str) -> None:
         self._make: Callable[[], Any] | None = make  # the dialect's encoder, built when needed
         self._inner: Any = None
         self.relay = relay
-        self.anthropic = anthropic
+        self.dialect = dialect  # the client's (ChatRequest.dialect)
 
     def forwarding(self) -> None:
         """The stream is forwarded (its first frames went through): the
@@ -70,8 +74,11 @@ class RelayedEncoder:
     def ping(self) -> bytes:
         # A comment, also for Anthropic: the ping timer may fire between the
         # relay taking the upstream's message_start and the pump sending it,
-        # and no event may precede message_start. SSE parsers skip comments.
-        return self._inner.ping() if self._inner is not None else _COMMENT_PING
+        # and no event may precede message_start. SSE parsers skip comments;
+        # google-genai reads any line but ``data:`` as JSON: a blank line for it.
+        if self._inner is not None:
+            return self._inner.ping()
+        return _BLANK_LINE if self.dialect == "gemini" else _COMMENT_PING
 
     def close(self) -> bytes:
         # forwarded: the upstream's terminal frame went through (else the relay raised)
@@ -80,8 +87,10 @@ class RelayedEncoder:
     def fail(self, exc: GatewayError) -> bytes:
         if not self.relay.forwarded:
             return self.inner.fail(exc)
-        if self.anthropic:
+        if self.dialect == "anthropic":
             return anthropic_error_frame(exc)
+        if self.dialect == "gemini":
+            return google_error_frame(exc)
         return openai_error_frame(exc) + _DONE
 
 

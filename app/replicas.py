@@ -9,7 +9,9 @@ the shared set; every replica polls the set with the health probe (every
 A change made while Redis is down is kept and written when it returns, and
 after an outage each replica writes its drains again (Redis may come back
 empty); a resume made elsewhere while this replica could not reach Redis is
-then undone here, the safe direction for a drain.
+then undone here, the safe direction for a drain. A cli worker's drain or
+resume from the shared set goes through its account's state machine, as an
+operator's does (deferred to the next sync while the account refuses it).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 import structlog
 
 from auth.limits import MemoryLimits
+from pool.errors import Conflict
 from sessions.bindings import MemoryBindingStore
 from sessions.redis_bindings import RedisBindingStore, RedisUpstreamSessions
 from sessions.redis_limits import RedisLimits
@@ -142,9 +145,26 @@ class Drains:
             if leaving is not None and leaving(name):
                 continue  # on its way out of the pool: it stays drained whatever the set says
             if (name in names) != (name in self.here):
-                apply(gw, worker, name in names)
-                (self.here.add if name in names else self.here.discard)(name)
-                log.info("replicas.drain_synced", worker=name, drained=name in names)
+                await self._follow(gw, worker, name in names)
+
+    async def _follow(self, gw: Any, worker: Any, drained: bool) -> None:
+        """Another replica's drain or resume, here: a cli worker's through its
+        account's state machine (one action at a time; refused now, as during
+        a bundle import, it is tried again at the next sync)."""
+        async def follow() -> None:
+            apply(gw, worker, drained)
+            (self.here.add if drained else self.here.discard)(worker.name)
+            log.info("replicas.drain_synced", worker=worker.name, drained=drained)
+
+        account = getattr(worker, "account", None)
+        if account is None:
+            await follow()
+            return
+        try:
+            await (account.drain if drained else account.resume)(follow)
+        except Conflict as exc:
+            log.info("replicas.drain_deferred", worker=worker.name, drained=drained,
+                     reason=str(exc))
 
 
 def apply(gw: Any, worker: Any, drained: bool) -> None:

@@ -27,6 +27,7 @@ from pydantic_settings.sources.utils import parse_env_vars
 from auth.keys import ANONYMOUS
 
 from .account_settings import missing_account_secrets, resolve_account
+from .alert_settings import AlertSettings, missing_alert_secrets, resolve_alert_secrets
 from .key_settings import KeySettings, missing_key_secrets, resolve_key_secrets
 from .worker_settings import (
     DEFAULT_LOCAL_MODEL, DEFAULT_WORKER, EMBEDDED_SAMPLING, SamplingDefaultsSettings, WorkerSettings,
@@ -256,6 +257,7 @@ class Settings(BaseSettings):
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     cli_sessions: CliSessionSettings = Field(default_factory=CliSessionSettings)
     workers: tuple[WorkerSettings, ...] = ()
+    alerts: tuple[AlertSettings, ...] = ()  # [[alerts]]: signed webhooks (app/alerts.py)
 
     @classmethod
     def settings_customise_sources(
@@ -324,6 +326,7 @@ def load_settings(config_path: str | None, environ: Mapping[str, str], overrides
     data = _merge(data, overrides or {})
     problems.extend(_missing_worker_secrets(data, environ))
     problems.extend(missing_key_secrets(data.get("server"), environ))
+    problems.extend(missing_alert_secrets(data.get("alerts"), environ))
     try:
         settings = Settings.model_validate(data)
     except ValidationError as exc:
@@ -520,7 +523,8 @@ def _resolve_secrets(settings: Settings, environ: Mapping[str, str]) -> Settings
         server = ServerSettings.model_validate({**server.model_dump(), **update})
     except ValidationError as exc:
         raise ConfigError([_format_error(err) for err in exc.errors()]) from None
-    resolved = settings.model_copy(update={"server": server, "workers": workers})
+    resolved = settings.model_copy(update={"server": server, "workers": workers,
+                                           "alerts": resolve_alert_secrets(settings.alerts, environ)})
     resolved._environment = dict(environ)
     return resolved
 

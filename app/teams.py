@@ -13,14 +13,14 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
-from auth.limits import KeyPolicy, LimitStore, Refusal
+from auth.limits import KeyPolicy, LimitStore, Refusal, month_number
 from pool.admission import KeyLimitExceeded
 from pool.errors import GatewayError, NotFound
 
 __all__ = ["Teams", "RateLimited", "policy_from_settings", "policy_from_mapping",
-           "policy_as_mapping", "model_not_found", "refusal_headers"]
+           "policy_as_mapping", "model_not_found", "refusal_headers", "LISTED_MODELS"]
 
 _BUDGET_NAMES = {"budget_day": "daily", "budget_month": "monthly"}
 
@@ -38,10 +38,24 @@ class RateLimited(GatewayError):
         self.headers = headers
 
 
-def model_not_found(model: str) -> NotFound:
-    """The same 404 the pool gives a model nobody serves."""
-    return NotFound(f"The model '{model}' does not exist or is not served here.",
-                    param="model", code="model_not_found")
+#: served models an unknown-model error names at most
+LISTED_MODELS = 20
+
+
+def model_not_found(model: str, served: Sequence[str] | None = None) -> NotFound:
+    """The 404 for a model nobody serves (or the key may not use); ``served``,
+    when given, the models the key may use, named in the message (the first
+    :data:`LISTED_MODELS`, then how many more)."""
+    message = f"The model '{model}' does not exist or is not served here."
+    if served is not None:
+        if not served:
+            message += " No model is served to this API key."
+        else:
+            more = len(served) - LISTED_MODELS
+            message += (" Models served to this API key: " + ", ".join(served[:LISTED_MODELS])
+                        + (f" and {more} more (GET /v1/models lists them all)." if more > 0
+                           else "."))
+    return NotFound(message, param="model", code="model_not_found")
 
 
 def policy_from_mapping(name: str, policy: Any) -> KeyPolicy:
@@ -128,6 +142,7 @@ class Teams:
         self.limits = limits
         self.slots = slots  # sessions.redis_slots.RedisSlots with Redis, else None
         self.max_wait = max_wait  # how long a request waits for one of its key's slots
+        self.alerts: Any = None  # app.alerts.Alerts, set by create_app
 
     def set_policy(self, policy: KeyPolicy) -> None:
         self.policies[policy.name] = policy
@@ -151,28 +166,38 @@ class Teams:
         if policy.limited:
             refusal = await self.limits.admit(policy)
             if refusal is not None:
+                if refusal.limit in _BUDGET_NAMES and self.alerts is not None:
+                    # once per budget window, however many requests it refuses
+                    self.alerts.notify(
+                        "key_over_budget", "key", key, "over_budget",
+                        once=f"{refusal.limit}:{refusal.resets_at:.0f}",
+                        details={"budget": _BUDGET_NAMES[refusal.limit],
+                                 "budget_tokens": refusal.budget,
+                                 "resets_at": _iso(refusal.resets_at)})
                 raise _refusal_error(key, refusal, time.time())
 
-    async def take_slot(self, key: str) -> None:
-        """One of the key's ``max_in_flight`` slots shared by the replicas,
+    async def take_slot(self, key: str, key_id: str) -> bool:
+        """One of the ``max_in_flight`` slots of ``key`` (counted under its
+        ``key_id``) shared by the replicas,
         waiting up to ``max_wait`` for one that a request here hands over or,
         looking again at growing intervals up to 0.25 s, one that another
-        replica gave back; raise :class:`KeyLimitExceeded` after that."""
+        replica gave back; raise :class:`KeyLimitExceeded` after that. False
+        when the key has no such limit (no slot taken, none to give back)."""
         policy = self.policies.get(key)
         limit = policy.max_in_flight if policy is not None else None
         slots = self.slots
         if limit is None or slots is None:
-            return
-        if await slots.take(key, limit):
-            return
+            return False
+        if await slots.take(key_id, limit):
+            return True
         loop = asyncio.get_running_loop()
         deadline, pause = loop.time() + self.max_wait, 0.02
         while (left := deadline - loop.time()) > 0:
-            if await slots.wait(key, min(pause, left)):
-                return
+            if await slots.wait(key_id, min(pause, left)):
+                return True
             pause = min(pause * 2, 0.25)
-            if await slots.take(key, limit):
-                return
+            if await slots.take(key_id, limit):
+                return True
         raise KeyLimitExceeded(f"This API key already has {limit} requests in flight; "
                                "retry when one finishes.", code="rate_limit_exceeded",
                                retry_after=1.0)
@@ -182,3 +207,23 @@ class Teams:
         policy = self.policies.get(key)
         if policy is not None and policy.limited and tokens > 0:
             self.limits.charge(key, tokens)
+            if self.alerts is not None and self.alerts.wants("key_near_budget"):
+                self._near_budget(policy)
+
+    def _near_budget(self, policy: KeyPolicy) -> None:
+        """``key_near_budget`` once per budget window, from the counters this
+        replica keeps (a store that keeps none, Redis, tells only over budget)."""
+        used = getattr(self.limits, "budget_used", None)
+        if used is None:
+            return
+        now = time.time()
+        day_used, month_used = used(policy.name)
+        for limit, budget, spent, window in (
+                ("budget_day", policy.budget_day, day_used, int(now // 86400)),
+                ("budget_month", policy.budget_month, month_used, month_number(now))):
+            if budget:
+                self.alerts.notify(
+                    "key_near_budget", "key", policy.name, "near_budget",
+                    once=f"{limit}:{window}", percent=100.0 * spent / budget,
+                    details={"budget": _BUDGET_NAMES[limit], "budget_tokens": budget,
+                             "used_tokens": spent})

@@ -40,7 +40,7 @@ class WorkerSettings(BaseModel):
     name: str
     kind: Literal["remote", "process", "local", "cli"] = "remote"
     # remote: an HTTP endpoint
-    dialect: Literal["openai", "anthropic"] | None = None
+    dialect: Literal["openai", "anthropic", "gemini"] | None = None
     url: str | None = None
     # process: a worker program of ours, supervised, speaking poolgate's worker protocol
     # (cli: the vendor binary, default found on PATH)
@@ -67,7 +67,7 @@ class WorkerSettings(BaseModel):
     sampling_defaults: SamplingDefaultsSettings | None = None
     python: str | None = None  # the interpreter whose environment has the engine
     # cli: a vendor coding CLI, one account per worker (see docs/cli-workers.md)
-    cli: Literal["claude", "codex", "qwen", "jsonrpc"] | None = None
+    cli: Literal["claude", "codex", "qwen", "gemini", "jsonrpc"] | None = None
     home: str | None = None  # the account's config home (CLAUDE_CONFIG_DIR / CODEX_HOME / HOME)
     mode: Literal["chat", "agent"] = "chat"
     max_conversations: int = Field(4, gt=0)  # processes (claude, qwen) or threads (codex) kept warm

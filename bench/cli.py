@@ -160,7 +160,10 @@ class DirectQwen(DirectStreamJson):
         home.mkdir(parents=True, exist_ok=True)
         driver.account.write()
         argv = QwenConversation(driver, ConversationSetup(model=MODEL, system=SYSTEM)).argv()
-        super().__init__(argv, driver.env(), Path(config.cwd))
+        env = driver.env()  # the system prompt as the driver gives it: a file, never argv
+        (home / "system.md").write_text(SYSTEM)
+        env["QWEN_SYSTEM_MD"] = str(home / "system.md")
+        super().__init__(argv, env, Path(config.cwd))
 
 
 class DirectClaude(DirectStreamJson):

@@ -102,10 +102,18 @@ def request_parts(a: argparse.Namespace) -> tuple[str, bytes, dict[str, str]]:
     if a.api == "anthropic":
         headers.update({"x-api-key": a.api_key, "anthropic-version": "2023-06-01"})
         path = "/v1/messages"
+    if a.api == "gemini":  # the Gemini API (poolgate only: upstreams speak chat)
+        body = {"contents": [{"role": "user", "parts": [{"text": a.prompt}]}],
+                "generationConfig": {"maxOutputTokens": a.max_tokens}}
+        headers = {"content-type": "application/json", "x-goog-api-key": a.api_key}
+        path = (f"/v1beta/models/{a.model}:streamGenerateContent?alt=sse" if a.mode == "stream"
+                else f"/v1beta/models/{a.model}:generateContent")
     return a.url.rstrip("/") + path, json.dumps(body).encode(), headers
 
 
 def output_tokens(data: bytes, api: str) -> int:
+    if api == "gemini":
+        return json_loads(data)["usageMetadata"]["candidatesTokenCount"]
     usage = json_loads(data)["usage"]
     return usage["completion_tokens"] if api == "openai" else usage["output_tokens"]
 
@@ -126,9 +134,13 @@ async def one_nonstream(s: aiohttp.ClientSession, a, url, body, headers, t: Tall
     t.chunks.append(n)
 
 
-def is_content(line: bytes, anthropic: bool, responses: bool = False) -> bool:
+def is_content(line: bytes, anthropic: bool, responses: bool = False,
+               gemini: bool = False) -> bool:
     if responses:
         return b'"response.output_text.delta"' in line
+    if gemini:  # a chunk with a non-empty text part (the last one holds an empty one)
+        at = line.find(b'"text":')
+        return at >= 0 and not line.startswith(b'""', at + 7)
     if anthropic:
         return b'"text_delta"' in line
     # a non-empty "content" string in an OpenAI delta, without parsing the JSON
@@ -142,8 +154,10 @@ def is_content(line: bytes, anthropic: bool, responses: bool = False) -> bool:
 async def one_stream(s: aiohttp.ClientSession, a, url, body, headers, t: Tally) -> None:
     anthropic = a.api == "anthropic"
     responses = a.api == "responses"
+    gemini = a.api == "gemini"
     terminals = ((b'"message_stop"',) if anthropic else
                  (b'"response.completed"', b'"response.incomplete"') if responses else
+                 (b'"finishReason"',) if gemini else
                  (b"data: [DONE]",))
     t0 = time.perf_counter()
     first = last = None
@@ -167,7 +181,7 @@ async def one_stream(s: aiohttp.ClientSession, a, url, body, headers, t: Tally) 
                     continue
                 if any(t in line for t in terminals):
                     finished = True
-                elif is_content(line, anthropic, responses):
+                elif is_content(line, anthropic, responses, gemini):
                     n += 1
                     if first is None:
                         first = now
@@ -243,7 +257,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", required=True, help="server root, e.g. http://127.0.0.1:8000")
-    ap.add_argument("--api", choices=("openai", "anthropic", "responses"), default="openai")
+    ap.add_argument("--api", choices=("openai", "anthropic", "responses", "gemini"),
+                    default="openai")
     ap.add_argument("--mode", choices=("nonstream", "stream"), default="nonstream")
     ap.add_argument("-c", "--concurrency", type=int, default=16)
     ap.add_argument("-d", "--duration", type=float, default=10.0, help="seconds (at most 600)")

@@ -8,7 +8,8 @@ key; the usage ledger in ``state_dir``), judged per row on its rounds pooled
 - non-stream: poolgate's requests per gateway CPU-second ≥ 0.9 × the floor's on
   ``ns_c16`` and ``msg_c16``, ≥ 0.75 × when poolgate translates (``msg_xl_c16``:
   Anthropic client, OpenAI upstream; the floor cannot translate, so its row is
-  the floor forwarding the same request to the upstream's own ``/v1/messages``);
+  the floor forwarding the same request to the upstream's own ``/v1/messages``;
+  ``gem_xl_c16``: a Gemini client, the floor sending chat completions);
 - streams: poolgate's CPU per stream ≤ 1.2 × the floor's (every SSE scenario);
 - open streams (bench/open_streams.py): ≤ 20 KiB RSS per open stream, and a new
   request's TTFT p50 within 5 ms of the floor's under the same load.
@@ -38,6 +39,8 @@ TARGETS: dict[str, Target] = {
     "msgst_c16": Target("cpu", 1.2),
     "msgst_xl_c16": Target("cpu", 1.2),
     "resst_c16": Target("cpu", 1.2),
+    "gem_xl_c16": Target("per_core", 0.75),
+    "gemst_xl_c16": Target("cpu", 1.2),
 }
 OPEN_STREAMS_KIB, OPEN_STREAMS_TTFT_MS = 20.0, 5.0
 
@@ -152,8 +155,9 @@ LEGEND = (
     "runs); upstream = `ok` when the upstream saw as many requests as poolgate completed (≤ c "
     "more in flight at the deadline); errors = failed requests + chunk-count mismatches, all "
     "three runs. `_xl_` rows: poolgate translates to the OpenAI upstream, the floor forwards the "
-    "same request to the upstream's own `/v1/messages` (it cannot translate); `resst_c16`: "
-    "direct and floor send chat completions (the upstream has no Responses API).")
+    "same request to the upstream's own `/v1/messages` (it cannot translate); `resst_c16` and "
+    "the `gem` rows: direct and floor send chat completions (the upstream has no Responses or "
+    "Gemini API).")
 
 
 def _open_row(target: str, r: dict, floor: dict | None) -> str:

@@ -78,6 +78,11 @@ SCENARIOS = {
     # completions, so the ratio is poolgate's Responses stream vs a direct chat stream.
     "resst_c16": Scenario("responses", "stream", 16, "mock-gpt", 64,
                           "responses → OpenAI upstream, SSE, 64 chunks"),
+    # Gemini clients: likewise "direct" is chat completions at the upstream
+    "gem_xl_c16": Scenario("gemini", "nonstream", 16, "mock-gpt", 16,
+                           "gemini → OpenAI upstream, non-stream"),
+    "gemst_xl_c16": Scenario("gemini", "stream", 16, "mock-gpt", 64,
+                             "gemini → OpenAI upstream, SSE, 64 chunks"),
 }
 
 
@@ -197,7 +202,7 @@ def measure(name: str, sc: Scenario, target: str, url: str, args, ctx: dict,
     out_dir: Path = ctx["out"]
     if round_no:
         name = f"{name}-r{round_no + 1}"
-    if target in ("direct", "floor") and sc.api == "responses":
+    if target in ("direct", "floor") and sc.api in ("responses", "gemini"):
         sc = replace(sc, api="openai")  # the upstream's nearest equivalent
     if args.warmup > 0:
         run_loadgen(ctx["py"], url, sc, args.warmup, ctx["cpu_load"], out_dir / f"warm-{name}-{target}.json")

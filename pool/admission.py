@@ -55,7 +55,7 @@ def _ready(worker: Worker) -> bool:
 class Lease:
     """One admitted request on ``worker``; ``release()`` frees its slot, once."""
 
-    __slots__ = ("worker", "key", "waited", "granted", "_guard")
+    __slots__ = ("worker", "key", "waited", "granted", "shared_slot", "_guard")
 
     def __init__(self, guard: AdmissionGuard | None, worker: Worker, key: str,
                  waited: float) -> None:
@@ -64,6 +64,7 @@ class Lease:
         self.key = key
         self.waited = waited  # seconds spent queued before admission (0.0 when admitted at once)
         self.granted = time.monotonic()
+        self.shared_slot = False  # the caller also holds a slot counted across replicas
 
     @property
     def released(self) -> bool:

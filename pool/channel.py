@@ -17,7 +17,8 @@ import structlog
 from .errors import GatewayError, UpstreamTimeout, WorkerCrashed
 from .model import ChatRequest, Event
 from .supervisor import ChildGone, ChildUnhealthy
-from .wire import FrameDecoder, error_from_dict, event_from_dict, frame, request_to_dict
+from .wire import (REASON_MAX, FrameDecoder, error_from_dict, event_from_dict, frame,
+                   request_to_dict)
 
 __all__ = ["Call", "Incarnation", "WINDOW"]
 
@@ -133,6 +134,7 @@ class Incarnation(asyncio.Protocol):
         self._results: dict[int, asyncio.Future[object]] = {}
         self._ids = itertools.count(1)
         self._closed = False
+        self.refused: str | None = None  # why the child refused to start, if it said so
 
     # --- asyncio.Protocol ---------------------------------------------------------------
 
@@ -183,6 +185,9 @@ class Incarnation(asyncio.Protocol):
                         fut.set_result(None)
             elif op == "ready" and not self._ready.done():
                 self._ready.set_result(None)
+            elif op == "refused" and not self._ready.done():
+                self.refused = str(msg.get("reason") or "")[:REASON_MAX]
+                self._fail_all(f"worker {self.name} refused to start: {self.refused}")
 
     # --- Child ----------------------------------------------------------------------------
 

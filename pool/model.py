@@ -40,7 +40,8 @@ __all__ = [
     "Completion", "Dialect", "Role",
 ]
 
-Dialect = Literal["openai_chat", "anthropic", "openai_responses", "openai_completions", "native"]
+Dialect = Literal["openai_chat", "anthropic", "openai_responses", "openai_completions", "native",
+                  "gemini"]
 Role = Literal["system", "developer", "user", "assistant"]
 FinishReason = Literal["stop", "length", "tool_calls", "stop_sequence", "content_filter"]
 
@@ -186,6 +187,9 @@ class ChatRequest:
     # state (upstream sessions of cli workers) is keyed by it; the gateway sets it
     # on requests that may go to a cli worker
     key_name: str | None = None
+    # the gateway's id of the HTTP request (``x-request-id``), set with ``key_name``:
+    # a cli worker names it in the errors it reports to the client
+    request_id: str | None = None
     # the client's body as received (never mutated), for same-dialect pass-through
     raw: Mapping[str, Any] = field(default_factory=dict)
     # client headers a same-dialect upstream should see (``anthropic-beta``,

@@ -48,7 +48,8 @@ class ChildUnhealthy(ChildGone):
 
 
 class Child(Protocol):
-    """One incarnation of a supervised process."""
+    """One incarnation of a supervised process (it may also carry ``refused``: why
+    it said it cannot start)."""
 
     pid: int
 
@@ -76,9 +77,11 @@ class ExitInfo:
     at: float             # wall-clock time (time.time())
     reason: str           # "exited", "hung", "unhealthy", "not_ready", "stopped", "restart",
                           # "spawn_failed", "supervisor_error"
+    detail: str | None = None  # why, in the child's words, when it refused to start
 
     def as_dict(self) -> dict[str, object]:
-        return {"code": self.code, "signal": self.signal, "at": self.at, "reason": self.reason}
+        return {"code": self.code, "signal": self.signal, "at": self.at, "reason": self.reason,
+                "detail": self.detail}
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +95,11 @@ class SupervisorPolicy:
     crash_loop_window: float = 60.0
     stop_timeout: float = 10.0
     jitter: float = 0.1   # each delay is scaled by a uniform factor in [1-jitter, 1+jitter]
+
+
+def refused(child: Child) -> str | None:
+    """Why ``child`` said it cannot start (a ``refused`` frame), if it did."""
+    return getattr(child, "refused", None)
 
 
 _Outcome = Literal["exited", "hung", "unhealthy", "restart"]
@@ -218,8 +226,8 @@ class Supervisor:
             code = await self._terminate(child)
         else:
             self.state = WorkerState.UNHEALTHY
-            code = await self._kill(child)
-        self._record(code, reason)
+            code = await (self._await_exit(child) if refused(child) else self._kill(child))
+        self._record(code, reason, detail=refused(child))
         self.child = None
         self.restarts += 1
         if reason == "restart":
@@ -305,6 +313,17 @@ class Supervisor:
         child.gone()
         return code
 
+    async def _await_exit(self, child: Child) -> int:
+        """A child that refused to start exits by itself (its code says so); killed if not."""
+        try:
+            async with asyncio.timeout(self.policy.stop_timeout):
+                code = await child.wait()
+        except TimeoutError:
+            child.signal(signal.SIGKILL)
+            code = await child.wait()
+        child.gone()
+        return code
+
     async def _terminate(self, child: Child) -> int:
         child.signal(signal.SIGTERM)
         try:
@@ -317,13 +336,14 @@ class Supervisor:
         child.gone()
         return code
 
-    def _record(self, code: int | None, reason: str, *, failure: bool = True) -> None:
+    def _record(self, code: int | None, reason: str, *, failure: bool = True,
+                detail: str | None = None) -> None:
         if code is None:
-            info = ExitInfo(None, None, time.time(), reason)
+            info = ExitInfo(None, None, time.time(), reason, detail)
         elif code < 0:
-            info = ExitInfo(None, -code, time.time(), reason)
+            info = ExitInfo(None, -code, time.time(), reason, detail)
         else:
-            info = ExitInfo(code, None, time.time(), reason)
+            info = ExitInfo(code, None, time.time(), reason, detail)
         self.last_exit = info
         if not failure or reason in ("restart", "stopped"):
             return

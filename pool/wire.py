@@ -6,7 +6,8 @@ Requests are multiplexed by ``id`` (an int chosen by the gateway):
 
 gateway → child: ``{"op": "request", "id", "request", "window"}``, ``{"op": "cancel",
 "id"}``, ``{"op": "ping", "id"}``, ``{"op": "credit", "id", "n"}``.
-child → gateway: ``{"op": "ready"}`` (once, after start-up), ``{"op": "event", "id",
+child → gateway: ``{"op": "ready"}`` (once, after start-up) or ``{"op": "refused",
+"reason"}`` (it cannot run as configured, and exits), ``{"op": "event", "id",
 "event"}``, ``{"op": "end", "id"}``, ``{"op": "error", "id", "kind", "status",
 "message", "code", "param"}``, ``{"op": "pong", "id"}``.
 
@@ -38,9 +39,12 @@ from .errors import (AuthenticationFailed, BadRequest, EngineFailed, EngineUnava
                      GatewayError, InternalError, NotFound, Overloaded, PayloadTooLarge, PermissionDenied, UpstreamError,
                      UpstreamTimeout, UpstreamUnavailable)
 
+#: how much of a ``refused`` frame's reason the gateway keeps (shown in /internal/workers)
+REASON_MAX = 500
+
 __all__ = ["encode", "decode", "event_to_dict", "event_from_dict", "request_to_dict",
            "request_from_dict", "frame", "FrameDecoder", "error_to_dict", "error_from_dict",
-           "MAX_FRAME"]
+           "MAX_FRAME", "REASON_MAX"]
 
 MAX_FRAME = 64 * 1024 * 1024  # a request with inline images can be large; beyond this is a bug
 _HEADER = struct.Struct(">I")

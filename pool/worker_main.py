@@ -29,6 +29,7 @@ reason it returns goes back with the pong: the gateway replaces the worker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import os
 import signal
@@ -41,7 +42,8 @@ import structlog
 
 from .errors import GatewayError
 from .model import ChatRequest, Event, TextDelta
-from .wire import FrameDecoder, error_to_dict, event_to_dict, frame, request_from_dict
+from .wire import (REASON_MAX, FrameDecoder, error_to_dict, event_to_dict, frame,
+                   request_from_dict)
 
 __all__ = ["run", "serve", "guard_parent", "Handler", "HealthCheck", "ENV_SOCKET_FD",
            "ENV_WATCHDOG_FD"]
@@ -58,6 +60,7 @@ CallHandler = Callable[[Any], Awaitable[Any]]
 #: why the worker cannot serve now, or None when it can; must answer promptly
 HealthCheck = Callable[[], Awaitable[str | None]]
 log = structlog.get_logger("pool.worker_main")
+
 
 
 def run(handler: Handler, *, setup: Callable[[], Awaitable[None]] | None = None,
@@ -92,15 +95,23 @@ def _watch(fd: int) -> None:
 async def serve(handler: Handler, *, setup: Callable[[], Awaitable[None]] | None = None,
                 sock: socket.socket | None = None, handle_sigterm: bool = True,
                 calls: dict[str, CallHandler] | None = None,
-                health: HealthCheck | None = None) -> None:
+                health: HealthCheck | None = None,
+                refused: tuple[type[BaseException], ...] = ()) -> None:
     """Serve the protocol on ``sock`` (default: the fd the gateway passed) until
     the gateway closes it or SIGTERM arrives (unless ``handle_sigterm`` is false:
-    then SIGTERM is the program's business)."""
+    then SIGTERM is the program's business). A ``setup`` that raises one of
+    ``refused`` (the worker cannot run as configured) tells the gateway why
+    (``{"op": "refused", "reason"}``, shown in its ``last_exit``) before it raises on."""
     if sock is None:
         sock = socket.socket(fileno=int(os.environ[ENV_SOCKET_FD]))
     sock.set_inheritable(False)  # grandchildren must not keep the gateway's EOF away
     if setup is not None:
-        await setup()
+        try:
+            await setup()
+        except refused as exc:
+            with contextlib.suppress(OSError):
+                sock.sendall(frame({"op": "refused", "reason": str(exc)[:REASON_MAX]}))
+            raise
     loop = asyncio.get_running_loop()
     server = _Server(handler, loop, calls or {}, health)
     await loop.create_connection(lambda: server, sock=sock)

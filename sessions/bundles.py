@@ -47,12 +47,15 @@ BUNDLE_FILES: Mapping[str, tuple[str, ...]] = {
     "claude": (".credentials.json", ".claude.json", "settings.json"),
     "codex": ("auth.json", "config.toml"),
     "qwen": (".qwen/settings.json", ".qwen/.env", ".env"),
+    "gemini": (".gemini/oauth_creds.json", ".gemini/google_accounts.json",
+               ".gemini/settings.json", ".gemini/.env", ".env"),
 }
 #: a home is logged in (as far as files tell) when one of these exists
 CREDENTIAL_FILES: Mapping[str, tuple[str, ...]] = {
     "claude": (".credentials.json",),
     "codex": ("auth.json",),
     "qwen": (".qwen/settings.json", ".qwen/.env", ".env"),
+    "gemini": (".gemini/oauth_creds.json", ".gemini/.env", ".env"),
 }
 MANIFEST = "manifest.json"
 MAX_FILES = 64

@@ -104,16 +104,19 @@ class RedisLink:
         return True
 
     async def watch(self, on_tick: Callable[[], Awaitable[Any]] | None = None,
-                    on_down: Callable[[], Awaitable[Any]] | None = None) -> None:
+                    on_down: Callable[[], Awaitable[Any]] | None = None,
+                    down_every: float | None = None) -> None:
         """Forever: ping, then ``on_tick()`` while up (shared state to poll);
-        ``on_down()`` once per outage, at the first ping that finds it down."""
-        seen = -1  # the outage on_down was called for
+        ``on_down()`` at the first ping that finds it down and, with
+        ``down_every``, again every that many seconds while it stays down."""
+        seen, last = -1, 0.0  # the outage on_down was called for, and when
         while True:
             call = None
             if await self.ping():
                 call = on_tick
-            elif on_down is not None and seen != self.outages:
-                seen, call = self.outages, on_down
+            elif on_down is not None and (seen != self.outages or (
+                    down_every is not None and time.monotonic() - last >= down_every)):
+                seen, last, call = self.outages, time.monotonic(), on_down
             if call is not None:
                 try:
                     await call()

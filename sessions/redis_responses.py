@@ -5,12 +5,16 @@ serialised entry ``d``, the id it continued ``p`` and its owner ``o``, with a
 time to live of ``max_age`` (the age bound, kept by Redis itself). The
 bookkeeping for the count and byte bounds lives in ``rs:*``: each owner's
 entries by storage time (a sorted set), each entry's owner and size, each
-owner's count and bytes, and the totals. One script stores an entry and
+owner's count and bytes, and the totals; and the item index: each owner's
+item ids (``rs:idx:<owner>``, item id -> the response that first stored it)
+with each entry's item ids (``rs:items``), so an entry leaves the index when
+it is dropped, however it goes. One script stores an entry and
 evicts, by the same rule as :class:`~sessions.responses.MemoryResponseStore`
 (the oldest entry of the owner holding the most: bytes when the byte bound is
 hit, entries when the count bound is) whichever replica writes; another
-follows a ``previous_response_id`` chain server-side. Each request costs one
-round trip. Times are Redis's (``TIME``), so replicas' clocks do not matter.
+follows a ``previous_response_id`` chain server-side; a third resolves
+``item_reference`` ids through the index. Each request costs one round
+trip. Times are Redis's (``TIME``), so replicas' clocks do not matter.
 
 Entries that expired by time to live stay in the bookkeeping until their
 owner next stores (they are reaped then) or until eviction reaches them;
@@ -24,10 +28,10 @@ without the others disagreeing about it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from .redis_link import RedisDown, RedisLink, StoreUnavailable
-from .responses import MAX_CHAIN, StoredResponse, dumps, loads
+from .responses import MAX_CHAIN, StoredResponse, dumps, item_ids, loads, pick_items
 
 __all__ = ["RedisResponseStore"]
 
@@ -42,6 +46,15 @@ local function drop(rid)
   local sz = tonumber(redis.call('HGET', B .. 'size', rid) or '0')
   redis.call('HDEL', B .. 'owner', rid)
   redis.call('HDEL', B .. 'size', rid)
+  local items = redis.call('HGET', B .. 'items', rid)
+  if items then
+    for _, iid in ipairs(cjson.decode(items)) do
+      if redis.call('HGET', B .. 'idx:' .. o, iid) == rid then
+        redis.call('HDEL', B .. 'idx:' .. o, iid)
+      end
+    end
+    redis.call('HDEL', B .. 'items', rid)
+  end
   redis.call('ZREM', B .. 'own:' .. o, rid)
   local live = redis.call('DEL', E .. rid)
   if redis.call('HINCRBY', B .. 'count', o, -1) <= 0 then
@@ -56,8 +69,8 @@ local function drop(rid)
 end
 """
 
-# ARGV: id, owner, size, data, previous id ('' = none), max_items, max_bytes, max_age (ms)
-# -> {stored (1/0), evicted, expired}
+# ARGV: id, owner, size, data, previous id ('' = none), max_items, max_bytes, max_age (ms),
+# then the entry's item ids -> {stored (1/0), evicted, expired}
 _PUT = _COMMON + """
 local id, owner, size = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local max_items, max_bytes, max_age = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -97,6 +110,14 @@ redis.call('HINCRBY', B .. 'count', owner, 1)
 redis.call('HINCRBY', B .. 'bytes', owner, size)
 redis.call('HINCRBY', B .. 'total', 'count', 1)
 redis.call('HINCRBY', B .. 'total', 'bytes', size)
+if #ARGV > 8 then
+  local items = {}
+  for i = 9, #ARGV do
+    items[#items + 1] = ARGV[i]
+    redis.call('HSETNX', B .. 'idx:' .. owner, ARGV[i], id)
+  end
+  redis.call('HSET', B .. 'items', id, cjson.encode(items))
+end
 return {1, evicted, expired}
 """
 
@@ -113,7 +134,7 @@ for _, rid in ipairs(redis.call('ZRANGE', B .. 'own:' .. ARGV[1], 0, -1)) do
   drop(rid)
   n = n + 1
 end
-redis.call('DEL', B .. 'own:' .. ARGV[1])
+redis.call('DEL', B .. 'own:' .. ARGV[1], B .. 'idx:' .. ARGV[1])
 return n
 """
 
@@ -133,6 +154,25 @@ while true do
 end
 """
 
+# KEYS as for _COMMON; ARGV: owner, item ids -> {the response id holding each item ('' =
+# none), the entries of those responses (each once, as stored): id, data, id, data, ...}
+_ITEMS = """
+local index, out, entries, seen = KEYS[2] .. 'idx:' .. ARGV[1], {}, {}, {}
+for i = 2, #ARGV do
+  local rid = redis.call('HGET', index, ARGV[i])
+  out[#out + 1] = rid or ''
+  if rid and not seen[rid] then
+    seen[rid] = true
+    local data = redis.call('HGET', KEYS[1] .. rid, 'd')
+    if data then
+      entries[#entries + 1] = rid
+      entries[#entries + 1] = data
+    end
+  end
+end
+return {out, entries}
+"""
+
 
 class RedisResponseStore:
     """:class:`~sessions.responses.ResponseStore` in Redis (see the module doc)."""
@@ -150,6 +190,7 @@ class RedisResponseStore:
         self._delete = client.register_script(_DELETE)
         self._chain = client.register_script(_CHAIN)
         self._delete_owner = client.register_script(_DELETE_OWNER)
+        self._items = client.register_script(_ITEMS)
         self._counts = {"stored": 0, "evicted": 0, "expired": 0, "rejected": 0, "unavailable": 0}
 
     @property
@@ -171,7 +212,7 @@ class RedisResponseStore:
         max_items, max_bytes, max_age = self._limits
         stored, evicted, expired = await self._call(lambda: self._put(keys=self._keys, args=[
             item.id, item.owner, len(data), data, item.previous_id or "",
-            max_items, max_bytes, max_age]))
+            max_items, max_bytes, max_age, *item_ids(item)]))
         counts = self._counts
         counts["stored" if stored else "rejected"] += 1
         counts["evicted"] += evicted
@@ -194,7 +235,21 @@ class RedisResponseStore:
             missing = missing.decode()
         return [loads(data) for data in found], (missing or None)
 
+    async def get_items(self, owner: str,
+                        wanted: Sequence[str]) -> dict[str, Mapping[str, Any]]:
+        if not wanted:
+            return {}
+        where, flat = await self._call(lambda: self._items(keys=self._keys,
+                                                           args=[owner, *wanted]))
+        entries = {_text(flat[i]): loads(flat[i + 1]) for i in range(0, len(flat), 2)}
+        return pick_items(entries, {item_id: _text(rid) for item_id, rid in zip(wanted, where)
+                                    if rid}, owner)
+
     def stats(self) -> dict[str, Any]:
         max_items, max_bytes, _ = self._limits
         return {**self._counts, "max_items": max_items, "max_bytes": max_bytes,
                 "available": int(self._link.up)}
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

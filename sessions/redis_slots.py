@@ -2,7 +2,7 @@
 ``max_in_flight``.
 
 Each replica counts the slots it *reserved* in one field of the key's hash
-(``inf:<key>``: replica id -> slots), so what a replica holds is its own to
+(``inf:<key id>``: replica id -> slots), so what a replica holds is its own to
 correct. A replica that dies must not hold its slots forever: every call
 also stamps the replica's deadline in the ``inf-alive`` hash (Redis's clock,
 ``ttl`` ahead), the health probe renews it, and a take ignores and deletes

@@ -25,7 +25,8 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import orjson
 
 __all__ = ["StoredResponse", "ResponseStore", "MemoryResponseStore", "BrokenChain", "load_chain",
-           "conversation", "chain_input_items", "dumps", "loads", "follow_links", "MAX_CHAIN"]
+           "conversation", "chain_input_items", "dumps", "loads", "follow_links", "MAX_CHAIN",
+           "item_ids", "pick_items"]
 
 #: links followed at most (a guard against a corrupt store, far beyond real conversations)
 MAX_CHAIN = 100_000
@@ -72,6 +73,14 @@ class ResponseStore(Protocol):
         first, and the first link that is missing (or repeats, or lies beyond
         :data:`MAX_CHAIN`), ``None`` when the chain is whole. One round trip
         for a shared store."""
+        ...
+
+    async def get_items(self, owner: str,
+                        wanted: Sequence[str]) -> dict[str, Mapping[str, Any]]:
+        """The input and output items with the ids ``wanted`` of ``owner``'s
+        stored responses (what ``item_reference`` input items name), by id;
+        an id unknown, expired, or another owner's is absent. One round
+        trip for a shared store."""
         ...
 
     def stats(self) -> dict[str, int]: ...
@@ -139,6 +148,33 @@ def chain_input_items(chain: Sequence[StoredResponse]) -> list[Mapping[str, Any]
     return [*conversation(chain[:-1]), *chain[-1].input_items]
 
 
+def item_ids(item: StoredResponse) -> list[str]:
+    """The ids of ``item``'s output and input items (what a reference may name), once each."""
+    ids: dict[str, None] = {}
+    for one in (*(item.response.get("output") or ()), *item.input_items):
+        found = one.get("id") if isinstance(one, Mapping) else None
+        if type(found) is str:
+            ids[found] = None
+    return list(ids)
+
+
+def pick_items(entries: Mapping[str, StoredResponse | None], where: Mapping[str, str],
+               owner: str) -> dict[str, Mapping[str, Any]]:
+    """The items ``where`` places (item id -> response id) found in ``entries``
+    (response id -> entry, ``None`` when gone), ``owner``'s only: an index
+    entry pointing at a response that no longer holds the item finds nothing."""
+    found: dict[str, Mapping[str, Any]] = {}
+    for item_id, response_id in where.items():
+        entry = entries.get(response_id)
+        if entry is None or entry.owner != owner:
+            continue
+        for one in (*(entry.response.get("output") or ()), *entry.input_items):
+            if isinstance(one, Mapping) and one.get("id") == item_id:
+                found[item_id] = one
+                break
+    return found
+
+
 def _json_default(obj: Any) -> Any:
     if isinstance(obj, Mapping):
         return dict(obj)
@@ -176,6 +212,10 @@ class MemoryResponseStore:
     front of the queue. An entry larger than ``max_bytes`` on its own is not
     stored.
 
+    Each owner's item ids (input and output) lead to the response that first
+    stored them, for ``item_reference`` inputs; an entry leaves that index
+    when it goes.
+
     No method awaits, so each runs whole between two steps of the event loop
     and concurrent requests cannot interleave inside one.
     """
@@ -192,6 +232,8 @@ class MemoryResponseStore:
         # id -> (entry, size, stored at); insertion order is storage order
         self._entries: OrderedDict[str, tuple[StoredResponse, int, float]] = OrderedDict()
         self._owners: dict[str, _Owner] = {}
+        # (owner, item id) -> the response that first stored an item with that id
+        self._item_index: dict[tuple[str, str], str] = {}
         self._bytes = 0
         self._evicted = 0
         self._expired = 0
@@ -215,6 +257,8 @@ class MemoryResponseStore:
         owner.ids[item.id] = None
         owner.bytes += size
         self._bytes += size
+        for item_id in item_ids(item):
+            self._item_index.setdefault((item.owner, item_id), item.id)
 
     async def get(self, response_id: str) -> StoredResponse | None:
         found = self._entries.get(response_id)
@@ -245,10 +289,17 @@ class MemoryResponseStore:
     async def get_chain(self, response_id: str) -> tuple[list[StoredResponse], str | None]:
         return await follow_links(self.get, response_id)
 
+    async def get_items(self, owner: str,
+                        wanted: Sequence[str]) -> dict[str, Mapping[str, Any]]:
+        where = {item_id: self._item_index[owner, item_id] for item_id in wanted
+                 if (owner, item_id) in self._item_index}
+        entries = {rid: await self.get(rid) for rid in set(where.values())}
+        return pick_items(entries, where, owner)
+
     def stats(self) -> dict[str, int]:
         return {"items": len(self._entries), "bytes": self._bytes, "evicted": self._evicted,
                 "expired": self._expired, "rejected": self._rejected,
-                "owners": len(self._owners),
+                "owners": len(self._owners), "indexed_items": len(self._item_index),
                 "max_items": self._max_items, "max_bytes": self._max_bytes}
 
     def _evict(self, *, by_bytes: bool) -> None:
@@ -264,6 +315,9 @@ class MemoryResponseStore:
         if found is not None:
             item, size, _ = found
             self._bytes -= size
+            for item_id in item_ids(item):
+                if self._item_index.get((item.owner, item_id)) == response_id:
+                    del self._item_index[item.owner, item_id]
             owner = self._owners[item.owner]
             del owner.ids[response_id]
             owner.bytes -= size

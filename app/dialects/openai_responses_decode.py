@@ -39,6 +39,7 @@ from pool.model import (
     Tool, ToolCallPart, ToolChoice, ToolResultPart,
 )
 
+from .openai_responses_carry import uncarried
 from .openai_responses_mcp import mcp_call_part
 from .validate import (
     bad_type, bad_value, first_header, image_url, missing, opt_bool, opt_dict, opt_int, opt_list,
@@ -117,10 +118,10 @@ def _reasoning(item: dict[str, Any], param: str) -> ReasoningPart:
     content = item.get("content")
     if not texts and type(content) is list:  # raw reasoning text, when there is no summary
         texts = [c["text"] for c in content if type(c) is dict and type(c.get("text")) is str]
-    return ReasoningPart("\n\n".join(texts),
-                         encrypted_content=opt_str(item, "encrypted_content",
-                                                    param + ".encrypted_content"),
-                         id=opt_str(item, "id", param + ".id"))
+    signature, redacted, encrypted = uncarried(
+        opt_str(item, "encrypted_content", param + ".encrypted_content"))
+    return ReasoningPart("\n\n".join(texts), signature=signature, redacted_data=redacted,
+                         encrypted_content=encrypted, id=opt_str(item, "id", param + ".id"))
 
 
 def _call_name(item: dict[str, Any], param: str) -> str:

@@ -13,8 +13,9 @@ Output mapping:
 
 * each text part is one ``message`` item with one ``output_text`` part;
 * each reasoning part with text or ``encrypted_content`` is one ``reasoning``
-  item (its text as one ``summary_text``); Anthropic redacted thinking has no
-  Responses form and is left out;
+  item (its text as one ``summary_text``); an Anthropic thinking signature or
+  redacted thinking rides in ``encrypted_content``
+  (:mod:`app.dialects.openai_responses_carry`);
 * a tool call is a ``custom_tool_call`` when the call says ``kind="custom"``
   or names a custom tool of the request, else a ``function_call``; a call to
   a flattened namespace member ``ns__t`` goes out as ``name: t, namespace: ns``;
@@ -38,6 +39,7 @@ from pool.model import (
     ToolCallEnd, ToolCallStart,
 )
 
+from .openai_responses_carry import carried
 from .openai_responses_mcp import mcp_call_stream
 from .openai_responses_objects import (
     ToolNames, encode_completion, error_json, id_base, message_item, reasoning_item,
@@ -248,9 +250,12 @@ class StreamEncoder:
         if t is ReasoningEnd:
             if self._msg is not None:
                 out += self._close_message()
-            if event.redacted_data is not None:  # no Responses form: close what is open
-                return out + (self._close_reasoning() if self._rs_open else b"")
-            return out + self._close_reasoning(event.encrypted_content)
+            if event.redacted_data is not None:  # a part of its own, never the open one's end
+                if self._rs_open:
+                    out += self._close_reasoning()
+                return out + self._close_reasoning(carried(None, event.redacted_data, None))
+            return out + self._close_reasoning(carried(event.signature, None,
+                                                       event.encrypted_content))
         if t is ToolCallStart:
             if self._msg is not None:
                 out += self._close_message()

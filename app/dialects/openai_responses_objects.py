@@ -12,6 +12,7 @@ from pool.model import (
     ChatRequest, Completion, ExecutedToolPart, Finish, ReasoningPart, TextPart, ToolCallPart, Usage,
 )
 
+from .openai_responses_carry import carried
 from .openai_responses_decode import namespace_map
 from .openai_responses_mcp import mcp_call_item
 
@@ -154,7 +155,7 @@ def response_object(completion: Completion, names: ToolNames, base: str, shell: 
         elif t is ExecutedToolPart:
             output.append(mcp_call_item(f"mcp_{base}_{len(output)}", part))
         elif t is ReasoningPart:
-            if part.redacted_data is None and (part.text or part.encrypted_content is not None):
-                output.append(reasoning_item(f"rs_{base}_{len(output)}", part.text,
-                                              part.encrypted_content))
+            encrypted = carried(part.signature, part.redacted_data, part.encrypted_content)
+            if part.text or encrypted is not None:
+                output.append(reasoning_item(f"rs_{base}_{len(output)}", part.text, encrypted))
     return finished(shell, output, "".join(texts), completion.finish, completion.usage, error)

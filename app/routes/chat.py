@@ -9,14 +9,13 @@ from typing import Any
 
 from pool.errors import GatewayError
 
-from pool.tokens import estimate_tokens
 
 from ..dialects import anthropic_messages, native_generate, openai_chat, openai_completions
 from ..gateway import Gateway
 from ..hot import Handler, Incoming
 from ..http import error_response, json_response, new_id, now, read_json
 from ..record import RequestRecord
-from .inference import complete, serve
+from .inference import complete, count_input, serve
 
 __all__ = ["chat_completions", "completions", "messages", "count_tokens", "generate"]
 
@@ -52,7 +51,7 @@ async def completions(gw: Gateway, request: Incoming, record: RequestRecord) -> 
             return await serve(gw, request, chats[0], openai_completions, record)
         record.model = chats[0].model
         if record.key in gw.teams.policies:  # one request, whatever the number of prompts
-            await gw.teams.admit(record.key, record.model)
+            await gw.admit_key(record.key, record.model)
         done = await _complete_all(gw, request, chats, record)
     except GatewayError as exc:
         record.error = exc.kind
@@ -101,21 +100,11 @@ async def count_tokens(gw: Gateway, request: Incoming, record: RequestRecord) ->
     try:
         body = await read_json(request, gw.max_body_bytes)
         chat = anthropic_messages.decode_count_tokens(body, request.headers)
-        record.model = chat.model
-        await gw.teams.admit(record.key, chat.model)
-        exact = None
-        if gw.pool.knows(chat.model):
-            worker, routed = gw.pool.pick(chat)
-            record.worker = worker.name
-            counter = getattr(worker, "count_tokens", None)
-            exact = await counter(routed) if counter is not None else None
+        how, tokens = await count_input(gw, chat, record, known_only=False)
     except GatewayError as exc:
         record.error = exc.kind
         return error_response(exc, "anthropic")
-    tokens = exact if exact is not None else estimate_tokens(chat)
-    record.tokens_in = tokens
-    return json_response({"input_tokens": tokens}, headers={
-        "x-poolgate-token-count": "exact" if exact is not None else "estimate"})
+    return json_response({"input_tokens": tokens}, headers=how)
 
 
 async def generate(gw: Gateway, request: Incoming, record: RequestRecord) -> Any:

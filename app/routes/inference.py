@@ -27,7 +27,7 @@ from ..record import RequestRecord
 from ..relayed import BodyResponse, RelayedEncoder, record_body, relay_for
 from ..streaming import ClientGone, EventStreamResponse, StreamOutcome, until_disconnect
 
-__all__ = ["serve", "complete", "ERROR_DIALECT"]
+__all__ = ["serve", "complete", "count_input", "ERROR_DIALECT"]
 
 T = TypeVar("T")
 
@@ -35,9 +35,10 @@ log = structlog.get_logger("poolgate.request")
 
 # client dialect -> error envelope dialect and response id prefix
 ERROR_DIALECT = {"openai_chat": "openai", "anthropic": "anthropic",
-                 "openai_responses": "openai", "openai_completions": "openai", "native": "openai"}
+                 "openai_responses": "openai", "openai_completions": "openai", "native": "openai",
+                 "gemini": "gemini"}
 ID_PREFIX = {"openai_chat": "chatcmpl-", "anthropic": "msg_", "openai_responses": "resp_",
-             "openai_completions": "cmpl-", "native": "gen-"}
+             "openai_completions": "cmpl-", "native": "gen-", "gemini": ""}
 
 
 Finalize = Callable[[dict[str, Any], str], Awaitable[None]]
@@ -96,7 +97,7 @@ async def _with_retry(gw: Gateway, request: Request, chat: ChatRequest, record: 
     failure try once more on another eligible worker. Raises the GatewayError
     the client must see, with ``.worker`` naming the last worker tried."""
     if not counted and record.key in gw.teams.policies:  # the key's models, rate and budget
-        await gw.teams.admit(record.key, chat.model)
+        await gw.admit_key(record.key, chat.model)
     tried: list[str] = []
     failure: GatewayError | None = None
     while True:
@@ -129,7 +130,7 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, dialect: Mo
     worker = lease.worker
     handed_over = False
     try:
-        relay = relay_for(worker, routed, chat, finalize)
+        relay = relay_for(worker, routed, chat, finalize, dialect)
         if chat.stream:
             iterator = _events(worker, routed, relay).__aiter__()
             first = await _begin(gw, request, iterator)
@@ -138,7 +139,7 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, dialect: Mo
             # (the upstream answered with a body, or failed before its first frame);
             # what would build it, with the decoded request, goes once it forwards
             encoder = _encoder(dialect, chat) if relay is None else RelayedEncoder(
-                partial(_encoder, dialect, chat), relay, anthropic=chat.dialect == "anthropic")
+                partial(_encoder, dialect, chat), relay, dialect=chat.dialect)
             after = None
             if finalize is not None:
                 async def after() -> None:
@@ -256,3 +257,26 @@ def _record_stream(record: RequestRecord, outcome: StreamOutcome, gw: Gateway,
     if outcome.first_token_at is not None:
         record.ttft = outcome.first_token_at - record.started
 
+
+async def count_input(gw: Gateway, chat: ChatRequest, record: RequestRecord, *,
+                      known_only: bool) -> tuple[dict[str, str], int]:
+    """The input tokens of ``chat`` for a count_tokens route, and the header
+    saying how they were counted: the worker's own count when it has one (an
+    Anthropic or Gemini upstream, a local tokenizer), else the documented
+    estimate of :func:`pool.tokens.estimate_tokens`. One request of the key's
+    ``rpm`` (an upstream is asked with the operator's credentials); it charges
+    no tokens. A model no worker serves is a 404 when ``known_only``, else
+    estimated (Claude Code falls back to billable calls on a 404)."""
+    record.model = chat.model
+    await gw.admit_key(record.key, chat.model)
+    exact = None
+    if gw.pool.knows(chat.model):
+        worker, routed = gw.pool.pick(chat)
+        record.worker = worker.name
+        counter = getattr(worker, "count_tokens", None)
+        exact = await counter(routed) if counter is not None else None
+    elif known_only:
+        raise gw.unknown_model(record.key, chat.model)
+    tokens = exact if exact is not None else estimate_tokens(chat)
+    record.tokens_in = tokens
+    return {"x-poolgate-token-count": "exact" if exact is not None else "estimate"}, tokens

@@ -24,8 +24,8 @@ from sessions.redis_link import StoreUnavailable
 
 from ..gateway import Gateway
 from ..http import error_response, json_response, read_json
-from ..key_sync import forget_key
-from ..state import apply_policy, day_start
+from ..budgets import day_start
+from ..key_sync import adopt_policies, apply_policy, forget_key
 from ..teams import policy_as_mapping, policy_from_mapping
 from .ops import admin_denied
 
@@ -187,7 +187,7 @@ async def update_key(request: Request) -> Response:
     assert gw.keystore is not None
     try:
         await asyncio.to_thread(gw.keystore.update, name, merged)
-        apply_policy(gw, policy_from_mapping(name, merged))
+        await adopt_policies(gw, [policy_from_mapping(name, merged)])  # a new budget: seeded
         today = await _today(gw)
     except DatabaseUnavailable as exc:
         return _database_down(exc)

@@ -1,5 +1,6 @@
 """``GET /v1/models`` and ``GET /v1/models/{id}`` in OpenAI's shape, or
-Anthropic's when the request carries ``anthropic-version``."""
+Anthropic's when the request carries ``anthropic-version``, or Gemini's when
+it carries ``x-goog-api-key`` (the middleware marks the record so)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pool.pool import ModelEntry
 
 from ..gateway import Gateway
 from ..http import error_response, json_response
-from ..teams import model_not_found
+from . import gemini
 
 __all__ = ["list_models", "get_model"]
 
@@ -30,6 +31,8 @@ def _anthropic(entry: ModelEntry) -> dict[str, Any]:
 
 
 async def list_models(request: Request) -> Response:
+    if request.scope["state"]["record"].dialect == "gemini":
+        return await gemini.list_models(request)
     gw: Gateway = request.app.state.gateway
     key = request.scope["state"]["record"].key
     entries = [e for e in gw.pool.models() if gw.teams.sees(key, e.id)]
@@ -42,6 +45,8 @@ async def list_models(request: Request) -> Response:
 
 
 async def get_model(request: Request) -> Response:
+    if request.scope["state"]["record"].dialect == "gemini":
+        return await gemini.get_model(request)
     gw: Gateway = request.app.state.gateway
     model_id = request.path_params["model_id"]
     anthropic = "anthropic-version" in request.headers
@@ -49,4 +54,5 @@ async def get_model(request: Request) -> Response:
     for entry in gw.pool.models():
         if entry.id == model_id and visible:
             return json_response(_anthropic(entry) if anthropic else _openai(entry))
-    return error_response(model_not_found(model_id), "anthropic" if anthropic else "openai")
+    return error_response(gw.unknown_model(request.scope["state"]["record"].key, model_id),
+                          "anthropic" if anthropic else "openai")

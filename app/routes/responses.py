@@ -69,6 +69,11 @@ async def create_response(gw: Gateway, request: Incoming, record: RequestRecord)
     record.dialect = "openai_responses"
     try:
         body = await read_json(request, gw.max_body_bytes)
+        owner = gw.keyring.id_of(record.key)
+        wanted = openai_responses.references(body)
+        if wanted:  # earlier items by id (the Vercel AI SDK's default): the stored items
+            body = openai_responses.resolve(body, wanted,
+                                            await gw.responses.get_items(owner, list(wanted)))
         history: list[dict[str, Any]] = []
         prefer = None
         link = None
@@ -77,8 +82,7 @@ async def create_response(gw: Gateway, request: Incoming, record: RequestRecord)
             if not isinstance(previous, str):
                 raise BadRequest("previous_response_id must be a string.",
                                  param="previous_response_id")
-            chain = await _chain(gw, previous, gw.keyring.id_of(record.key),
-                                   "previous_response_id")
+            chain = await _chain(gw, previous, owner, "previous_response_id")
             history = conversation(chain)
             prefer = chain[-1].worker  # the worker that served the previous turn
             link = previous
@@ -100,8 +104,7 @@ async def create_response(gw: Gateway, request: Incoming, record: RequestRecord)
             try:
                 await gw.responses.put(StoredResponse(
                     id=response["id"], response=response, input_items=items,
-                    previous_id=link, worker=worker, created_at=time.time(),
-                    owner=gw.keyring.id_of(record.key)))
+                    previous_id=link, worker=worker, created_at=time.time(), owner=owner))
             except StoreUnavailable:
                 # the store was lost while the answer was generated: the answer stands
                 log.warning("responses.not_stored", response_id=response["id"])

@@ -24,10 +24,11 @@ from .driver import DriverConfig, DriverError
 from .host import CliHost
 from .private import private_dir
 from .registry import make_driver
+from .scrub import account_secrets, scrub
 from .sandbox import Sandbox
 
 ENV_CONFIG = "POOLGATE_CLI_CONFIG"
-EXIT_REFUSED = 78  # EX_CONFIG: the driver refused to start (the log says why)
+EXIT_REFUSED = 78  # EX_CONFIG: the driver refused to start (the log and last_exit say why)
 log = structlog.get_logger("pool.cli")
 
 
@@ -58,12 +59,20 @@ async def _main(data: dict[str, Any]) -> None:
     host = CliHost(driver, config,
                    conversation_idle=float(data.get("conversation_idle", 900)),
                    login_recheck=float(data.get("login_recheck", 5)))
+    async def start() -> None:
+        try:
+            await host.start()
+        except DriverError as exc:  # its text may quote the vendor (an error, stderr)
+            raise DriverError(scrub(str(exc), account_secrets(config.home, config.env))) \
+                from None
+
     try:
-        await worker_main.serve(host.answer, setup=host.start, calls={"status": host.status,
-                                                                   "probe_login": host.probe_login})
+        await worker_main.serve(host.answer, setup=start, refused=(DriverError,),
+                                calls={"status": host.status, "probe_login": host.probe_login})
     except DriverError as exc:
-        # the account cannot run as it is on disk or configured: say why (the log is
-        # where an operator sees it) and exit with EX_CONFIG; the supervisor backs off
+        # the account cannot run as it is on disk or configured: say why (in the log,
+        # and to the gateway: last_exit.detail in /internal/workers) and exit with
+        # EX_CONFIG; the supervisor backs off
         log.error("cli.start_refused", worker=config.name, cli=config.cli, reason=str(exc))
         raise SystemExit(EXIT_REFUSED) from None
     finally:

@@ -33,7 +33,7 @@ from ..errors import Conflict
 from ..worker import WorkerState
 
 __all__ = ["AccountState", "Action", "ALLOWED", "AccountConflict", "LoginFlow", "BundleFiles",
-           "Account"]
+           "AccountObserver", "Account"]
 
 log = structlog.get_logger("pool.cli.account")
 #: the re-probe of a refused account backs off up to this
@@ -143,13 +143,24 @@ class BundleFiles(Protocol):
     async def export(self, info: Mapping[str, Any]) -> bytes: ...
 
 
+class AccountObserver(Protocol):
+    """Told of each change of an account's state (``app/alerts.py``): called on
+    the loop, after an action and at each :meth:`Account.tick`; must not block."""
+
+    def account_changed(self, name: str, before: AccountState | None, after: AccountState,
+                        details: Mapping[str, Any]) -> None: ...
+
+
 class Account:
     """One cli worker's account: its state, and every action on it, one at a time."""
 
     def __init__(self, worker: Any, logins: LoginFlow, files: BundleFiles, *,
                  login_timeout: float = 600.0, probe_interval: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 observer: AccountObserver | None = None) -> None:
         self.worker = worker
+        self.observer = observer
+        self._seen: AccountState | None = None  # the state the observer was last told of
         self.name: str = worker.name
         self.logins = logins
         self.files = files
@@ -199,6 +210,21 @@ class Account:
                 yield
             finally:
                 self.busy = None
+                self.observe()
+
+    def observe(self) -> None:
+        """Tell the observer the account's state, if it changed since it was last told."""
+        state = self.state
+        if self.observer is None or state is self._seen:
+            return
+        before, self._seen = self._seen, state
+        details: dict[str, Any] = {}
+        if state is S.COOLING_DOWN and self.worker.cooldown_until:
+            details["cooldown_until"] = self.worker.cooldown_until
+        try:
+            self.observer.account_changed(self.name, before, state, details)
+        except Exception as exc:  # an observer's bug must not fail the account's action
+            log.error("account.observer_failed", worker=self.name, error=type(exc).__name__)
 
     # --- logins --------------------------------------------------------------------------
 
@@ -298,6 +324,7 @@ class Account:
     async def tick(self) -> None:
         """Called on a schedule: a logged-out account is tried again (with a
         backoff), then logged in automatically when its login says so."""
+        self.observe()
         if self.state is not S.LOGGED_OUT:
             self._probes, self._next_probe = 0, None
             return

@@ -3,6 +3,12 @@ conversation, one turn at a time, control ``initialize``/``interrupt``, and
 the client's tools served by an in-band SDK MCP server (``mcp_message``)
 whose ``tools/call`` is held open until the API client answers.
 
+Nothing a client wrote goes on the command line: the system prompt reaches
+the CLI as ``--system-prompt-file`` / ``--append-system-prompt-file`` (a
+private file the CLI reads once at startup, removed once it answered
+``initialize``), and the client-chosen model and effort as ``--model=…`` /
+``--effort=…`` (one argument each, never taken for another option).
+
 See :mod:`pool.cli.claude_events` for the output and
 :mod:`pool.cli.claude_transcript` for rebuilding a session with ``--resume``.
 """
@@ -23,11 +29,14 @@ import structlog
 from .claude_events import ClaudeStream
 from .claude_transcript import (MCP_PREFIX, content_blocks, forget_session, forget_sessions,
                                 write_transcript)
+from ..errors import BadRequest
 from .driver import DriverConfig, DriverError, credentials_stamp
 from .events import (TERMINAL, CliEvent, CliHealth, ConversationSetup, ToolAnswer, Turn,
                      TurnFailed)
 from .private import private_dir
 from .proc import JsonLineProcess, find_binary, run_probe
+from .prompt_file import PromptFile, remove_stale, safe_value
+from .scrub import account_secrets
 
 __all__ = ["ClaudeDriver", "ClaudeConversation"]
 
@@ -64,7 +73,9 @@ class ClaudeDriver:
         self._argv0 = find_binary(self.config.command, "claude", self.config.env)
         private_dir(self.config.home)
         private_dir(self.config.cwd)
-        forget_sessions(self.config.home, self.config.cwd)  # left by a worker that died
+        for cwd in self.config.every_cwd():  # left by a worker that died
+            forget_sessions(self.config.home, cwd)
+        remove_stale(self.config.home)
         try:  # a probe that hangs is killed (idle_timeout: silence that counts as hung)
             _, out, _ = await run_probe([*self._argv0, "--version"], env=self.env,
                                         cwd=self.config.cwd,
@@ -85,22 +96,40 @@ class ClaudeDriver:
         return CliHealth(login="ready" if logged_in else "logged_out", version=self.version,
                          account=_account(home), detail={"credentials": stamp})
 
+    def secrets(self) -> set[str]:
+        """The account's secret values (scrubbed from what the CLI prints)."""
+        return account_secrets(self.config.home, self.config.env)
+
     async def open(self, setup: ConversationSetup) -> ClaudeConversation:
+        for param, value in (("model", setup.model), ("reasoning_effort", setup.effort)):
+            if value is not None and not safe_value(value, 128):
+                raise BadRequest(f"{param}: not a value the claude CLI takes", param=param)
         session_id = str(uuid.uuid4())
         argv = [*self._argv0, "-p", "--input-format", "stream-json", "--output-format",
-                "stream-json", "--verbose", "--include-partial-messages", "--model", setup.model]
+                "stream-json", "--verbose", "--include-partial-messages", f"--model={setup.model}"]
+        prompt: PromptFile | None = None
         if self.config.mode == "chat":
-            argv += ["--tools", "", "--system-prompt", setup.system or ""]
+            prompt = PromptFile(self.config.home, setup.system or "")
+            argv += ["--tools", "", "--system-prompt-file", prompt.path]
         else:
             argv += ["--permission-mode", self.permission_mode]
             if setup.system:
-                argv += ["--append-system-prompt", setup.system]
+                prompt = PromptFile(self.config.home, setup.system)
+                argv += ["--append-system-prompt-file", prompt.path]
+        try:
+            return await self._spawn(setup, session_id, argv)
+        finally:
+            if prompt is not None:  # read at startup: gone once the CLI answered initialize
+                prompt.remove()
+
+    async def _spawn(self, setup: ConversationSetup, session_id: str,
+                     argv: list[str]) -> ClaudeConversation:
         if setup.tools:
             argv += ["--mcp-config", orjson.dumps(
                 {"mcpServers": {_SERVER: {"type": "sdk", "name": _SERVER}}}).decode(),
                 "--allowedTools", ",".join(MCP_PREFIX + t.name for t in setup.tools)]
         if setup.effort:
-            argv += ["--effort", setup.effort]
+            argv.append(f"--effort={setup.effort}")
         cwd = setup.workspace or self.config.cwd
         if setup.history:
             write_transcript(self.config.home, cwd, session_id, setup.model,
@@ -115,7 +144,8 @@ class ClaudeDriver:
             env["MAX_THINKING_TOKENS"] = str(setup.thinking_budget)
         argv = self.config.sandboxed(argv, cwd=cwd, env=env)
         try:
-            proc = await JsonLineProcess.spawn(argv, env=env, cwd=cwd, label="claude")
+            proc = await JsonLineProcess.spawn(argv, env=env, cwd=cwd, label="claude",
+                                               secrets=self.secrets)
         except BaseException:
             forget_session(self.config.home, cwd, session_id)
             raise
@@ -290,7 +320,7 @@ class ClaudeConversation:
     def _reply_tool(self, answer: ToolAnswer) -> None:
         request_id, mcp_id = self._held.pop(answer.call_id)
         self._respond(request_id, {"mcp_response": {"jsonrpc": "2.0", "id": mcp_id, "result": {
-            "content": [{"type": "text", "text": answer.content}], "isError": answer.is_error}}})
+            "content": answer.blocks(), "isError": answer.is_error}}})
 
 
 def _account(home: str) -> str | None:

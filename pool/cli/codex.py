@@ -41,6 +41,7 @@ from .driver import DriverConfig, DriverError, credentials_stamp
 from .events import CliHealth, ConversationSetup
 from .private import private_dir
 from .proc import JsonLineProcess, find_binary
+from .scrub import account_secrets
 
 __all__ = ["CodexDriver"]
 
@@ -82,6 +83,9 @@ class CodexDriver:
 
     # --- process ---------------------------------------------------------------------------
 
+    def _secrets(self) -> set[str]:
+        return account_secrets(self.config.home, self.config.env)
+
     async def start(self) -> CliHealth:
         env = {**self.config.env, "CODEX_HOME": self.config.home}
         binary = native_binary(find_binary(self.config.command, "codex", env), env)
@@ -93,7 +97,8 @@ class CodexDriver:
             self.config.workspace_root else self.config.cwd
         argv = self.config.sandboxed(argv, cwd=cwd, env=env)
         self.process = await JsonLineProcess.spawn(argv, env=env, cwd=cwd,
-                                                   label="codex app-server")
+                                                   label="codex app-server",
+                                                   secrets=self._secrets)
         proc = self.process.proc
         assert proc.stdout is not None and proc.stdin is not None
         self._rpc = CodexRpc(proc.stdout, proc.stdin)

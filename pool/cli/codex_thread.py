@@ -182,7 +182,8 @@ class CodexThread:
                 return
             await self._rpc.respond(request.id, {
                 "success": not answer.is_error,
-                "contentItems": [{"type": "inputText", "text": answer.content}]})
+                "contentItems": [{"type": "inputText", "text": b["text"]}
+                                 for b in answer.blocks()]})
         async for event in self._pump():
             yield event
 

@@ -115,6 +115,16 @@ class DriverConfig:
             return self.cwd
         return os.path.join(self.workspace_root, key_dir(key))
 
+    def every_cwd(self) -> list[str]:
+        """Every directory a conversation of this account may have run in (the CLIs
+        key their transcripts by it): the fixed ``cwd`` and, in agent mode, each
+        key's workspace there is."""
+        found = [self.cwd]
+        if self.mode == "agent" and self.workspace_root and os.path.isdir(self.workspace_root):
+            found += [os.path.join(self.workspace_root, name)
+                      for name in sorted(os.listdir(self.workspace_root))]
+        return found
+
     def sandboxed(self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str]) -> list[str]:
         """``argv`` wrapped in the worker's sandbox, ``cwd`` (a key's workspace, or
         the root of all of them for a CLI serving every key from one process)

@@ -175,11 +175,20 @@ class Turn:
 
 @dataclass(frozen=True, slots=True)
 class ToolAnswer:
-    """The API client's result for a held :class:`PendingToolCall`."""
+    """The API client's result for a held :class:`PendingToolCall`. ``note`` is
+    text the client sent in the same turn after its tool results (Claude Code
+    as a client does this): the host puts it on the last answer, and a driver
+    delivers it with that result (a second text block), so the CLI sees it."""
 
     call_id: str
     content: str
     is_error: bool = False
+    note: str = ""
+
+    def blocks(self) -> list[dict[str, str]]:
+        """The result as MCP text content blocks (the note as a second one)."""
+        return [{"type": "text", "text": t} for t in (self.content, self.note) if t] \
+            or [{"type": "text", "text": ""}]
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 import structlog
 
-from ..errors import BadRequest, GatewayError, Overloaded, UpstreamTimeout, UpstreamUnavailable
+from ..errors import BadRequest, GatewayError, Overloaded, UpstreamUnavailable
 from ..model import (ChatRequest, Event, ExecutedTool, ExecutedToolPart, Finish, Message, ReasoningDelta, ReasoningEnd, Start,
                      TextDelta, TextPart, ToolCallDelta, ToolCallEnd, ToolCallPart, ToolCallStart,
                      Sampling, ToolResultPart, Usage)
@@ -29,6 +30,8 @@ from .driver import CliDriver, Conversation, DriverConfig
 from .events import (CliHealth, ConversationSetup, LoginRequired, PendingToolCall, RateLimited,
                      Retrying, SessionStarted, TextChunk, ThinkingChunk, ToolAnswer, ToolExecuted,
                      ToolOutput, ToolsPending, Turn, TurnFailed, TurnFinished, TurnUsage)
+from .failures import RATE_LIMIT_DEFAULT, client_error, naming
+from .scrub import account_secrets, scrub
 from .history import (answer_message, canonical_arguments, conversation_hash, flatten, split,
                       system_text, tool_result_text)
 
@@ -192,7 +195,7 @@ class CliHost:
         answer: list[Any] = []
         try:
             started = False
-            async for event in self._translate(steps, answer):
+            async for event in self._translate(steps, answer, request.request_id):
                 if not started:  # only once the CLI answered: a failure before can go elsewhere
                     started = True
                     yield Start(model=request.model)
@@ -221,7 +224,11 @@ class CliHost:
                      and s.conv.alive and _knobs(s.setup) == knobs), None)
         if slot is not None:
             answers = _tool_answers(new)
-            if slot.pending and {a.call_id for a in answers} >= set(slot.pending):
+            note = _note(new)
+            if slot.pending and {a.call_id for a in answers} >= set(slot.pending) \
+                    and note is not None:
+                if note:  # text after the results: it reaches the CLI with the last one
+                    answers[-1] = dataclasses.replace(answers[-1], note=note)
                 self.counts["hits"] += 1
                 return slot, slot.conv.answer_tools(answers)
             if not slot.pending and not answers:
@@ -249,7 +256,7 @@ class CliHost:
             raise
         except Exception as exc:
             log.warning("cli.open_failed", worker=self.config.name, error=type(exc).__name__,
-                        detail=str(exc)[:300])
+                        detail=self._scrub(str(exc)))
             raise UpstreamUnavailable(f"worker {self.config.name} could not start a "
                                       f"{self.config.cli} conversation") from None
         finally:
@@ -288,7 +295,8 @@ class CliHost:
                                  retry_after=1) from None
         self._opening += 1
 
-    async def _translate(self, steps: AsyncIterator[Any], answer: list[Any]) -> AsyncIterator[Event]:
+    async def _translate(self, steps: AsyncIterator[Any], answer: list[Any],
+                         request_id: str | None = None) -> AsyncIterator[Event]:
         """The driver's events as canonical ones; ``answer`` collects the parts a
         client will send back (text, executed tools, tool calls), in order."""
         text: list[str] = []
@@ -330,14 +338,14 @@ class CliHost:
                                            ev.cache_creation_tokens)):
                     usage[i] += value or 0
             elif kind is RateLimited:
-                until = ev.reset_at or time.time() + _RATE_LIMIT_DEFAULT
+                until = ev.reset_at or time.time() + RATE_LIMIT_DEFAULT
                 if not self._cooling() or until > (self.cooldown_until or 0):
                     self.cooldown_until = until
                 log.warning("cli.rate_limited", worker=self.config.name,
                             cooldown_until=self.cooldown_until)
             elif kind is Retrying:
                 log.info("cli.upstream_retry", worker=self.config.name, attempt=ev.attempt,
-                         status=ev.status, error=ev.error)
+                         status=ev.status, error=self._scrub(str(ev.error)) if ev.error else None)
             elif kind is SessionStarted:
                 pass
             elif kind in (TurnFinished, ToolsPending):
@@ -353,13 +361,25 @@ class CliHost:
                 self._refused = (self.health.detail.get("credentials"),)
                 self.health = CliHealth(login="logged_out", version=self.health.version,
                                         account=self.health.account)
-                log.warning("cli.logged_out", worker=self.config.name)
-                raise UpstreamUnavailable(f"worker {self.config.name}: the account is logged out "
-                                          f"({ev.message})", code="login_required", status=503)
+                log.warning("cli.logged_out", worker=self.config.name, request_id=request_id,
+                            detail=self._scrub(ev.message))
+                raise UpstreamUnavailable(f"worker {self.config.name}: the account is logged out"
+                                          + naming(request_id), code="login_required", status=503)
             elif kind is TurnFailed:
-                raise _failure(self.config.name, ev, self.cooldown_until if self._cooling() else None)
+                log.warning("cli.turn_failed", worker=self.config.name, request_id=request_id,
+                            kind=ev.kind, status=ev.status, detail=self._scrub(ev.message))
+                raise client_error(self.config.name, self.config.cli, ev, request_id,
+                               self.cooldown_until if self._cooling() else None)
         raise UpstreamUnavailable(f"worker {self.config.name}: the {self.config.cli} CLI ended "
                                   "the turn without a result")
+
+    def _scrub(self, text: str) -> str:
+        """Vendor text for a log line: without the account's secrets, cut."""
+        try:
+            secrets = account_secrets(self.config.home, self.config.env)
+        except Exception:  # noqa: BLE001 - the credential shapes still go
+            secrets = set()
+        return scrub(text, secrets)
 
     def _executed(self, call: ToolExecuted, output: str, is_error: bool,
                   answer: list[Any]) -> ExecutedTool:
@@ -423,18 +443,15 @@ def _knobs(setup: ConversationSetup) -> tuple[object, ...]:
     return (setup.max_tokens, setup.effort, setup.thinking_budget)
 
 
+def _note(new: tuple[Message, ...]) -> str | None:
+    """The text a client sent with its tool results ("" for none); None when the
+    turn holds more than text (an image): only a rebuilt conversation takes that."""
+    extra = [p for m in new for p in m.parts if not isinstance(p, ToolResultPart)]
+    if not all(isinstance(p, TextPart) for p in extra):
+        return None
+    return "\n\n".join(p.text for p in extra if p.text)
+
+
 def _tool_answers(new: tuple[Message, ...]) -> list[ToolAnswer]:
     return [ToolAnswer(p.call_id, tool_result_text(p), p.is_error)
             for m in new for p in m.parts if isinstance(p, ToolResultPart)]
-
-
-def _failure(worker: str, ev: TurnFailed, cooldown_until: float | None) -> GatewayError:
-    message = f"worker {worker}: {ev.message}"
-    if cooldown_until is not None or ev.status == 429 or ev.kind == "rate_limit":
-        retry = max(1.0, (cooldown_until or time.time() + _RATE_LIMIT_DEFAULT) - time.time())
-        return Overloaded(message, code="rate_limited", retry_after=round(retry))
-    if ev.kind == "timeout":
-        return UpstreamTimeout(message)
-    if ev.kind == "invalid_request":
-        return BadRequest(message)
-    return UpstreamUnavailable(message)

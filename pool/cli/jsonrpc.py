@@ -30,6 +30,7 @@ import structlog
 
 from .content import dig, turn_blocks
 from .driver import DriverConfig, DriverError
+from .scrub import account_secrets
 from .events import (
     CliEvent, CliHealth, ConversationSetup, LoginRequired, SessionStarted, TextChunk,
     ThinkingChunk, ToolAnswer, ToolExecuted, ToolOutput, Turn, TurnFailed, TurnFinished, TurnUsage,
@@ -127,7 +128,9 @@ class JsonRpcDriver:
                 cwd = self.config.cwd
             # one process serves every key: its sandbox shows all of this account's workspaces
             argv = self.config.sandboxed(self.config.command or (), cwd=cwd, env=env)
-            proc = await JsonLineProcess.spawn(argv, env=env, cwd=cwd, label="jsonrpc agent")
+            proc = await JsonLineProcess.spawn(argv, env=env, cwd=cwd, label="jsonrpc agent",
+                                               secrets=lambda: account_secrets(
+                                                   self.config.home, self.config.env))
             agent = Agent(proc, self.options, self.config.mode)
             if self.options.initialize:
                 try:
@@ -317,36 +320,49 @@ class JsonRpcConversation:
                   self.o.prompt_field: self._prompt_blocks(turn)}
         reply = self.agent.call_nowait(self.o.send_prompt, params)
         reply.add_done_callback(self._replied)
+        async for event in self._pump(reply):
+            yield event
+
+    async def _pump(self, reply: asyncio.Future[Any]) -> AsyncIterator[CliEvent]:
+        """The prompt's updates, to its reply (or a failure)."""
         idle = self.driver.config.idle_timeout
         while True:
             try:
                 async with asyncio.timeout(idle):
                     item = await self._queue.get()
             except TimeoutError:
-                log.warning("cli.jsonrpc_stalled", session=self._session_id, seconds=idle)
-                await self.interrupt()
-                yield TurnFailed("timeout", f"jsonrpc: the agent said nothing for {idle:g} s")
+                yield await self._stalled(idle)
                 return
-            if item is reply:
-                try:
-                    result = reply.result()
-                except RpcError as exc:
-                    yield self._failure(exc)
-                    return
-                for event in self._finish(result):
-                    yield event
-                return
-            if item is OVERFLOW:
-                await self.interrupt()
-                yield TurnFailed("upstream", "jsonrpc: the agent sent more updates than were "
-                                 "read; the conversation is closed")
-                return
-            if item is EOF:
-                await self.agent.proc.proc.wait()
-                yield TurnFailed("upstream", f"{self.agent.proc.why_exited()} during the turn")
-                return
-            if isinstance(item, Mapping) and (event := self._update(item)) is not None:
+            events, done = await self._consume(item, reply)
+            for event in events:
                 yield event
+            if done:
+                return
+
+    async def _stalled(self, idle: float) -> CliEvent:
+        log.warning("cli.jsonrpc_stalled", session=self._session_id, seconds=idle)
+        await self.interrupt()
+        return TurnFailed("timeout", f"jsonrpc: the agent said nothing for {idle:g} s")
+
+    async def _consume(self, item: Any, reply: asyncio.Future[Any]) -> tuple[list[CliEvent], bool]:
+        """What one item of the session's queue means: its events, and whether
+        the prompt is over."""
+        if item is reply:
+            try:
+                result = reply.result()
+            except RpcError as exc:
+                return [self._failure(exc)], True
+            return self._finish(result), True
+        if item is OVERFLOW:
+            await self.interrupt()
+            return [TurnFailed("upstream", "jsonrpc: the agent sent more updates than were "
+                               "read; the conversation is closed")], True
+        if item is EOF:
+            await self.agent.proc.proc.wait()
+            return [TurnFailed("upstream", f"{self.agent.proc.why_exited()} during the turn")], True
+        if isinstance(item, Mapping) and (event := self._update(item)) is not None:
+            return [event], False
+        return [], False
 
     def _replied(self, reply: asyncio.Future[Any]) -> None:
         if not reply.cancelled():

@@ -11,6 +11,8 @@ code) to open, and the way back for the code.
   ``http://localhost:1455/auth/callback`` reaches the app-server's own
   listener (a fixed port: logins are serialized), or the operator pastes that
   redirect URL and it is fetched locally. ``account/login/completed`` ends it.
+- Gemini: the interactive ``gemini`` on a pty with no browser prints Google's
+  authorize URL and "Enter the authorization code:" (:mod:`pool.cli.gemini_login`).
 - Qwen: no browser login (its OAuth was discontinued; accounts are API keys
   in ``settings.json``, ``.env`` or the worker's env): :class:`LoginUnsupported`.
 
@@ -83,6 +85,9 @@ def make_login(cli: str, *, home: str, env: Mapping[str, str],
         return ClaudeLogin(home=home, env=env, command=command)
     if cli == "codex":
         return CodexLogin(home=home, env=env, command=command)
+    if cli == "gemini":
+        from .gemini_login import GeminiLogin  # its module imports this one
+        return GeminiLogin(home=home, env=env, command=command)
     raise LoginUnsupported(
         f"{cli} accounts do not log in through a browser: give the worker an API key "
         "(its env or settings) or import a bundle")
@@ -97,6 +102,9 @@ def _scrub(text: str, *secrets: str) -> str:
 
 class ClaudeLogin:
     """``claude auth login`` on a pty (its prompt reads the code from a terminal)."""
+
+    label = "claude auth login"
+    prompt_marker = "aste"  # "Paste code here if prompted >"
 
     def __init__(self, *, home: str, env: Mapping[str, str],
                  command: Sequence[str] | None) -> None:
@@ -128,14 +136,14 @@ class ClaudeLogin:
         asyncio.get_running_loop().add_reader(master, self._read)
         try:
             async with asyncio.timeout(timeout):
-                while not (_URL.search(self.output) and "aste" in self.output):
+                while not (_URL.search(self.output) and self.prompt_marker in self.output):
                     if self.proc.returncode is not None:
-                        raise LoginFailed(f"claude auth login exited with {self.proc.returncode} "
+                        raise LoginFailed(f"{self.label} exited with {self.proc.returncode} "
                                           f"before showing a URL: {self._tail()}")
                     self._changed.clear()
                     await self._changed.wait()
         except TimeoutError:
-            raise LoginFailed("claude auth login showed no URL in time", "timeout") from None
+            raise LoginFailed(f"{self.label} showed no URL in time", "timeout") from None
         url = _URL.search(self.output)
         assert url is not None
         return LoginChallenge(url=url.group(), wants_code=True)

@@ -3,9 +3,11 @@
 Spawned in the worker child's process group (so the supervisor's group kill
 takes it along) and with a parent-death signal (so a child that is SIGKILLed
 or crashes, whose group the supervisor can no longer signal safely, leaves no
-CLI behind), with a bounded tail of its stderr kept for error messages
-(never logged whole: a CLI may print tokens there). :meth:`close` follows
-the notes: stdin EOF (let it finish), then SIGTERM, then SIGKILL.
+CLI behind), with a bounded tail of its stderr kept for the logs: scrubbed of
+credential shapes and of the account's secrets (:mod:`pool.cli.scrub`) and
+cut, never shown to a client (a CLI may print its tokens there).
+:meth:`close` follows the notes: stdin EOF (let it finish), then SIGTERM,
+then SIGKILL.
 """
 
 from __future__ import annotations
@@ -17,18 +19,21 @@ import ctypes
 import shutil
 import signal
 import sys
-from typing import Any, AsyncIterator, Mapping, Sequence
+from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Sequence
 
 import orjson
 import structlog
 
 from .driver import DriverError
+from .scrub import scrub
 
 __all__ = ["JsonLineProcess", "find_binary", "kill_and_reap", "run_probe"]
 
 log = structlog.get_logger("pool.cli")
 _LINE_LIMIT = 64 * 1024 * 1024  # one stream-json line can carry a whole tool result
 _PR_SET_PDEATHSIG = 1
+_LINE_KEPT = 4096   # characters of one stderr line kept (whole enough to scrub)
+_EXCERPT = 300      # characters of scrubbed stderr a log line gets
 
 
 def _die_with_parent() -> None:  # runs in the forked process, before exec
@@ -75,16 +80,23 @@ async def run_probe(argv: Sequence[str], *, env: Mapping[str, str], cwd: str,
     return proc.returncode if proc.returncode is not None else -1, out, err
 
 
+def _no_secrets() -> Iterable[str]:
+    return ()
+
+
 class JsonLineProcess:
-    def __init__(self, proc: asyncio.subprocess.Process, label: str) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, label: str,
+                 secrets: Callable[[], Iterable[str]] = _no_secrets) -> None:
         self.proc = proc
         self.label = label
+        self.secrets = secrets   # the account's secret values, read when a tail is logged
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
         self._stderr_task = asyncio.ensure_future(self._drain_stderr())
 
     @classmethod
     async def spawn(cls, argv: Sequence[str], *, env: Mapping[str, str], cwd: str,
-                    label: str, new_session: bool = False) -> JsonLineProcess:
+                    label: str, new_session: bool = False,
+                    secrets: Callable[[], Iterable[str]] = _no_secrets) -> JsonLineProcess:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
@@ -92,7 +104,7 @@ class JsonLineProcess:
                 preexec_fn=_die_with_parent, start_new_session=new_session)
         except OSError as exc:
             raise DriverError(f"cannot run {argv[0]}: {exc.strerror}") from None
-        return cls(proc, label)
+        return cls(proc, label, secrets)
 
     @property
     def pid(self) -> int:
@@ -122,10 +134,24 @@ class JsonLineProcess:
                 yield obj
 
     def why_exited(self) -> str:
+        """For logs only: the exit status and the scrubbed end of its stderr."""
         code = self.proc.returncode
-        tail = " | ".join(line for line in self.stderr_tail if line)[-500:]
+        tail = self.stderr_excerpt()
         return f"{self.label} exited" + (f" with {code}" if code is not None else "") + (
             f": {tail}" if tail else "")
+
+    def stderr_excerpt(self) -> str:
+        """The end of the CLI's stderr, scrubbed and cut (a log field, never a client's)."""
+        tail = " | ".join(line for line in self.stderr_tail if line)
+        if not tail:
+            return ""
+        try:
+            secrets = list(self.secrets())
+        except Exception:  # noqa: BLE001 - unreadable account files: the shapes still go
+            secrets = []
+        # scrubbed whole, then cut: a cut first could leave part of a secret unmatched
+        clean = scrub(tail, secrets, limit=None)
+        return clean if len(clean) <= _EXCERPT else "…" + clean[-_EXCERPT + 1:]
 
     async def close(self, grace: float = 2.0) -> None:
         """End the process: stdin EOF, ``grace`` s; SIGTERM, 3 s; SIGKILL. Returns
@@ -155,4 +181,4 @@ class JsonLineProcess:
         stderr = self.proc.stderr
         assert stderr is not None
         while line := await stderr.readline():
-            self.stderr_tail.append(line.decode(errors="replace").rstrip()[:300])
+            self.stderr_tail.append(line.decode(errors="replace").rstrip()[:_LINE_KEPT])

@@ -3,15 +3,18 @@
 ``qwen --auth-type openai --input-format stream-json -o stream-json
 --include-partial-messages --model M`` reads user messages and control
 requests on stdin, one JSON per line, and runs one turn at a time. What the
-driver does about Qwen's habits (all verified on 0.15.10):
+driver does about Qwen's habits (verified on 0.15.10, and on 0.24.4 since):
 
 * ``initialize`` goes first (without it a tool needing approval hangs with no
   ``can_use_tool``); the CLI answers with its session id.
 * ``memory.enableManagedAutoMemory = false`` is written into the home's
   ``.qwen/settings.json``; otherwise every prompt costs a second upstream call.
-* Chat mode: every built-in tool excluded and ``--system-prompt`` replacing the
+* Chat mode: every built-in tool excluded and the system prompt replacing the
   agent prompt (1.8 KB requests instead of 64 KB). Agent mode: ``--approval-mode
   yolo``, and any ``can_use_tool`` is allowed.
+* Nothing a client wrote goes on the command line: the system prompt is a
+  private file named by ``QWEN_SYSTEM_MD`` (:mod:`pool.cli.qwen_prompt`), the
+  model goes as ``--model=…``.
 * ``interrupt`` ends the whole process, so the driver SIGKILLs it instead (it
   may ignore SIGTERM) and the next turn respawns with ``--resume <sid>``.
 * A conversation opened with history gets it as a transcript written in
@@ -31,6 +34,7 @@ from typing import Any, AsyncIterator, Mapping, Sequence
 
 import structlog
 
+from ..errors import BadRequest
 from .content import turn_blocks
 from .driver import DriverConfig, DriverError
 from .events import (
@@ -43,19 +47,16 @@ from .qwen_tools import PREFIX, SdkToolServer
 from .qwen_transcript import forget_session, forget_sessions, write_transcript
 from .private import private_dir
 from .proc import JsonLineProcess, find_binary, run_probe
+from .prompt_file import PromptFile, remove_stale, safe_value
+from .qwen_launch import CHAT_EXCLUDED_TOOLS, direct_command
+from .qwen_prompt import QwenPrompts
+from .scrub import account_secrets, scrub
 from .turns import guarded
 
 __all__ = ["QwenDriver", "QwenConversation", "CHAT_EXCLUDED_TOOLS"]
 
 log = structlog.get_logger("pool.cli.qwen")
 
-#: every built-in tool of Qwen Code 0.15.x (unknown names are ignored by the CLI)
-CHAT_EXCLUDED_TOOLS = (
-    "tool_search", "agent", "task", "task_stop", "send_message", "skill", "list_directory",
-    "read_file", "read_many_files", "grep_search", "glob", "edit", "write_file",
-    "run_shell_command", "todo_write", "ask_user_question", "web_fetch", "web_search",
-    "monitor", "save_memory", "exit_plan_mode", "lsp",
-)
 DEFAULT_CHAT_SYSTEM = "You are a helpful assistant."
 _OPTIONS = {"auth_type", "approval_mode", "extra_args"}
 _HANDSHAKE_TIMEOUT = 60.0
@@ -85,6 +86,12 @@ class QwenDriver:
         self.version: str | None = None
         self.logged_out_reason: str | None = None
         self._conversations: weakref.WeakSet[QwenConversation] = weakref.WeakSet()
+        self.prompts = QwenPrompts(str(self.home), config.cwd, self.env, self.argv)
+
+    def argv(self, model: str, *options: str) -> list[str]:
+        """A stream-json ``qwen`` command line (no client text but the checked model)."""
+        return [*self.command, "--auth-type", self.auth_type, "--input-format", "stream-json",
+                "-o", "stream-json", f"--model={model}", *options, *self.extra_args]
 
     # --- the process environment ---
 
@@ -97,10 +104,13 @@ class QwenDriver:
     # --- CliDriver ---
 
     async def start(self) -> CliHealth:
-        self.command = find_binary(self.config.command, "qwen", self.config.env)
+        self.command = direct_command(find_binary(self.config.command, "qwen", self.config.env),
+                                      self.config.env)
         private_dir(self.home)
+        remove_stale(self.home)
         private_dir(self.config.cwd)
-        forget_sessions(self.home, self.config.cwd)  # left by a worker that died
+        for cwd in self.config.every_cwd():  # left by a worker that died
+            forget_sessions(self.home, cwd)
         self.account.write()
         try:  # a probe that hangs is killed (idle_timeout: silence that counts as hung)
             code, out, err = await run_probe(
@@ -110,7 +120,7 @@ class QwenDriver:
             raise DriverError(f"qwen: cannot run {self.command[0]}: {exc!r}") from None
         if code != 0:
             raise DriverError(f"qwen --version exited {code}: "
-                              f"{err.decode(errors='replace').strip()[-300:]}")
+                              f"{scrub(err.decode(errors='replace').strip(), self.secrets())}")
         self.version = out.decode(errors="replace").strip().splitlines()[-1] if out.strip() else None
         log.info("cli.qwen.started", worker=self.config.name, version=self.version)
         return await self.health()
@@ -125,7 +135,13 @@ class QwenDriver:
             detail["reason"] = self.logged_out_reason
         return CliHealth(login=login, version=self.version, account=None, detail=detail)
 
+    def secrets(self) -> set[str]:
+        """The account's secret values (scrubbed from what the CLI prints)."""
+        return account_secrets(self.home, self.config.env)
+
     async def open(self, setup: ConversationSetup) -> QwenConversation:
+        if not safe_value(setup.model, 128):
+            raise BadRequest("model: not a value the qwen CLI takes", param="model")
         conversation = QwenConversation(self, setup)
         if setup.history:
             conversation.resume_from(write_transcript(self.home, conversation.cwd, setup.history,
@@ -140,7 +156,7 @@ class QwenDriver:
     def note_terminal(self, event: CliEvent) -> None:
         """Remember a logged-out account until its credentials change (a restart)."""
         if isinstance(event, LoginRequired):
-            self.logged_out_reason = event.message
+            self.logged_out_reason = scrub(event.message, self.secrets())
         elif not isinstance(event, TurnFailed):
             self.logged_out_reason = None
 
@@ -163,6 +179,7 @@ class QwenConversation:
         self._interrupted = False
         self._requests = 0
         self._sessions: set[str] = set()  # every session id it had: deleted on close
+        self._prompt: PromptFile | None = None   # the system prompt (QWEN_SYSTEM_MD)
 
     @property
     def session_id(self) -> str | None:
@@ -204,18 +221,21 @@ class QwenConversation:
         return self._resumable and self._session_id is not None
 
     def argv(self) -> list[str]:
-        d, setup = self.driver, self.setup
-        argv = [*d.command, "--auth-type", d.auth_type, "--input-format", "stream-json",
-                "-o", "stream-json", "--include-partial-messages", "--model", setup.model,
-                "--approval-mode", d.approval_mode]
+        d = self.driver
+        options = ["--include-partial-messages", "--approval-mode", d.approval_mode]
         if d.config.mode == "chat":
-            argv += ["--exclude-tools", ",".join(CHAT_EXCLUDED_TOOLS),
-                     "--system-prompt", setup.system or DEFAULT_CHAT_SYSTEM]
-        elif setup.system:
-            argv += ["--append-system-prompt", setup.system]
+            options += ["--exclude-tools", ",".join(CHAT_EXCLUDED_TOOLS)]
         if self._session_id is not None:
-            argv += ["--resume", self._session_id]
-        return argv + list(d.extra_args)
+            options += ["--resume", self._session_id]
+        return d.argv(self.setup.model, *options)
+
+    def env(self) -> dict[str, str]:
+        """The driver's environment, plus ``QWEN_SYSTEM_MD`` naming the system prompt's file."""
+        env = self.driver.env()
+        env.pop("QWEN_SYSTEM_MD", None)
+        if self._prompt is not None:
+            env["QWEN_SYSTEM_MD"] = self._prompt.path
+        return env
 
     def _control_id(self) -> str:
         self._requests += 1
@@ -224,10 +244,17 @@ class QwenConversation:
     async def _spawn(self) -> CliEvent | None:
         """Start the process and handshake; a terminal event when that failed."""
         self._interrupted = False
+        if self._prompt is None:
+            self._prompt = await self.driver.prompts.file_for(
+                self.driver.config.mode, self.setup.model, self.setup.system, DEFAULT_CHAT_SYSTEM)
+            if self._closed and self._prompt is not None:  # closed while Qwen was asked
+                self._prompt.remove()
+                return TurnFailed("upstream", "qwen: conversation closed")
         try:
-            env = self.driver.env()
+            env = self.env()
             argv = self.driver.config.sandboxed(self.argv(), cwd=self.cwd, env=env)
-            proc = await JsonLineProcess.spawn(argv, env=env, cwd=self.cwd, label="qwen")
+            proc = await JsonLineProcess.spawn(argv, env=env, cwd=self.cwd, label="qwen",
+                                               secrets=self.driver.secrets)
         except DriverError as exc:
             return TurnFailed("upstream", f"qwen: {exc}")
         self._proc, self._lines = proc, proc.lines()
@@ -315,6 +342,8 @@ class QwenConversation:
         if self._session_id:
             yield SessionStarted(self._session_id, self.setup.model)
         parser = QwenTurnParser(self._totals, client_tool_prefix=PREFIX if self._tools else None)
+        if self._tools is not None:
+            self._tools.new_turn()
         self._send({"type": "user", "message": {"role": "user", "content": turn_blocks(turn)}})
         async for event in self._pump(parser):
             yield event
@@ -386,4 +415,6 @@ class QwenConversation:
         finally:  # the process is gone: the conversation's text leaves the disk with it
             config = self.driver.config
             for session_id in self._sessions:
-                forget_session(config.home, config.cwd, session_id)
+                forget_session(config.home, self.cwd, session_id)
+            if self._prompt is not None:
+                self._prompt.remove()

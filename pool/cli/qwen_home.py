@@ -24,6 +24,7 @@ _SETTINGS: dict[str, Any] = {
     "general": {"enableAutoUpdate": False},
     "privacy": {"usageStatisticsEnabled": False},
     "telemetry": {"enabled": False},
+    "ui": {"enableFollowupSuggestions": False},  # 0.24: one more upstream call per turn
 }
 
 

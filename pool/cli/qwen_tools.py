@@ -13,6 +13,13 @@ The gateway ends the client's answer at that ``assistant`` line and leaves the
 Qwen waits at most 30 s for an answer (``MCP_REQUEST_TIMEOUT`` in its source)
 and then sends the same ``tools/call`` again (seen at 35 s); every copy gets
 the result once it is known.
+
+Which call a ``tools/call`` is for: the one its MCP id was already bound to (a
+copy sent again), else the first call of the model's not yet bound with the
+same name and arguments (a model may call the same tool with the same
+arguments twice, in one step or in two: each gets its own result), else
+the newest such call (a copy under a new id). Every turn starts afresh
+(:meth:`SdkToolServer.new_turn`).
 """
 
 from __future__ import annotations
@@ -38,6 +45,14 @@ class SdkToolServer:
         self._calls: list[PendingToolCall] = []     # the model's calls, in order
         self._answers: dict[str, ToolAnswer] = {}
         self._held: list[tuple[str, Any, str]] = []  # (control request id, MCP id, call id)
+        self._bound: dict[str, str] = {}             # MCP id (as JSON) -> call id
+
+    def new_turn(self) -> None:
+        """Forget the calls and results of the turns before."""
+        self._calls.clear()
+        self._answers.clear()
+        self._held.clear()
+        self._bound.clear()
 
     @staticmethod
     def initialize_payload() -> dict[str, Any]:
@@ -78,22 +93,40 @@ class SdkToolServer:
         return _response(request_id, mcp_id, {})  # notifications wait for an answer too
 
     def _call(self, request_id: str, mcp_id: Any, params: Mapping[str, Any]) -> dict[str, Any] | None:
-        name, arguments = params.get("name"), params.get("arguments") or {}
-        match = next((c for c in self._calls if c.name == name
-                      and json.loads(c.arguments or "{}") == arguments), None) \
-            or next((c for c in self._calls if c.name == name), None)
+        match = self._match(mcp_id, params.get("name"), params.get("arguments") or {})
         if match is None:
             return _response(request_id, mcp_id, {"isError": True, "content": [
-                {"type": "text", "text": f"no call of {name} is pending"}]})
-        answer = self._answers.get(match.call_id)
+                {"type": "text", "text": f"no call of {params.get('name')} is pending"}]})
+        answer = self._answers.get(match)
         if answer is None:
-            self._held.append((request_id, mcp_id, match.call_id))
+            self._held.append((request_id, mcp_id, match))
             return None
         return _response(request_id, mcp_id, _call_result(answer))
 
+    def _match(self, mcp_id: Any, name: Any, arguments: Any) -> str | None:
+        """The call id a ``tools/call`` is for (see the module's docstring)."""
+        key = json.dumps(mcp_id)
+        if key in self._bound:
+            return self._bound[key]
+        bound = set(self._bound.values())
+        same = [c for c in self._calls if c.name == name and _arguments(c) == arguments] \
+            or [c for c in self._calls if c.name == name]
+        fresh = next((c for c in same if c.call_id not in bound), None)
+        if fresh is not None:
+            self._bound[key] = fresh.call_id
+            return fresh.call_id
+        return same[-1].call_id if same else None
+
+
+def _arguments(call: PendingToolCall) -> Any:
+    try:
+        return json.loads(call.arguments or "{}")
+    except ValueError:
+        return None
+
 
 def _call_result(answer: ToolAnswer) -> dict[str, Any]:
-    return {"content": [{"type": "text", "text": answer.content}], "isError": answer.is_error}
+    return {"content": answer.blocks(), "isError": answer.is_error}
 
 
 def _response(request_id: str, mcp_id: Any, result: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""``cli = "claude" | "codex" | "qwen" | "jsonrpc"`` → the driver class.
+"""``cli = "claude" | "codex" | "qwen" | "gemini" | "jsonrpc"`` → the driver class.
 
 Drivers are imported by path, lazily: a worker child imports only its own CLI's
 driver, and a driver module can be added without touching the others."""
@@ -16,6 +16,7 @@ DRIVERS: dict[str, str] = {
     "codex": "pool.cli.codex:CodexDriver",
     "qwen": "pool.cli.qwen:QwenDriver",
     "jsonrpc": "pool.cli.jsonrpc:JsonRpcDriver",
+    "gemini": "pool.cli.gemini:GeminiDriver",
 }
 CLIS = tuple(DRIVERS)
 

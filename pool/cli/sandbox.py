@@ -99,12 +99,18 @@ class Sandbox:
 
     def prepare(self, *writable: str) -> None:
         """Create the writable directories (0700); under ``uid``, hand them and
-        the home to the account's uid."""
+        the home to the account's uid, and let it through the directories made
+        above them (the workspace root: 0711, so a tool reaches its workspace by
+        its absolute path, and lists no other)."""
+        above: list[str] = []
         for path in writable:
+            above += _missing_parents(path)
             os.makedirs(path, mode=0o700, exist_ok=True)
         if self.kind == "uid" and self.uid is not None:
             for top in (self.home, *writable):
                 _chown_tree(top, self.uid)
+            for folder in above:
+                os.chmod(folder, 0o711)
 
     def command(self, argv: Sequence[str], *, cwd: str, writable: Sequence[str] = (),
                 env: Mapping[str, str] | None = None) -> list[str]:
@@ -112,7 +118,8 @@ class Sandbox:
         (workspaces) are shown read-write besides the home."""
         if self.kind == "bwrap":
             # the programs by their real folders (only those are bound), their own names kept
-            argv = [_real_folder(a) for a in argv[:2]] + list(argv[2:])
+            programs = _programs(argv)
+            argv = [_real_folder(a) if i in programs else a for i, a in enumerate(argv)]
             args = _bwrap_base(self.tool)
             for path in _program_paths(argv, env or {}, self.paths):
                 args += ["--ro-bind-try", path, path]
@@ -204,12 +211,12 @@ def _bwrap_base(bwrap: str) -> list[str]:
 
 def _program_paths(argv: Sequence[str], env: Mapping[str, str],
                    extra: Sequence[str]) -> list[str]:
-    """What the CLI's programs need read-only: for each absolute path in argv
-    (and where its links lead) the install it belongs to (an npm
+    """What the CLI's programs need read-only: for the executable and its script
+    (:func:`_programs`, and where their links lead) the install each belongs to (an npm
     ``node_modules``, a ``bin``'s prefix, a virtualenv), the ``PYTHONPATH``
     entries when the CLI is a Python program, and the worker's ``sandbox_paths``."""
     found: list[str] = []
-    for arg in argv[:2]:
+    for arg in (argv[i] for i in _programs(argv)):
         if not os.path.isabs(arg) or not os.path.exists(arg):
             continue
         for path in dict.fromkeys((arg, os.path.realpath(arg))):
@@ -221,6 +228,14 @@ def _program_paths(argv: Sequence[str], env: Mapping[str, str],
     # parents before children: a nested bind lands on top of its parent's
     return sorted((p for p in dict.fromkeys(found) if p != "/" and not p.startswith("/usr/")),
                   key=len)
+
+
+def _programs(argv: Sequence[str]) -> tuple[int, ...]:
+    """Where the programs are in ``argv``: the executable, and the script an
+    interpreter runs (its first argument that is not an option, as in
+    ``node --expose-gc cli.js``)."""
+    script = next((i for i, a in enumerate(argv[1:], 1) if not a.startswith("-")), None)
+    return (0,) if script is None else (0, script)
 
 
 def _real_folder(arg: str) -> str:
@@ -239,6 +254,16 @@ def _install_root(path: str) -> str:
 
 def _under(path: str, roots: Sequence[str]) -> bool:
     return bool(path) and any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def _missing_parents(path: str) -> list[str]:
+    """The directories above ``path`` that do not exist yet (made by us, then)."""
+    found: list[str] = []
+    parent = os.path.dirname(os.path.abspath(path))
+    while parent != os.path.dirname(parent) and not os.path.exists(parent):
+        found.append(parent)
+        parent = os.path.dirname(parent)
+    return found
 
 
 def _chown_tree(top: str, uid: int) -> None:

@@ -40,7 +40,7 @@ __all__ = ["CliSpec", "CliWorker"]
 log = structlog.get_logger("pool.cli")
 ENV_CONFIG = "POOLGATE_CLI_CONFIG"
 #: the CLIs that can call tools the API client defines (others: a 400 naming ``tools``)
-CLIENT_TOOLS = frozenset({"claude", "codex", "qwen"})
+CLIENT_TOOLS = frozenset({"claude", "codex", "qwen", "gemini"})
 #: the CLIs that take images in a user turn
 IMAGES = frozenset({"claude"})
 _POLICY_FIELDS = ("ready_timeout", "health_interval", "health_timeout", "backoff_initial",

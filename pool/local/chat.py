@@ -40,6 +40,10 @@ from .toolcalls import OPEN, CallOut, HermesParser, TextOut, new_call_id
 
 __all__ = ["LocalChat", "StopMatcher", "template_messages", "template_tools"]
 
+# where each dialect asks for an answer format (named when it is refused)
+_FORMAT_PARAM = {"openai_responses": "text.format", "anthropic": "output_config.format",
+                 "gemini": "generationConfig.responseMimeType"}
+
 
 # --- the conversation as a chat template wants it -------------------------------------------
 
@@ -212,8 +216,7 @@ class LocalChat:
         fmt = request.response_format
         if fmt is not None and fmt.type != "text":
             # no constrained decoding here: refuse rather than answer unconstrained
-            param = "text.format" if request.dialect == "openai_responses" else (
-                "output_config.format" if request.dialect == "anthropic" else "response_format")
+            param = _FORMAT_PARAM.get(request.dialect, "response_format")
             raise BadRequest(f"response_format {fmt.type!r} is not available from local model "
                              "workers (no constrained decoding); ask for JSON in the prompt instead.",
                              param=param)

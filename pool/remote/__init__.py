@@ -1,14 +1,14 @@
-"""``remote`` workers: an OpenAI- or Anthropic-compatible HTTP upstream."""
+"""``remote`` workers: an OpenAI-, Anthropic- or Gemini-compatible HTTP upstream."""
 
 from __future__ import annotations
 
 from pool.worker import Worker
 
 from .base import RemoteSpec, RemoteWorker
-from .workers import AnthropicMessagesWorker, OpenAIChatWorker
+from .workers import AnthropicMessagesWorker, GeminiWorker, OpenAIChatWorker
 
 __all__ = ["RemoteSpec", "RemoteWorker", "OpenAIChatWorker", "AnthropicMessagesWorker",
-           "make_remote_worker"]
+           "GeminiWorker", "make_remote_worker"]
 
 
 def make_remote_worker(spec: RemoteSpec) -> Worker:
@@ -17,4 +17,6 @@ def make_remote_worker(spec: RemoteSpec) -> Worker:
         return OpenAIChatWorker(spec)
     if spec.dialect == "anthropic":
         return AnthropicMessagesWorker(spec)
+    if spec.dialect == "gemini":
+        return GeminiWorker(spec)
     raise ValueError(f"unknown remote dialect {spec.dialect!r}")

@@ -15,9 +15,10 @@ Choices made here (see the module tests):
   *strict* schema the schema also goes to ``output_config.format`` so the
   Anthropic API enforces it (its schema subset is narrower than OpenAI's, so
   a non-strict schema is not sent there: it could be refused).
-* ``thinking_budget`` must stay below ``max_tokens`` and at least 1024: the
-  budget is clamped to ``max_tokens - 1`` rather than raising the client's
-  output cap; when ``max_tokens`` is 1024 or less thinking is left off.
+* ``thinking`` comes from ``thinking_budget`` or, failing that, from
+  ``reasoning_effort`` (:mod:`pool.remote.anthropic_thinking`: clamped below
+  ``max_tokens``, at least 1024, or left off); with it on, the sampling it
+  refuses is left out of a Gemini client's request.
 * Tool call arguments that are not a JSON object (custom tools' free text)
   go as ``{"input": <text>}``, matching the schema given to custom tools;
   a ``tool_use`` of a custom tool of the request comes back as a
@@ -39,6 +40,7 @@ from pool.model import (
     ToolResultPart, Usage, executed_text,
 )
 
+from .anthropic_thinking import sampling_for_thinking, thinking
 from .errors import error_from_object, loads_upstream
 from .policy import ANTHROPIC_FIELDS, PassPolicy
 
@@ -100,7 +102,7 @@ def _translate(req: ChatRequest) -> dict[str, Any]:
             messages.append({"role": m.role, "content": blocks})
 
     s = req.sampling
-    max_tokens = s.max_tokens if s.max_tokens is not None else DEFAULT_MAX_TOKENS
+    think, max_tokens = thinking(req, DEFAULT_MAX_TOKENS)
     body: dict[str, Any] = {"model": req.model, "messages": messages, "max_tokens": max_tokens}
     rf = req.response_format
     if rf is not None and rf.type != "text":
@@ -132,9 +134,10 @@ def _translate(req: ChatRequest) -> dict[str, Any]:
             if tc.parallel is False and tc.mode != "none":
                 choice["disable_parallel_tool_use"] = True
             body["tool_choice"] = choice
-    if req.thinking_budget and max_tokens > 1024:
-        budget = min(max(1024, req.thinking_budget), max_tokens - 1)
-        body["thinking"] = {"type": "enabled", "budget_tokens": budget}
+    if think is not None:
+        body["thinking"] = think
+        if req.dialect == "gemini":  # Gemini takes its sampling with thinking: its clients send it
+            sampling_for_thinking(body)
     if req.user is not None:
         body["metadata"] = {"user_id": req.user}
     if req.stream:

@@ -92,6 +92,27 @@ class RemoteWorker:
         """The upstream body (a dict) and the per-request headers."""
         raise NotImplementedError
 
+    async def _read_count(self, resp: aiohttp.ClientResponse, field: str) -> int:
+        """The token count in ``field`` of a counting endpoint's answer."""
+        try:
+            raw = await self._read_all(resp)
+        except BaseException:
+            resp.close()
+            raise
+        resp.release()
+        try:
+            count = orjson.loads(raw).get(field)
+        except (orjson.JSONDecodeError, AttributeError):
+            count = None
+        if type(count) is not int or count < 0:
+            raise UpstreamUnavailable(f"upstream {self.name} sent an invalid token count")
+        return count
+
+    def url_for(self, request: ChatRequest) -> URL | None:
+        """The endpoint for ``request`` when it is not the one chat URL (the
+        Gemini API puts the model and the streaming choice in the path)."""
+        return None
+
     # --- lifecycle ------------------------------------------------------------
 
     async def start(self) -> None:
@@ -255,7 +276,8 @@ class RemoteWorker:
         custom = (frozenset(t.name for t in request.tools if t.kind == "custom")
                   if request.tools else _NO_TOOLS)
         # the body is not held (a whole conversation) while the answer streams
-        return await self._post(orjson.dumps(body, default=_json_default), headers), custom
+        return await self._post(orjson.dumps(body, default=_json_default), headers,
+                                url=self.url_for(request)), custom
 
     async def _run(self, request: ChatRequest, relay: Relay | None,
                    resp: aiohttp.ClientResponse | None = None,

@@ -1,10 +1,11 @@
 """Same-dialect answers forwarded as the upstream's bytes (sans-IO).
 
 When a client speaks the dialect of the ``remote`` worker that serves it
-(OpenAI chat to an OpenAI upstream, Anthropic messages to an Anthropic one),
-the answer needs no canonical round trip: the upstream's JSON body, or its SSE
-frames, go to the client as they came, with only the model name replaced by
-the name the client asked for (an alias maps it to another upstream name). A
+(OpenAI chat to an OpenAI upstream, Anthropic messages to an Anthropic one,
+Gemini to Gemini: :mod:`.gemini_relay`), the answer needs no canonical round
+trip: the upstream's JSON body, or its SSE frames, go to the client as they
+came, with only the model name (Gemini's ``modelVersion``) replaced by the
+name the client asked for (an alias maps it to another upstream name). A
 cheap side scan (one ``orjson.loads`` per body or frame) keeps what the
 gateway must know: usage, finish reason, errors, and how many frames carried
 content (what a stream cut before its usage is charged).
@@ -47,20 +48,23 @@ from .errors import error_from_object, loads_upstream
 __all__ = ["Relay", "OpenAIRelay", "AnthropicRelay", "relay_for"]
 
 _NO_USAGE = Usage()  # frozen: one instance serves every relay until usage comes
-_MODEL_KEY = re.compile(rb'"model"\s*:\s*"(?:[^"\\]|\\.)*"')
+# the key naming the model in an answer -> its "key": "value" pairs
+_MODEL_KEYS = {key: re.compile(rb'"' + key.encode() + rb'"\s*:\s*"(?:[^"\\]|\\.)*"')
+               for key in ("model", "modelVersion")}
 _EMPTY = b""
 
 
-def _model_field(raw: bytes, found: Any, model: str) -> tuple[bytes, bytes] | None:
-    """(the bytes of the upstream's ``"model": "<found>"`` pair in ``raw``, what
+def _model_field(raw: bytes, found: Any, model: str,
+                 key: str = "model") -> tuple[bytes, bytes] | None:
+    """(the bytes of the upstream's ``"<key>": "<found>"`` pair in ``raw``, what
     replaces them), or ``None`` when nothing needs replacing or it is not there."""
     if found == model or not isinstance(found, str):
         return None
-    for match in _MODEL_KEY.finditer(raw):
+    for match in _MODEL_KEYS[key].finditer(raw):
         pair = match.group()
         value = pair[pair.index(b":") + 1:].strip()
         if orjson.loads(value) == found:
-            return pair, b'"model":' + orjson.dumps(model)
+            return pair, b'"' + key.encode() + b'":' + orjson.dumps(model)
     return None
 
 
@@ -75,6 +79,7 @@ class Relay:
                  "forwarded", "_buf", "_pending_cr", "_swap")
 
     usage_of: Callable[[dict[str, Any]], Usage]
+    model_key = "model"  # the answer's field naming the model
 
     def __init__(self, model: str, stream: bool) -> None:
         self.model = model
@@ -97,14 +102,15 @@ class Relay:
         if not isinstance(obj, dict):
             raise UpstreamUnavailable("upstream sent an unexpected response body")
         self._scan_body(obj)
-        swap = _model_field(raw, obj.get("model"), self.model)
+        key = self.model_key
+        swap = _model_field(raw, obj.get(key), self.model, key)
         if swap is not None:
             pair, replacement = swap
             # one pair only: a tool input holding the same pair must stay as it is
             if raw.count(pair) == 1:
                 raw = raw.replace(pair, replacement)
             else:
-                obj["model"] = self.model
+                obj[key] = self.model
                 raw = orjson.dumps(obj)
         self.forwarded = True
         return raw
@@ -352,6 +358,10 @@ def relay_for(dialect: str, request: ChatRequest, model: str) -> Relay | None:
         return OpenAIRelay(model, request.stream, usage_wanted=wanted)
     if dialect == "anthropic" and request.dialect == "anthropic":
         return AnthropicRelay(model, request.stream)
+    if dialect == "gemini" and request.dialect == "gemini":
+        from .gemini_relay import GeminiRelay  # it imports this module
+
+        return GeminiRelay(model, request.stream)
     return None
 
 

@@ -16,10 +16,11 @@ __all__ = ["RemoteSpec", "StreamParser"]
 @dataclass(frozen=True, slots=True)
 class RemoteSpec:
     """One upstream, as configured. ``url``: OpenAI base URL including ``/v1``
-    (as the openai SDK takes it); Anthropic root without ``/v1``."""
+    (as the openai SDK takes it); Anthropic and Gemini root without ``/v1``
+    (``/v1beta``)."""
 
     name: str
-    dialect: Literal["openai", "anthropic"]
+    dialect: Literal["openai", "anthropic", "gemini"]
     url: str
     api_key: str | None = field(default=None, repr=False)
     models: tuple[str, ...] = ()

@@ -1,5 +1,5 @@
-"""The two ``remote`` worker kinds: an OpenAI Chat Completions upstream and an
-Anthropic Messages upstream. All I/O lives in :class:`.base.RemoteWorker`;
+"""The ``remote`` worker kinds: an OpenAI Chat Completions upstream, an
+Anthropic Messages upstream and a Gemini API upstream. All I/O lives in :class:`.base.RemoteWorker`;
 the translation in the dialect modules."""
 
 from __future__ import annotations
@@ -7,16 +7,17 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import orjson
+from yarl import URL
 
-from pool.errors import UpstreamError, UpstreamUnavailable
+from pool.errors import UpstreamError
 from pool.model import ChatRequest
 from pool.worker import Capabilities
 
-from . import anthropic_messages, openai_chat
+from . import anthropic_messages, gemini, openai_chat
 from .base import RemoteSpec, RemoteWorker
 from .images import vet_images
 
-__all__ = ["OpenAIChatWorker", "AnthropicMessagesWorker", "ANTHROPIC_VERSION"]
+__all__ = ["OpenAIChatWorker", "AnthropicMessagesWorker", "GeminiWorker", "ANTHROPIC_VERSION"]
 
 ANTHROPIC_VERSION = "2023-06-01"
 _JSON = {"content-type": "application/json"}
@@ -94,16 +95,53 @@ class AnthropicMessagesWorker(RemoteWorker):
             if exc.status in (404, 405):
                 return None
             raise
+        return await self._read_count(resp, "input_tokens")
+
+
+class GeminiWorker(RemoteWorker):
+    """``POST {url}/v1beta/models/{model}:generateContent`` (or
+    ``:streamGenerateContent?alt=sse``) with the key as ``x-goog-api-key``;
+    health is ``GET {url}/v1beta/models``. Answers are translated (also to a
+    Gemini client, whose own body is sent on): see :mod:`.gemini`."""
+
+    parser_factory = gemini.StreamParser
+    body_events = gemini.body_events
+
+    def __init__(self, spec: RemoteSpec) -> None:
+        root = spec.url.rstrip("/")
+        auth = {"x-goog-api-key": spec.api_key} if spec.api_key else {}
+        super().__init__(spec, capabilities=Capabilities(images=True, logprobs=False, max_n=1,
+                                                          tools=True),
+                         chat_url=root + "/v1beta/models", health_url=root + "/v1beta/models",
+                         auth_headers=auth)
+        self._root = root
+        self._urls: dict[tuple[str, bool], URL] = {}
+
+    def prepare(self, request: ChatRequest) -> tuple[dict[str, Any], Mapping[str, str]]:
+        return gemini.build_body(request, self.spec.policy), _JSON
+
+    def url_for(self, request: ChatRequest) -> URL:
+        key = (request.model, request.stream)
+        url = self._urls.get(key)
+        if url is None:
+            if len(self._urls) >= 256:  # served models are few; requests name only those
+                self._urls.clear()
+            method = "streamGenerateContent?alt=sse" if request.stream else "generateContent"
+            url = self._urls[key] = URL(f"{self._root}/v1beta/models/{request.model}:{method}",
+                                        encoded=False)
+        return url
+
+    async def count_tokens(self, request: ChatRequest) -> int | None:
+        """The upstream's ``totalTokens`` for ``request`` (``:countTokens`` with
+        the whole request as ``generateContentRequest``); ``None`` when the
+        upstream cannot count (404 or 405)."""
+        body, headers = self.prepare(await vet_images(request, self.spec.policy))
+        wrapped = {"generateContentRequest": {"model": f"models/{request.model}", **body}}
+        url = URL(f"{self._root}/v1beta/models/{request.model}:countTokens", encoded=False)
         try:
-            raw = await self._read_all(resp)
-        except BaseException:
-            resp.close()
+            resp = await self._post(orjson.dumps(wrapped, default=dict), headers, url=url)
+        except UpstreamError as exc:
+            if exc.status in (404, 405):
+                return None
             raise
-        resp.release()
-        try:
-            count = orjson.loads(raw).get("input_tokens")
-        except (orjson.JSONDecodeError, AttributeError):
-            count = None
-        if type(count) is not int or count < 0:
-            raise UpstreamUnavailable(f"upstream {self.name} sent an invalid token count")
-        return count
+        return await self._read_count(resp, "totalTokens")

@@ -1,4 +1,4 @@
-"""A fake ``codex app-server`` (Codex CLI 0.169.0) for the fast test tier.
+"""A fake ``codex app-server`` (Codex CLI 0.169.0 and 0.171.0: one protocol) for the fast test tier.
 
 Standard library only; run as ``python -m tests.fakes.codex_app_server
 app-server [-c key=value]... [--disable FEATURE]...``. It speaks the same
@@ -72,7 +72,7 @@ from .codex_fake_state import (
     Thread, Turn, Upstream, dynamic_tools, parse_config, text_item, turn_info,
 )
 
-VERSION = "0.169.0"
+VERSION = "0.171.0"  # the pinned real Codex; its protocol is that of 0.169.0 (verified on both)
 _out_lock = threading.Lock()
 
 

@@ -17,7 +17,8 @@ Switches (environment): ``FAKE_CLAUDE_LOG=path`` appends argv and every stdin
 line as JSON; ``FAKE_CLAUDE_FAULT=crash-mid-turn`` SIGKILLs itself after the
 first text delta, ``hang`` reads a user message and never answers,
 ``rate-limited`` answers every turn with a rejected ``rate_limit_event`` and
-a 429 result (a 429 from the upstream does the same).
+a 429 result (a 429 from the upstream does the same), ``leak-token`` prints
+its bearer token on stderr at the first user message and exits 1.
 
 ``auth login``: see fake_claude_login.py (the real prompts, the code read from a pty).
 """
@@ -56,20 +57,44 @@ def log(entry: dict) -> None:
 
 
 def parse_args(argv: list[str]) -> dict:
+    """Options as Claude's commander parses them: ``--name=value``, or ``--name``
+    taking the next word whatever it starts with."""
     valued = {"--input-format", "--output-format", "--model", "--tools", "--system-prompt",
-              "--append-system-prompt", "--session-id", "--resume", "--mcp-config",
+              "--append-system-prompt", "--system-prompt-file", "--append-system-prompt-file",
+              "--session-id", "--resume", "--mcp-config",
               "--allowedTools", "--effort", "--permission-mode", "--max-turns"}
     opts: dict = {}
     i = 0
     while i < len(argv):
         arg = argv[i]
-        if arg in valued:
+        name, eq, value = arg.partition("=")
+        if eq and name in valued:
+            opts[name] = value
+            i += 1
+        elif arg in valued:
             opts[arg] = argv[i + 1]
             i += 2
         else:
             opts[arg] = True
             i += 1
     return opts
+
+
+def read_prompt_files(opts: dict) -> str | None:
+    """``--system-prompt-file`` / ``--append-system-prompt-file``: read once at
+    startup, with the real CLI's errors; None when all is well."""
+    for flag in ("--system-prompt", "--append-system-prompt"):
+        path = opts.pop(f"{flag}-file", None)
+        if path is None:
+            continue
+        if flag in opts:
+            return f"Error: Cannot use both {flag} and {flag}-file. Please use only one."
+        try:
+            with open(path, encoding="utf-8") as fh:
+                opts[flag] = fh.read()
+        except FileNotFoundError:
+            return f"Error: System prompt file not found: {os.path.abspath(path)}"
+    return None
 
 
 class Cli:
@@ -238,7 +263,8 @@ class Cli:
             if response is None:
                 return None
             result = response.get("result", {})
-            text = "".join(c.get("text", "") for c in result.get("content", []))
+            blocks = result.get("content", [])  # several: passed on as blocks, like the real CLI
+            text = blocks if len(blocks) > 1 else "".join(c.get("text", "") for c in blocks)
             return {"type": "tool_result", "tool_use_id": use["id"], "content": text,
                     "is_error": bool(result.get("isError"))}
         if name == "Read":  # a built-in tool: the file, relative to the working directory
@@ -399,6 +425,10 @@ def main() -> int:
         return auth_login(ENV.get("CLAUDE_CONFIG_DIR") or os.path.join(ENV["HOME"], ".claude"))
     opts = parse_args(argv)
     log({"argv": argv, "cwd": os.getcwd(), "env": dict(ENV)})
+    failed = read_prompt_files(opts)
+    if failed:
+        sys.stderr.write(failed + "\n")
+        return 1
     cli = Cli(opts)
     if "--resume" in opts and not cli.load():
         sys.stderr.write(f"No conversation found with session ID: {cli.session_id}\n")
@@ -407,6 +437,11 @@ def main() -> int:
     while (msg := cli.inbox.get()) is not None:
         if ENV.get("FAKE_CLAUDE_FAULT") == "hang":
             time.sleep(3600)
+        if ENV.get("FAKE_CLAUDE_FAULT") == "leak-token":  # a CLI that prints its credentials
+            sys.stderr.write(f"request failed: Authorization: Bearer {cli.token}\n"
+                             f"token was {cli.token}\n")
+            sys.stderr.flush()
+            return 1
         cli.turn(msg)
     return 0
 

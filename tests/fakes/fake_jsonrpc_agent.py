@@ -21,6 +21,8 @@ test can see what the agent was sent. Two dialects, to prove the
 
 No ``OPENAI_API_KEY``: ``session/new`` fails with -32000 "Authentication
 required" (as ACP agents do); an upstream 401 fails the prompt the same way.
+``FAKE_AGENT_FAIL_INITIALIZE=1``: ``initialize`` fails (``FAKE_AGENT_LEAKY=1``:
+its error prints the key, as a vendor may).
 Test switches: a prompt containing ``[[crash]]`` exits 1 after the first chunk;
 ``FAKE_AGENT_LOG=<file>`` appends ``{"pid", "argv"}`` at start and ``{"pid",
 "stdin"}`` for every message received.
@@ -74,7 +76,11 @@ class Agent:
 
     def handle(self, msg: dict) -> None:
         method, params, mid = msg.get("method"), msg.get("params") or {}, msg.get("id")
-        if method == self.m["initialize"]:
+        if method == self.m["initialize"] and os.environ.get("FAKE_AGENT_FAIL_INITIALIZE"):
+            leaky = os.environ.get("FAKE_AGENT_LEAKY") == "1"
+            send({"id": mid, "error": {"code": -32603, "message": "bad configuration"
+                                       + (f" for key {self.key}" if leaky else "")}})
+        elif method == self.m["initialize"]:
             send({"id": mid, "result": {"protocolVersion": 1, "agentCapabilities": {},
                                         "authMethods": [{"id": "openai-key", "name": "API key"}],
                                         "agentInfo": {"name": "fake-agent", "version": "1.2.3"}}})

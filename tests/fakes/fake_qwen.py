@@ -2,7 +2,10 @@
 
 Run as ``python fake_qwen.py --auth-type openai --input-format stream-json
 -o stream-json [--include-partial-messages] --model M [--exclude-tools a,b]
-[--system-prompt S] [--resume SID]``. Replies come from ``OPENAI_BASE_URL``
+[--system-prompt S] [--resume SID]``, options parsed as yargs does
+(``--openai-base-url`` and ``--openai-api-key`` too); ``QWEN_SYSTEM_MD`` names a
+file replacing the system prompt, read for every request; ``QWEN_WRITE_SYSTEM_MD``
+names a file it writes its own base prompt into at startup. Replies come from ``OPENAI_BASE_URL``
 (a fake upstream), so they are deterministic. What it copies from the real CLI
 (each verified on the real binary against the same fake upstream):
 
@@ -46,6 +49,7 @@ VERSION = "0.15.10"
 TOOLS = ("list_directory", "read_file", "grep_search", "glob", "edit", "write_file",
          "run_shell_command", "todo_write", "web_fetch")
 _write_lock = threading.Lock()
+BASE_PROMPT = "You are Qwen Code, an interactive CLI agent."
 
 
 def log(entry: dict) -> None:
@@ -62,26 +66,38 @@ def emit(obj: dict) -> None:
 
 
 def parse_args(argv: list[str]) -> dict:
+    """Options as Qwen's yargs parses them: ``--name=value``; ``--name value``
+    unless the next word starts with ``-`` (then the option is empty and that
+    word is parsed as an option itself, or dropped)."""
     args: dict = {"exclude": set(), "partial": False}
-    takes_value = {"--auth-type", "--input-format", "-o", "--output-format", "--model", "-m",
-                   "--exclude-tools", "--system-prompt", "--append-system-prompt",
-                   "--approval-mode", "--resume", "-r"}
+    takes_value = {"auth-type", "input-format", "o", "output-format", "model", "m",
+                   "exclude-tools", "system-prompt", "append-system-prompt",
+                   "approval-mode", "resume", "r", "openai-base-url", "openai-api-key"}
     i = 0
     while i < len(argv):
-        flag = argv[i]
-        if flag in ("--version", "-v"):
+        word = argv[i]
+        i += 1
+        if word in ("--version", "-v"):
             print(VERSION)
             sys.exit(0)
-        if flag == "--include-partial-messages":
+        if not word.startswith("-") or word.strip("-") == "":
+            continue  # a positional prompt (not used here), or a bare dash run: dropped
+        name, eq, value = word.lstrip("-").partition("=")
+        if name == "include-partial-messages":
             args["partial"] = True
-        elif flag in takes_value:
-            value = argv[i + 1]
-            i += 1
-            if flag == "--exclude-tools":
-                args["exclude"].update(v for v in value.split(",") if v)
+            continue
+        if name not in takes_value:
+            continue
+        if not eq:
+            if i < len(argv) and not argv[i].startswith("-"):
+                value = argv[i]
+                i += 1
             else:
-                args[flag.lstrip("-")] = value
-        i += 1
+                value = ""
+        if name == "exclude-tools":
+            args["exclude"].update(v for v in value.split(",") if v)
+        else:
+            args[name] = value
     return args
 
 
@@ -94,9 +110,10 @@ class Session:
             self.settings = json.loads(settings_file.read_text())
         except (OSError, ValueError):
             self.settings = {}
-        self.key = os.environ.get("OPENAI_API_KEY") or \
+        self.key = args.get("openai-api-key") or os.environ.get("OPENAI_API_KEY") or \
             self.settings.get("security", {}).get("auth", {}).get("apiKey")
-        self.base = os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1").rstrip("/")
+        self.base = (args.get("openai-base-url") or os.environ.get(
+            "OPENAI_BASE_URL", "https://api.openai.com/v1")).rstrip("/")
         chats = home / ".qwen" / "projects" / re.sub(r"[^a-zA-Z0-9]", "-", str(cwd)) / "chats"
         chats.mkdir(parents=True, exist_ok=True)
         self.cwd = cwd
@@ -141,7 +158,15 @@ class Session:
             f.write(json.dumps(record) + "\n")
 
     def system_prompt(self) -> str:
-        text = self.args.get("system-prompt") or "You are Qwen Code, an interactive CLI agent."
+        """As Qwen builds it for every request: ``QWEN_SYSTEM_MD`` (a file read
+        each time) or ``--system-prompt`` replace the agent prompt."""
+        text = self.args.get("system-prompt") or BASE_PROMPT
+        system_md = os.environ.get("QWEN_SYSTEM_MD")
+        if system_md and system_md.lower() not in ("0", "false", "1", "true"):
+            if not os.path.exists(system_md):
+                raise RuntimeError(f"missing system prompt file '{os.path.abspath(system_md)}'")
+            with open(system_md, encoding="utf-8") as fh:
+                text = fh.read()
         if self.args.get("append-system-prompt"):
             text += "\n\n" + self.args["append-system-prompt"]
         return text
@@ -326,6 +351,9 @@ def main() -> None:
     args = parse_args(sys.argv[1:])
     home = Path(os.environ.get("HOME", "."))
     session = Session(args, home, Path.cwd())
+    if os.environ.get("QWEN_WRITE_SYSTEM_MD"):  # Qwen writes its own base prompt at startup
+        with open(os.environ["QWEN_WRITE_SYSTEM_MD"], "w", encoding="utf-8") as fh:
+            fh.write(BASE_PROMPT)
     if not session.key:
         emit({"type": "result", "subtype": "error_during_execution", "session_id": session.id,
               "is_error": True, "num_turns": 0, "usage": {"input_tokens": 0, "output_tokens": 0},

@@ -9,6 +9,13 @@ then a 302 to ``redirect_uri?code=…&state=…``. ``redirect_uri`` may be the
 IdP's own ``/oauth/code/callback``, which shows ``code#state`` in
 ``<code id="code">`` as Anthropic's callback page does.
 
+Google's shape too (Gemini CLI's login): ``GET /o/oauth2/v2/auth`` shows an
+email step (``#identifierId``, ``#identifierNext``), then a password step
+(``input[name=Passwd]``, ``#passwordNext``; a wrong one shows ``#pwError``
+"Wrong password. Try again or click Forgot password to reset it."), then a
+consent page (a "Continue" button), then a 302 to ``redirect_uri?code&state``;
+``/authcode`` shows the code as ``codeassist.google.com/authcode`` does.
+
 Users given a TOTP seed (``totp=``) must also fill ``#otp`` with a valid code.
 ``POST /oauth/token`` (form or JSON: ``code``, ``code_verifier``) checks PKCE
 (S256) and answers tokens that name the user (``at-<user>-…``, and an
@@ -44,6 +51,21 @@ LOGIN_PAGE = """<!doctype html><html><body><h1>Sign in</h1>{error}
 CONSENT_PAGE = """<!doctype html><html><body><h1>Allow access?</h1>
 <form method="post" action="/consent"><input type="hidden" name="flow" value="{flow}">
 <button id="allow" type="submit">Allow</button></form></body></html>"""
+GOOGLE_EMAIL_PAGE = """<!doctype html><html><body><h1>Sign in</h1>
+<form method="post" action="/v3/signin/identifier"><input type="hidden" name="flow" value="{flow}">
+<input type="email" id="identifierId" name="identifier">
+<div id="identifierNext"><button type="submit">Next</button></div></form></body></html>"""
+GOOGLE_PASSWORD_PAGE = """<!doctype html><html><body><h1>Welcome</h1>{error}
+<form method="post" action="/v3/signin/challenge/pwd"><input type="hidden" name="flow" value="{flow}">
+<input type="password" name="Passwd">
+<div id="passwordNext"><button type="submit">Next</button></div></form></body></html>"""
+GOOGLE_CONSENT_PAGE = """<!doctype html><html><body>
+<h1>Gemini Code Assist wants to access your Google Account</h1>
+<form method="post" action="/signin/oauth/consent"><input type="hidden" name="flow" value="{flow}">
+<button type="button">Cancel</button><button type="submit">Continue</button></form></body></html>"""
+AUTHCODE_PAGE = """<!doctype html><html><body><p>Sign in to Gemini Code Assist</p>
+<p>Copy this code and paste it into your app:</p><textarea readonly>{code}</textarea>
+</body></html>"""
 CALLBACK_PAGE = """<!doctype html><html><body><p>Paste this code into the CLI:</p>
 <code id="code">{code}#{state}</code></body></html>"""
 
@@ -160,6 +182,13 @@ class FakeIdP:
                     csrf = secrets.token_hex(8)
                     self._send(200, LOGIN_PAGE.format(error="", csrf=csrf, flow=flow),
                                headers={"set-cookie": f"csrf={csrf}; Path=/"})
+                elif url.path == "/o/oauth2/v2/auth":
+                    flow = secrets.token_hex(8)
+                    with idp.lock:
+                        idp.flows[flow] = dict(query)
+                    self._send(200, GOOGLE_EMAIL_PAGE.format(flow=flow))
+                elif url.path == "/authcode":
+                    self._send(200, AUTHCODE_PAGE.format(code=html.escape(query.get("code", ""))))
                 elif url.path == "/oauth/code/callback":
                     self._send(200, CALLBACK_PAGE.format(code=html.escape(query.get("code", "")),
                                                          state=html.escape(query.get("state", ""))))
@@ -174,6 +203,12 @@ class FakeIdP:
                 if path == "/login":
                     self._login(form)
                 elif path == "/consent":
+                    self._consent(form)
+                elif path == "/v3/signin/identifier":
+                    self._google_identifier(form)
+                elif path == "/v3/signin/challenge/pwd":
+                    self._google_password(form)
+                elif path == "/signin/oauth/consent":
                     self._consent(form)
                 elif path == "/oauth/token":
                     self._token(form)
@@ -195,6 +230,28 @@ class FakeIdP:
                     return
                 flow["user"] = user
                 self._send(200, CONSENT_PAGE.format(flow=form["flow"]))
+
+            def _google_identifier(self, form: dict[str, str]) -> None:
+                flow = idp.flows.get(form.get("flow", ""))
+                if flow is None:
+                    self._send(400, "<p id='error'>No login in progress.</p>")
+                    return
+                flow["identifier"] = form.get("identifier", "")
+                self._send(200, GOOGLE_PASSWORD_PAGE.format(error="", flow=form["flow"]))
+
+            def _google_password(self, form: dict[str, str]) -> None:
+                flow = idp.flows.get(form.get("flow", ""))
+                if flow is None or "identifier" not in flow:
+                    self._send(400, "<p id='error'>No login in progress.</p>")
+                    return
+                user = flow["identifier"]
+                if idp.users.get(user) != form.get("Passwd"):
+                    self._send(200, GOOGLE_PASSWORD_PAGE.format(flow=form["flow"], error=(
+                        "<div id='pwError'>Wrong password. Try again or click Forgot "
+                        "password to reset it.</div>")))
+                    return
+                flow["user"] = user
+                self._send(200, GOOGLE_CONSENT_PAGE.format(flow=form["flow"]))
 
             def _consent(self, form: dict[str, str]) -> None:
                 flow = idp.flows.get(form.get("flow", ""))

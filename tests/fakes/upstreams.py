@@ -11,6 +11,7 @@ uvicorn in a background thread on ``127.0.0.1`` with an ephemeral port::
         fake.requests       # [Received(path, headers, body), ...]
         fake.peers          # the client (host, port) of each request
         fake.disconnects    # clients that went away while the fake held a stream
+        fake.check_thinking = True  # 400s for thinking the real API refuses
 
 What it answers is scripted by the text of the last user message:
 
@@ -161,6 +162,43 @@ class _Frames(Response):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+def _thinking_refused(body: dict[str, Any]) -> str | None:
+    """What the real API says of the thinking in ``body``, or ``None`` when
+    it takes it: a thinking block whose signature is not the one this fake
+    gave its text (:func:`signature_for`) is refused; with thinking on, so is
+    ``top_k``, a ``temperature`` but 1 or a ``top_p`` under 0.95, and a last
+    assistant message that uses a tool without starting with thinking."""
+    messages = body["messages"]
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") != "assistant":
+            continue
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for j, block in enumerate(content):
+            if isinstance(block, dict) and block.get("type") == "thinking" and (
+                    block.get("signature") != signature_for(str(block.get("thinking")))):
+                return f"messages.{i}.content.{j}: Invalid `signature` in `thinking` block"
+    thinking = body.get("thinking")
+    if not isinstance(thinking, dict) or thinking.get("type") != "enabled":
+        return None
+    if "top_k" in body or body.get("temperature", 1) != 1 or body.get("top_p", 1) < 0.95:
+        return ("thinking is not compatible with top_k or temperature modifications; "
+                "top_p must be between 0.95 and 1")
+    last = next((i for i in range(len(messages) - 1, -1, -1)
+                 if isinstance(messages[i], dict) and messages[i].get("role") == "assistant"),
+                None)
+    content = messages[last].get("content") if last is not None else None
+    if isinstance(content, list) and content and any(
+            isinstance(b, dict) and b.get("type") == "tool_use" for b in content):
+        first = content[0].get("type") if isinstance(content[0], dict) else None
+        if first not in ("thinking", "redacted_thinking"):
+            return (f"messages.{last}.content.0.type: Expected `thinking` or "
+                    f"`redacted_thinking`, but found `{first}`. When `thinking` is enabled, a "
+                    "final `assistant` message must start with a thinking block.")
+    return None
+
+
 class FakeUpstream:
     """See the module docstring. ``api_key``: when set, requests must carry it
     (OpenAI ``Authorization: Bearer``; Anthropic ``x-api-key`` or Bearer)."""
@@ -175,6 +213,9 @@ class FakeUpstream:
         self.answers: list[bytes] = []  # each answer's body bytes as sent
         self.models_delay = 0.0  # seconds /v1/models (the health probe) takes to answer
         self.always_stream = False  # answer with SSE even when the request did not ask
+        # refuse thinking as the real API does (_thinking_refused); off by default:
+        # recorded fixtures carry other servers' signatures
+        self.check_thinking = False
         self.port = 0
         self._ids = itertools.count(1)
         self._server: uvicorn.Server | None = None
@@ -284,6 +325,9 @@ class FakeUpstream:
             return error_response(400, "anthropic", "max_tokens: Field required")
         if not isinstance(body.get("messages"), list):
             return error_response(400, "anthropic", "messages: Field required")
+        refused = _thinking_refused(body) if self.check_thinking else None
+        if refused is not None:
+            return error_response(400, "anthropic", refused)
         return await self._answer(script_anthropic(body), body, "anthropic", request)
 
     async def _answer(self, script: Script, body: dict[str, Any], dialect: str,

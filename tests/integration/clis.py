@@ -28,6 +28,8 @@ __all__ = [
     "CLAUDE_CODE",
     "CODEX",
     "CODEX_KEY_VAR",
+    "GEMINI_CLI",
+    "GEMINI_PREFIX",
     "QWEN_CODE",
     "CLIError",
     "CLITimeout",
@@ -40,27 +42,37 @@ __all__ = [
     "command_executions",
     "ensure_cli",
     "final_message",
+    "gemini_env",
     "qwen_env",
     "result_event",
     "run_claude",
     "run_codex",
+    "run_gemini",
     "run_qwen",
     "tool_results",
     "turn_completed",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-NPM_PREFIX = REPO_ROOT / ".cache" / "npm"
+# POOLGATE_NPM_PREFIX: another prefix, to try other versions without touching the shared cache
+NPM_PREFIX = Path(os.environ.get("POOLGATE_NPM_PREFIX") or REPO_ROOT / ".cache" / "npm")
 
-# package -> version the fixtures were recorded with (both verified offline).
+# package -> version the real tier runs. The fixtures were recorded with Claude Code
+# 2.1.197, Qwen Code 0.15.10 and Codex 0.169.0; these newer versions still send what
+# the gateway must accept (test_cli_clients), and the drivers work with both (the
+# real tier passed on both, see docs/cli-workers.md).
 PINNED_VERSIONS: Mapping[str, str] = {
-    "@anthropic-ai/claude-code": "2.1.197",
-    "@qwen-code/qwen-code": "0.15.10",
-    "@openai/codex": "0.169.0",
+    "@anthropic-ai/claude-code": "2.1.332",
+    "@qwen-code/qwen-code": "0.24.4",
+    "@openai/codex": "0.171.0",
+    "@google/gemini-cli": "0.61.0",
 }
 CLAUDE_CODE = ("@anthropic-ai/claude-code", "claude")
 QWEN_CODE = ("@qwen-code/qwen-code", "qwen")
 CODEX = ("@openai/codex", "codex")
+GEMINI_CLI = ("@google/gemini-cli", "gemini")
+#: Gemini CLI gets a prefix of its own (its dependencies do not mix with the others')
+GEMINI_PREFIX = REPO_ROOT / ".cache" / "npm-gemini"
 
 _NPM_INSTALL_TIMEOUT = 600.0
 # Variables a CLI may read from a minimal environment; everything else is unset.
@@ -91,17 +103,18 @@ def _split_spec(package: str) -> tuple[str, str]:
     return package, PINNED_VERSIONS.get(package, "latest")
 
 
-def _installed_version(name: str) -> str | None:
-    manifest = NPM_PREFIX / "node_modules" / name / "package.json"
+def _installed_version(name: str, prefix: Path = NPM_PREFIX) -> str | None:
+    manifest = prefix / "node_modules" / name / "package.json"
     try:
         return json.loads(manifest.read_text())["version"]
     except (OSError, ValueError, KeyError):
         return None
 
 
-def ensure_cli(package: str, bin_name: str) -> str | None:
-    """Install ``package`` (pinned, or ``name@version``) under ``.cache/npm``
-    unless already there, and return the path of its ``bin_name`` executable.
+def ensure_cli(package: str, bin_name: str, prefix: Path = NPM_PREFIX) -> str | None:
+    """Install ``package`` (pinned, or ``name@version``) under ``prefix``
+    (``.cache/npm``) unless already there, and return the path of its
+    ``bin_name`` executable.
 
     Returns None when npm is not on PATH; raises CLIError if the install fails.
     """
@@ -109,15 +122,15 @@ def ensure_cli(package: str, bin_name: str) -> str | None:
     if npm is None:
         return None
     name, version = _split_spec(package)
-    binary = NPM_PREFIX / "node_modules" / ".bin" / bin_name
-    NPM_PREFIX.mkdir(parents=True, exist_ok=True)
+    binary = prefix / "node_modules" / ".bin" / bin_name
+    prefix.mkdir(parents=True, exist_ok=True)
     # One installer at a time (pytest-xdist workers share the cache).
-    with open(NPM_PREFIX / ".install.lock", "w") as lock:
+    with open(prefix / ".install.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        current = _installed_version(name)
+        current = _installed_version(name, prefix)
         if binary.exists() and current is not None and version in ("latest", current):
             return str(binary)
-        argv = [npm, "install", "--prefix", str(NPM_PREFIX), "--save-exact",
+        argv = [npm, "install", "--prefix", str(prefix), "--save-exact",
                 "--no-audit", "--no-fund", "--loglevel=error", f"{name}@{version}"]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=_NPM_INSTALL_TIMEOUT,
                               stdin=subprocess.DEVNULL, check=False)
@@ -327,6 +340,55 @@ def run_qwen(
             "--model", model, "--approval-mode", approval_mode, *extra_args]
     env = qwen_env(base_url, api_key, model=model, home=Path(home), auth_type=auth_type)
     return _run(argv, env, Path(cwd), timeout, check)
+
+
+# --- Gemini CLI as a client ------------------------------------------------------------
+
+# Written to <home>/.gemini/settings.json before the first run in that home.
+_GEMINI_SETTINGS = {
+    "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
+    "privacy": {"usageStatisticsEnabled": False},
+    "telemetry": {"enabled": False},
+    "security": {"auth": {"selectedType": "gemini-api-key"}},
+}
+
+
+def gemini_env(base_url: str, api_key: str, *, home: Path) -> dict[str, str]:
+    """Environment for an offline ``gemini -p`` on an API key: the Gemini API
+    at ``base_url`` (the server root: the CLI posts to
+    ``<base_url>/v1beta/models/<model>:streamGenerateContent?alt=sse``)."""
+    settings = home / ".gemini" / "settings.json"
+    if not settings.exists():
+        settings.parent.mkdir(parents=True, exist_ok=True)
+        settings.write_text(json.dumps(_GEMINI_SETTINGS, indent=2))
+    env = _base_env(home)
+    env.update(GEMINI_API_KEY=api_key, GOOGLE_GEMINI_BASE_URL=base_url,
+               GEMINI_CLI_TRUST_WORKSPACE="true")
+    return env
+
+
+def run_gemini(
+    base_url: str,
+    api_key: str,
+    prompt: str,
+    *,
+    model: str,
+    cwd: str | Path,
+    home: str | Path,
+    timeout: float = 120,
+    approval_mode: str = "yolo",
+    check: bool = True,
+) -> list[dict]:
+    """Run ``gemini -p PROMPT -o stream-json`` once and return its events
+    (``init``, ``message`` deltas, ``tool_use``/``tool_result``, a final
+    ``result``). Gemini CLI 0.61.0 (``.cache/npm-gemini``); in ``yolo``
+    approval mode its tools run unasked."""
+    binary = ensure_cli(*GEMINI_CLI, prefix=GEMINI_PREFIX)
+    if binary is None:
+        raise CLIError("gemini", -1, "npm is not installed", [])
+    argv = [binary, "-p", prompt, "-o", "stream-json", "-m", model,
+            "--approval-mode", approval_mode]
+    return _run(argv, gemini_env(base_url, api_key, home=Path(home)), Path(cwd), timeout, check)
 
 
 # --- Codex CLI ----------------------------------------------------------------------

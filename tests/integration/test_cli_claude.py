@@ -102,7 +102,7 @@ def test_a_turn_and_a_streamed_turn_in_both_dialects(one, upstream):
     assert first["system"] == [{"type": "text", "text": "Be terse."}] and "tools" not in first
     argv = spawns(log)[0]["argv"]
     assert argv[argv.index("--tools") + 1] == "" and "--include-partial-messages" in argv
-    assert argv[argv.index("--model") + 1] == MODEL
+    assert f"--model={MODEL}" in argv  # one argument: never taken for another option
     info = wait_for(lambda: (w := _workers(http)["claude-a"])["conversations"] == 2 and w)
     assert (info["kind"], info["cli"], info["version"], info["login"]) == (
         "cli", "claude", "2.1.197", "ready")
@@ -455,7 +455,7 @@ def test_max_tokens_and_effort_reach_the_cli_and_a_change_rebuilds(one, upstream
         oai.chat.completions.create(model=MODEL, reasoning_effort="low",
                                     messages=[{"role": "user", "content": "x"}])
     argv = spawns(log)[-1]["argv"]
-    assert argv[argv.index("--effort") + 1] == "low"
+    assert "--effort=low" in argv
 
 
 def test_kill_9_of_the_worker_child_restarts_it_and_leaves_no_cli_behind(one, upstream):

@@ -27,6 +27,7 @@ from tests.fakes.upstreams import FakeUpstream, Received
 from tests.support.server import ServerThread
 from tests.integration.clis import (
     CLAUDE_CODE,
+    PINNED_VERSIONS,
     QWEN_CODE,
     CLITimeout,
     ensure_cli,
@@ -205,9 +206,10 @@ def test_claude_sends_what_the_fixtures_recorded(direct: CLIGateway,
 
     (req,) = _chats(cli_upstream)
     assert req.headers["x-api-key"] == API_KEY
-    assert req.headers["user-agent"].startswith("claude-cli/2.1.197")
+    version = PINNED_VERSIONS["@anthropic-ai/claude-code"]
+    assert req.headers["user-agent"].startswith(f"claude-cli/{version}")
     assert "claude-code-20250219" in req.headers["anthropic-beta"]
-    assert req.body["thinking"] == {"type": "adaptive"}
+    assert req.body["thinking"]["type"] == "adaptive"  # 2.1.332 adds "display": "updates"
     assert "output_config" in req.body and "context_management" in req.body
     assert isinstance(req.body["metadata"]["user_id"], str)
 
@@ -220,9 +222,11 @@ def test_qwen_sends_what_the_fixtures_recorded(direct: CLIGateway,
 
     (req,) = _chats(cli_upstream)
     assert req.headers["authorization"] == f"Bearer {API_KEY}"
-    assert req.headers["user-agent"].startswith("QwenCode/0.15.10")
+    version = PINNED_VERSIONS["@qwen-code/qwen-code"]
+    assert req.headers["user-agent"].startswith(f"QwenCode/{version}")
     assert req.body["stream_options"] == {"include_usage": True}
-    assert _last_message(req)["content"] == [{"type": "text", "text": "hi"}]
+    # 0.24 puts a <system-reminder> (skills) before the prompt in the same message
+    assert _last_message(req)["content"][-1] == {"type": "text", "text": "hi"}
 
 
 @pytest.mark.parametrize(("client", "runner"), [

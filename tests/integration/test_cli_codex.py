@@ -25,7 +25,8 @@ import pytest
 from app.factory import create_app
 from app.settings import ServerSettings, Settings, WorkerSettings
 from tests.fakes.responses_upstream import ResponsesUpstream
-from tests.integration.clis import CODEX, command_executions, ensure_cli, final_message, run_codex
+from tests.integration.clis import (CODEX, PINNED_VERSIONS, command_executions, ensure_cli,
+                                    final_message, run_codex)
 from tests.support.cli_accounts import wait_for
 from tests.support.codex_accounts import (
     CODEX_MODEL as MODEL, FAKE_CODEX, app_server_pid, codex_home, codex_worker, turn_inputs,
@@ -120,7 +121,7 @@ def test_a_turn_and_a_streamed_turn_in_both_dialects(one, upstream):
     assert final.stop_reason == "end_turn" and final.usage.output_tokens == 4
     info = wait_for(lambda: (w := workers(http)["codex-a"])["conversations"] == 2 and w)
     assert (info["kind"], info["cli"], info["version"], info["login"]) == (
-        "cli", "codex", "0.169.0", "ready")
+        "cli", "codex", PINNED_VERSIONS["@openai/codex"], "ready")
     assert info["cooldown_until"] is None
 
 
@@ -222,7 +223,7 @@ def test_kill_9_mid_turn_ends_the_stream_and_the_worker_restarts(tmp_path, upstr
                         killed = app_server_pid(home)
                         assert killed is not None
                         os.kill(killed, signal.SIGKILL)
-            assert "exited" in str(err.value)
+            assert "the codex CLI failed the turn" in str(err.value)
         wait_for(lambda: app_server_pid(home) not in (None, killed) and
                  workers(http)["codex-a"]["state"] == "ready", timeout=30)
         assert workers(http)["codex-a"]["restarts"] >= 1

@@ -119,8 +119,54 @@ def test_qwen_settings_that_are_not_strict_json_are_refused_never_rewritten(tmp_
             said: list[str] = []
             wait_for(lambda: said.extend(capfd.readouterr()) or "cli.start_refused" in "".join(said),
                      timeout=15)
-            time.sleep(1)  # restarts with backoff, refused again each time
-            assert worker_info(http)["qwen-a"]["state"] != "ready"
+            # the operator sees why in the worker's status, not only in the log
+            wait_for(lambda: (worker_info(http)["qwen-a"].get("last_exit") or {}).get("detail"),
+                     timeout=15)
+            info = worker_info(http)["qwen-a"]
+            assert info["state"] != "ready"
+            assert info["last_exit"]["code"] == 78, info["last_exit"]  # EX_CONFIG, not a kill
+            assert "is not strict JSON (line 2, column 3" in info["last_exit"]["detail"]
+            assert "sk-keep-me" not in str(info)
     assert settings.read_bytes() == NOT_STRICT
     text = "".join(said) + "".join(capfd.readouterr())
     assert "is not strict JSON (line 2, column 3" in text and "sk-keep-me" not in text
+
+
+def _workspace_transcripts(home: Path) -> list[Path]:
+    return [p for p in _transcripts(home) if "workspaces" in p.parent.as_posix()
+            or "workspaces" in p.parent.parent.as_posix()]
+
+
+@pytest.mark.parametrize("cli", ["claude", "qwen"])
+def test_agent_mode_transcripts_keyed_by_the_key_s_workspace_go_too(tmp_path, cli):
+    """In agent mode a conversation runs in its key's workspace, so the CLI
+    keys its transcript by that directory: it goes when the conversation ends,
+    and one left by a worker killed mid-conversation goes at the next start."""
+    model = "claude-sonnet-4-6" if cli == "claude" else "qwen-coder"
+    with FakeUpstream(api_key=TOKEN if cli == "claude" else KEY, models=(model,)) as upstream:
+        if cli == "claude":
+            home = claude_home(tmp_path / "a", TOKEN)
+            worker = fake_claude_worker("acct", home, upstream.anthropic_url,
+                                        tmp_path / "cli.log", max_conversations=1,
+                                        mode="agent", sandbox="none",
+                                        workspace_root=str(tmp_path / "workspaces"))
+        else:
+            home = tmp_path / "q"
+            worker = fake_cli_worker("qwen", "acct", home, upstream.url, tmp_path / "cli.log",
+                                     api_key=KEY, models=(model,), max_conversations=1,
+                                     mode="agent", sandbox="none",
+                                     workspace_root=str(tmp_path / "workspaces"))
+        with _gateway(worker) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
+            wait_for(lambda: worker_info(http)["acct"]["state"] == "ready")
+            _two_conversations(srv, model)
+            first = _workspace_transcripts(home)
+            assert first and any(b"my secret plan" in p.read_bytes() for p in first)
+            _two_conversations(srv, model)  # evicts the first conversation
+            wait_for(lambda: not any(p.exists() for p in first), timeout=10)
+            left = _workspace_transcripts(home)
+            assert left
+            pid = worker_info(http)["acct"]["pid"]
+            os.kill(pid, 9)  # dies with its conversation open: nothing closes it
+            wait_for(lambda: worker_info(http)["acct"]["pid"] not in (None, pid)
+                     and worker_info(http)["acct"]["state"] == "ready", timeout=30)
+            assert not any(p.exists() for p in left), left

@@ -15,7 +15,7 @@ import pytest
 
 from app.settings import WorkerSettings
 from tests.fakes.upstreams import FakeUpstream
-from tests.integration.clis import QWEN_CODE, ensure_cli
+from tests.integration.clis import PINNED_VERSIONS, QWEN_CODE, ensure_cli
 from tests.support.cli_accounts import wait_for
 from tests.support.cli_fakes import ADMIN, anthropic_client, openai_client, serve, worker_info
 
@@ -66,7 +66,7 @@ def test_real_qwen_turns_through_poolgate(tmp_path: Path, qwen_bin: str):
         with serve(_worker(tmp_path / "acct", qwen_bin, upstream)) as srv, \
                 httpx.Client(base_url=srv.url, timeout=60) as http:
             info = _ready(http)
-            assert (info["cli"], info["version"], info["login"]) == ("qwen", "0.15.10", "ready")
+            assert (info["cli"], info["version"], info["login"]) == ("qwen", PINNED_VERSIONS["@qwen-code/qwen-code"], "ready")
             history = [{"role": "system", "content": "Answer briefly."},
                        {"role": "user", "content": "hello real qwen"}]
             with openai_client(srv) as oai:
@@ -176,10 +176,12 @@ def test_real_qwen_client_tool_round_trip(tmp_path: Path, qwen_bin: str):
 
 def test_qwen_acp_through_the_jsonrpc_driver(tmp_path: Path, qwen_bin: str):
     # what an operator does for Qwen in ACP mode (the qwen driver does it itself):
-    # managed auto-memory off, or every prompt costs a second upstream call
+    # managed auto-memory off, or every prompt costs a second upstream call (and from
+    # 0.24 on, follow-up suggestions off: a third one)
     settings = tmp_path / "acct" / ".qwen" / "settings.json"
     settings.parent.mkdir(parents=True)
-    settings.write_text(json.dumps({"memory": {"enableManagedAutoMemory": False}}))
+    settings.write_text(json.dumps({"memory": {"enableManagedAutoMemory": False},
+                                    "ui": {"enableFollowupSuggestions": False}}))
     with FakeUpstream(api_key=KEY, models=(MODEL,)) as upstream:
         worker = WorkerSettings(
             name="acp-a", kind="cli", cli="jsonrpc", models=(MODEL,), home=str(tmp_path / "acct"),
@@ -190,7 +192,8 @@ def test_qwen_acp_through_the_jsonrpc_driver(tmp_path: Path, qwen_bin: str):
         with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=60) as http:
             info = wait_for(lambda: (w := worker_info(http)["acp-a"])["state"] == "ready" and w,
                             timeout=60)
-            assert (info["cli"], info["version"], info["login"]) == ("jsonrpc", "0.15.10", "ready")
+            assert (info["cli"], info["version"], info["login"]) == (
+                "jsonrpc", PINNED_VERSIONS["@qwen-code/qwen-code"], "ready")
             history = [{"role": "user", "content": "hello acp"}]
             with openai_client(srv) as oai:
                 out = oai.chat.completions.create(model=MODEL, messages=history, timeout=60,

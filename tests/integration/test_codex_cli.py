@@ -32,6 +32,7 @@ from tests.fakes.responses_upstream import ENCRYPTED_REASONING, ResponsesUpstrea
 from tests.fakes.upstreams import Received
 from tests.integration.clis import (
     CODEX,
+    PINNED_VERSIONS,
     CLIError,
     CLITimeout,
     command_executions,
@@ -50,7 +51,7 @@ CODEX_MODEL = "gpt-5-codex"  # what codex-responses-tool-* was recorded with
 # A model Codex has metadata for: it also gets apply_patch as a ``custom``
 # (freeform) tool, as in codex-responses-custom-tool-02.
 PATCH_MODEL = "gpt-5.5"
-CODEX_VERSION = "0.169.0"
+CODEX_VERSION = PINNED_VERSIONS["@openai/codex"]
 SHELL_TOOL = "exec_command"
 
 

@@ -32,7 +32,7 @@ from pool.cli.events import (
 )
 from pool.model import Message, TextPart, Tool, ToolCallPart, ToolResultPart
 from tests.fakes.responses_upstream import ResponsesUpstream
-from tests.integration.clis import CODEX, ensure_cli
+from tests.integration.clis import CODEX, PINNED_VERSIONS, ensure_cli
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = "sk-codex-account-a"
@@ -96,7 +96,7 @@ async def driver(tmp_path: Path, codex_command: tuple[str, ...],
                  upstream: ResponsesUpstream) -> AsyncIterator[CodexDriver]:
     codex = CodexDriver(driver_config(account_home(tmp_path, KEY), codex_command, upstream))
     health = await codex.start()
-    assert health.login == "ready" and health.version == "0.169.0"
+    assert health.login == "ready" and health.version == PINNED_VERSIONS["@openai/codex"]
     yield codex
     await codex.stop()
 

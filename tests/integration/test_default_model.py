@@ -94,6 +94,30 @@ def test_it_answers_in_english_in_both_dialects(served: str) -> None:
     assert counted.input_tokens == r.usage.prompt_tokens
 
 
+def test_a_gemini_client_gets_the_same_answer(served: str) -> None:
+    """The google-genai SDK on the local worker: the greedy answer the other
+    dialects get, streamed too, and the worker's exact input count."""
+    from google import genai
+    from google.genai import types
+
+    question = "Which city is the capital of France?"
+    oai = openai.OpenAI(base_url=served + "/v1", api_key="unused", max_retries=0)
+    expected = oai.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=48,
+        temperature=0)
+    config = types.GenerateContentConfig(max_output_tokens=48, temperature=0)
+    with genai.Client(api_key="unused", http_options=types.HttpOptions(
+            base_url=served, api_version="v1beta")) as client:
+        out = client.models.generate_content(model=MODEL, contents=question, config=config)
+        streamed = "".join(c.text or "" for c in client.models.generate_content_stream(
+            model=MODEL, contents=question, config=config))
+        counted = client.models.count_tokens(model=MODEL, contents=question)
+    assert out.text == streamed == expected.choices[0].message.content
+    assert out.candidates[0].finish_reason == types.FinishReason.STOP
+    assert out.usage_metadata.prompt_token_count == expected.usage.prompt_tokens
+    assert counted.total_tokens == expected.usage.prompt_tokens
+
+
 def test_generate_gives_ids_and_logprobs(served: str) -> None:
     r = httpx.post(served + "/generate", json={
         "text": "The capital of France is", "return_logprob": True,

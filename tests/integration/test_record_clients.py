@@ -53,3 +53,18 @@ def test_the_sdk_scenario_records_every_request_masked(tmp_path: Path):
     (tmp_path / "python-sdk-rec-99-GET-v1_models.json").write_text("{}")
     rc.record("python-sdk-rec", tmp_path / "again", tmp_path)
     assert sorted(p.name for p in tmp_path.glob("python-sdk-rec-*.json")) == sorted(names)
+
+
+def test_the_gemini_sdk_scenario_records_every_request_masked(tmp_path: Path):
+    written = rc.record("gemini-sdk-rec", tmp_path / "work", tmp_path)
+    names = [p.name for p in written]
+    assert names[0] == "gemini-sdk-rec-01-GET-v1beta_models.json"
+    assert any(n.endswith(":streamGenerateContent.json") for n in names)
+    assert any(n.endswith(":countTokens.json") for n in names)
+    records = [json.loads(p.read_text()) for p in written]
+    text = "".join(p.read_text() for p in written)
+    assert rc.KEY not in text and '"x-goog-api-key": "<masked:' in text
+    streamed = [r for r in records if r["path"].endswith(":streamGenerateContent")]
+    assert streamed[0]["query"] == {"alt": ["sse"]}
+    assert streamed[0]["recorder_response"]["sse_events"]
+    assert any("Sunny, 21 C" in json.dumps(r["body"]) for r in records)

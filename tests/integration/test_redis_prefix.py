@@ -150,6 +150,9 @@ def test_every_key_is_under_its_deployments_prefix(deployments) -> None:
     assert keys, "nothing was written to Redis"
     assert all(k.startswith(("dep-a:", "dep-b:")) for k in keys), sorted(keys)
     # (drained sets were emptied by the resume; only A stored a response)
-    for prefix, written in (("dep-a:", {"workers", "lim", "r", "rs"}), ("dep-b:", {"workers", "lim"})):
+    # lim-seeded: each replica's budget marker; inf-alive: its slots' deadline (both scripts
+    # and plain calls build on the prefix)
+    always = {"workers", "lim", "lim-seeded", "inf-alive"}
+    for prefix, written in (("dep-a:", always | {"r", "rs"}), ("dep-b:", always)):
         mine = {k.split(":")[1] for k in keys if k.startswith(prefix)}
         assert written <= mine, (prefix, sorted(mine))

@@ -138,6 +138,33 @@ async def test_response_byte_bound_and_age(links) -> None:
     assert store.stats()["expired"] >= 1
 
 
+def with_output(rid: str, owner: str = "team-a") -> StoredResponse:
+    return StoredResponse(id=rid, response={"id": rid, "output": [
+                              {"id": f"msg-{rid}", "type": "message", "text": rid}]},
+                          input_items=({"id": f"in-{rid}", "content": "x"},),
+                          previous_id=None, worker="w1", created_at=time.time(), owner=owner)
+
+
+async def test_items_by_id_across_links_owner_checked_and_dropped(links) -> None:
+    a, b = (RedisResponseStore(link, max_items=3) for link in links)
+    await a.put(with_output("r1"))
+    await a.put(with_output("r2", owner="team-b"))
+    found = await b.get_items("team-a", ["msg-r1", "in-r1", "msg-r2", "nope", "msg-r1"])
+    assert found == {"msg-r1": {"id": "msg-r1", "type": "message", "text": "r1"},
+                     "in-r1": {"id": "in-r1", "content": "x"}}
+    assert await b.get_items("team-b", ["msg-r1"]) == {}       # another key's: not there
+    assert await b.delete("r1")
+    assert await a.get_items("team-a", ["msg-r1", "in-r1"]) == {}
+    for i in range(5):  # evicted entries leave the index
+        await b.put(with_output(f"e{i}"))
+    client = links[0].client
+    assert set(await client.hkeys(links[0].prefix + "rs:idx:team-a")) == {
+        f"{kind}-e{i}".encode() for kind in ("msg", "in") for i in (3, 4)}
+    assert await a.delete_owner("team-a") == 2
+    assert not await client.exists(links[0].prefix + "rs:idx:team-a")
+    assert await client.hlen(links[0].prefix + "rs:items") == 1          # team-b's r2
+
+
 async def test_cli_index_shared_and_dropped_per_worker(links) -> None:
     # two links of one replica (its index outlives a restart with server.replica_id)
     a, b = (RedisUpstreamSessions(link, replica="r1") for link in links)

@@ -14,6 +14,7 @@ from typing import Iterator
 
 import pytest
 
+from app.factory import BUDGET_RESEED
 from sessions.redis_slots import TTL
 from tests.support.redis_server import RedisServer
 
@@ -156,6 +157,37 @@ def test_while_redis_is_down_budgets_start_from_the_shared_ledger(tmp_path, fake
         _until(lambda: b.http.get("/readyz").json()["redis"] == "down", 5, "B sees Redis down")
         time.sleep(0.3)  # the probe that found it down re-seeds B's budgets from the ledger
         assert _refused_for_budget(b), "B counted the budget from zero while Redis is down"
+    finally:
+        for replica in replicas:
+            replica.close()
+        redis.stop()
+
+
+def test_while_redis_is_down_a_replica_sees_the_others_charges_in_the_ledger(
+        tmp_path, fake_upstream) -> None:
+    """Redis goes down first; then A spends the key's budget. B, which seeded
+    its budgets when the outage began, learns A's charges from the shared
+    ledger while Redis stays down (it re-reads it every few seconds), instead
+    of letting the key spend its whole budget again on B."""
+    redis = RedisServer().start()
+    state = tmp_path / "state"
+    server = SERVER + f'state_dir = "{state}"\n'
+    replicas: list[Replica] = []
+    try:
+        for name in ("a", "b"):
+            replicas.append(Replica(name, tmp_path, redis.url, ("w1",), fake_upstream.url,
+                                    extra=KEYS, secrets=SECRETS, server=server))
+        a, b = replicas
+        redis.kill()
+        for replica in replicas:
+            _until(lambda: replica.http.get("/readyz").json()["redis"] == "down", 5,
+                   "Redis seen down")
+        time.sleep(0.3)  # the probe that found it down seeded the budgets (nothing spent yet)
+        assert a.chat("spend it", headers=BUDGET).status_code == 200
+        assert _refused_for_budget(a)
+        # B's first request must be refused (any answer would spend the budget on B)
+        time.sleep(BUDGET_RESEED + 1.0)
+        assert _refused_for_budget(b), "B let the key spend its budget again during the outage"
     finally:
         for replica in replicas:
             replica.close()

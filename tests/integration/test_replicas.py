@@ -180,6 +180,22 @@ def test_response_stored_on_a_is_read_chained_and_deleted_on_b(cluster) -> None:
     assert broken.json()["error"]["code"] == "response_chain_broken"
 
 
+def test_item_stored_on_a_is_referenced_on_b(cluster) -> None:
+    first = cluster.a.http.post("/v1/responses", headers=KEY,
+                                json={"model": OPENAI_MODEL, "input": "remember me"})
+    assert first.status_code == 200, first.text
+    message = first.json()["output"][0]["id"]
+    second = cluster.b.http.post("/v1/responses", headers=KEY, json={
+        "model": OPENAI_MODEL, "input": [{"role": "user", "content": "remember me"},
+                                         {"type": "item_reference", "id": message},
+                                         {"role": "user", "content": "and now"}]})
+    assert second.status_code == 200, second.text
+    assert second.json()["output_text"] == "echo: and now"
+    other = cluster.b.http.post("/v1/responses", headers=BUSY, json={
+        "model": OPENAI_MODEL, "input": [{"type": "item_reference", "id": message}]})
+    assert other.status_code == 404 and other.json()["error"]["code"] == "item_not_found"
+
+
 def test_worker_drained_through_a_is_drained_for_b(cluster) -> None:
     r = cluster.a.http.post("/internal/workers/w2/drain", headers=ADMIN)
     assert r.status_code == 200, r.text

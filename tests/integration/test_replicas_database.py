@@ -131,7 +131,9 @@ def test_a_policy_changed_on_one_replica_holds_on_the_other(cluster) -> None:
     a, b = cluster.a, cluster.b
     secret = a.http.post("/internal/keys", headers=ADMIN,
                          json={"name": "team-p"}).json()["secret"]
-    _within(lambda: b.chat(secret) == 200, PROPAGATION, "the key accepted on B")
+    # known on B, not merely let through by a B with no key yet (an open gateway)
+    _within(lambda: "team-p" in _names(b), PROPAGATION, "the key known on B")
+    assert b.chat(secret) == 200
     patched = a.http.patch("/internal/keys/team-p", headers=ADMIN, json={"models": ["other-*"]})
     assert patched.status_code == 200
     _within(lambda: b.chat(secret) == 404, PROPAGATION, "the new model list applied on B")
@@ -139,11 +141,33 @@ def test_a_policy_changed_on_one_replica_holds_on_the_other(cluster) -> None:
     assert listed["team-p"]["models"] == ["other-*"]
 
 
+def test_a_budget_patched_on_one_replica_counts_past_usage_on_the_other(cluster) -> None:
+    """A key used (on both replicas) without a budget, then given a budget it
+    has already spent on A, is refused on B too within 2 s: B starts the new
+    budget at the shared ledger's totals of the key."""
+    a, b = cluster.a, cluster.b
+    secret = a.http.post("/internal/keys", headers=ADMIN,
+                         json={"name": "team-bp"}).json()["secret"]
+    _within(lambda: "team-bp" in _names(b), PROPAGATION, "the key known on B")
+    assert b.chat(secret) == 200 and a.chat(secret) == 200
+    patched = a.http.patch("/internal/keys/team-bp", headers=ADMIN,
+                           json={"budget_tokens": {"day": 1}})
+    assert patched.status_code == 200, patched.text
+    assert a.chat(secret) == 429
+
+    def budget_on_b() -> object:
+        keys = b.http.get("/internal/keys", headers=ADMIN).json()["keys"]
+        return next((k["budget_tokens"] for k in keys if k["name"] == "team-bp"), None)
+    _within(lambda: budget_on_b() is not None, PROPAGATION, "the budget applied on B")
+    assert b.chat(secret) == 429  # B's first request (one answered would spend it on B alone)
+
+
 def test_usage_is_the_same_on_every_replica(cluster) -> None:
     a, b = cluster.a, cluster.b
     secret = a.http.post("/internal/keys", headers=ADMIN,
                          json={"name": "team-u"}).json()["secret"]
-    _within(lambda: b.chat(secret) == 200, PROPAGATION, "the key accepted on B")
+    _within(lambda: "team-u" in _names(b), PROPAGATION, "the key known on B")
+    assert b.chat(secret) == 200
     for _ in range(3):
         assert a.chat(secret) == 200
     assert b.chat(secret, stream=True) == 200

@@ -31,6 +31,7 @@ KEYS = {
     "rpm2-list": KeySettings(secret="sk-rpm2-list", rpm=2),
     "list-budget": KeySettings(secret="sk-list-budget", budget_tokens=BudgetSettings(day=1)),
     "rpm1-count": KeySettings(secret="sk-rpm1-count", rpm=1),
+    "rpm1-gemini": KeySettings(secret="sk-rpm1-gemini", rpm=1),
 }
 LONG = "please count these words " * 20  # well over 40 tokens of input
 
@@ -84,8 +85,8 @@ def test_model_outside_the_list_is_not_found_and_not_listed(gateway):
     limited, plain = oai(gateway, "sk-claude-only"), oai(gateway, "sk-plain")
     with pytest.raises(openai.NotFoundError) as refused:
         ask(limited, model=OPENAI_MODEL)
-    with pytest.raises(openai.NotFoundError) as unknown:
-        ask(plain, model="no-such-model")
+    with pytest.raises(openai.NotFoundError) as unknown:  # (the 404 lists the key's models)
+        ask(limited, model="no-such-model")
     theirs, nobodys = refused.value.response.json(), unknown.value.response.json()
     assert theirs["error"]["message"].replace(OPENAI_MODEL, "X") == \
         nobodys["error"]["message"].replace("no-such-model", "X")
@@ -257,3 +258,14 @@ def test_count_tokens_counts_against_the_rpm(gateway):
     with pytest.raises(anthropic.RateLimitError):
         client.messages.create(model=ANTHROPIC_MODEL, max_tokens=16,
                                messages=[{"role": "user", "content": "hi"}])
+
+
+def test_gemini_count_tokens_counts_against_the_rpm(gateway):
+    url = f"{gateway}/v1beta/models/{ANTHROPIC_MODEL}:countTokens"
+    headers = {"x-goog-api-key": "sk-rpm1-gemini"}
+    body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+    first = httpx.post(url, headers=headers, json=body)
+    assert first.status_code == 200 and first.json()["totalTokens"] > 0
+    second = httpx.post(url, headers=headers, json=body)
+    assert second.status_code == 429, second.text
+    assert second.json()["error"]["status"] == "RESOURCE_EXHAUSTED"

@@ -195,5 +195,5 @@ def test_memory_index_bounds_and_drops():
 def test_registry_names_an_unknown_cli():
     assert type(make_driver(DriverConfig(name="w", cli="claude", home="/h", cwd="/h/w"))).__name__ \
         == "ClaudeDriver"
-    with pytest.raises(DriverError, match="no driver for cli 'gemini'"):
-        make_driver(DriverConfig(name="w", cli="gemini", home="/h", cwd="/h/w"))
+    with pytest.raises(DriverError, match="no driver for cli 'cursor'"):
+        make_driver(DriverConfig(name="w", cli="cursor", home="/h", cwd="/h/w"))

@@ -37,3 +37,30 @@ async def test_claude_login_shows_the_url_and_a_wrong_state_is_refused(tmp_path:
         assert "secret-code" not in str(info.value)
     finally:
         await login.close()
+
+
+FAKE_GEMINI = (sys.executable, str(Path(__file__).resolve().parents[1] / "fakes" /
+                                    "fake_gemini.py"))
+
+
+async def test_gemini_login_shows_google_s_url_and_writes_the_credentials(tmp_path: Path) -> None:
+    from pool.cli.gemini_home import GeminiHome
+    from pool.cli.gemini_login import GeminiLogin
+
+    home = tmp_path / "h"
+    login = make_login("gemini", home=str(home), env={"GEMINI_API_KEY": "k"},
+                       command=FAKE_GEMINI)
+    assert isinstance(login, GeminiLogin)
+    try:
+        challenge = await login.begin(30)
+        assert challenge.url.startswith("https://accounts.google.com/o/oauth2/v2/auth?")
+        assert "codeassist.google.com" in challenge.url and challenge.wants_code
+        with pytest.raises(LoginFailed) as info:  # refused: asked again, nothing written
+            await login.submit("bad-secret-code", 10)
+        assert info.value.reason == "code_refused" and "bad-secret-code" not in str(info.value)
+        await login.submit("good-code", 30)
+    finally:
+        await login.close()
+    account = GeminiHome(home, {}, "chat")
+    assert account.selected_auth() == "oauth-personal" and account.has_credentials()
+    assert login.proc is not None and login.proc.returncode is not None  # ended after the login

@@ -84,6 +84,11 @@ def test_a_key_s_workspace_name_never_leaves_the_root():
         name = key_dir(hostile)
         assert "/" not in name and not name.startswith(".") and name.startswith("key-")
     assert key_dir("../b") != key_dir("a/b")
+    # a run-time key's id (ChatRequest.key_name): the same name each time, safe, its own
+    first, second = "key:" + "0a" * 12, "key:" + "0b" * 12
+    assert key_dir(first) == key_dir(first) == "key-" + key_dir(first)[4:]
+    assert "/" not in key_dir(first) and ":" not in key_dir(first)
+    assert key_dir(first) != key_dir(second)
 
 
 def test_the_setting_is_named_sandbox_and_defaults_to_auto():
@@ -91,3 +96,21 @@ def test_the_setting_is_named_sandbox_and_defaults_to_auto():
     assert WorkerSettings(**base).sandbox == "auto"
     with pytest.raises(pydantic.ValidationError, match="sandbox"):
         WorkerSettings(**base, sandbox="chroot")
+
+
+def test_a_script_run_by_an_interpreter_with_options_is_bound_too(tmp_path):
+    """Qwen Code 0.24 runs as ``node --expose-gc <npm>/node_modules/…/cli.js``:
+    the script's install is bound even though an option comes first."""
+    script = tmp_path / "npm" / "node_modules" / "@qwen-code" / "qwen-code" / "cli.js"
+    script.parent.mkdir(parents=True)
+    script.write_text("")
+    node = tmp_path / "node" / "bin" / "node"
+    node.parent.mkdir(parents=True)
+    node.write_text("")
+    box = Sandbox(kind="bwrap", tool="/usr/bin/bwrap", home=str(tmp_path / "home"))
+    argv = box.command([str(node), "--expose-gc", str(script), "--model=m"],
+                       cwd=str(tmp_path / "home"))
+    binds = {argv[i + 1] for i, a in enumerate(argv) if a == "--ro-bind-try"}
+    assert str(tmp_path / "npm" / "node_modules") in binds
+    assert str(tmp_path / "node") in binds
+    assert argv[argv.index("--") + 1:] == [str(node), "--expose-gc", str(script), "--model=m"]

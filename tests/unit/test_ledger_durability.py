@@ -62,6 +62,37 @@ def test_a_lock_held_past_the_busy_timeout_loses_no_row(tmp_path) -> None:
         db.close()
 
 
+@pytest.mark.slow
+def test_a_lock_held_for_30_seconds_loses_no_row(tmp_path) -> None:
+    """What the issue names: another connection holds the exclusive lock for
+    30 s (six busy timeouts of 5 s, the writer backing off between them)
+    while rows keep coming, more than memory may hold (they spill to the
+    backlog file); once the lock goes every row is written, in order, by the
+    same writer thread."""
+    db = StateDB(str(tmp_path))
+    ledger = UsageLedger(db, flush_interval=0.05, spill_dir=str(tmp_path), max_pending=100)
+    try:
+        other = _locked(os.path.join(str(tmp_path), STATE_FILE))
+        added = 0
+        end = time.monotonic() + 30.0
+        while time.monotonic() < end:
+            ledger.add(T0 + added, "a", "m", "w", 1, 1, 0, 200, None)
+            added += 1
+            time.sleep(0.05)
+        assert ledger.failures >= 3 and not ledger.up
+        assert ledger.backlog is not None and ledger.backlog.rows > 0  # spilled under the lock
+        assert ledger.backlog_rows == added
+        other.execute("ROLLBACK")
+        other.close()
+        _until(lambda: ledger.backlog_rows == 0, 20, "every row written once the lock went")
+        assert ledger.up and ledger.dropped == 0
+        stamps = [r[0] for r in db.read("SELECT ts FROM usage ORDER BY rowid")]
+        assert stamps == [T0 + i for i in range(added)]
+    finally:
+        ledger.close()
+        db.close()
+
+
 def _quick_db(tmp_path) -> SqliteDatabase:
     db = SqliteDatabase(os.path.join(str(tmp_path), STATE_FILE), busy_timeout=0.05)
     migrate(db)

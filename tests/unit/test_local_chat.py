@@ -305,3 +305,14 @@ def test_structured_output_is_refused_not_ignored() -> None:
         engine_params(request(response_format=ResponseFormat("json_schema", {"type": "object"}, "x")))
     assert exc.value.param == "response_format"
     assert engine_params(request(response_format=ResponseFormat("text"))).max_tokens == 200
+
+
+@pytest.mark.parametrize("dialect,param", [
+    ("openai_chat", "response_format"), ("openai_responses", "text.format"),
+    ("anthropic", "output_config.format"), ("gemini", "generationConfig.responseMimeType")])
+def test_refused_structured_output_names_the_dialects_field(dialect: str, param: str) -> None:
+    from pool.model import ResponseFormat
+
+    with pytest.raises(BadRequest) as exc:
+        engine_params(request(dialect=dialect, response_format=ResponseFormat("json_object")))
+    assert exc.value.param == param

@@ -279,3 +279,43 @@ async def test_an_expired_link_breaks_the_chain() -> None:
     clock.now += 50  # r0 is 110 s old, r1 60 s
     with pytest.raises(BrokenChain):
         await load_chain(store, "r1", "anonymous")
+
+
+async def test_items_by_id_are_the_owners_only() -> None:
+    store = MemoryResponseStore()
+    await store.put(entry("r1", "one", owner="key:a"))
+    await store.put(entry("r2", "two", owner="key:b"))
+    found = await store.get_items("key:a", ["msg_r1", "in_r1", "msg_r2", "msg_nope"])
+    assert set(found) == {"msg_r1", "in_r1"}
+    assert found["msg_r1"]["content"][0]["text"] == "echo: one"
+    assert found["in_r1"]["role"] == "user"
+    assert await store.get_items("key:b", ["msg_r1"]) == {}
+    assert await store.get_items("key:a", []) == {}
+
+
+async def test_an_item_goes_with_its_response_however_it_goes() -> None:
+    clock = FakeClock()
+    store = MemoryResponseStore(max_items=3, max_age=10, clock=clock)
+    for i in range(50):  # evicted ones leave the index: it stays bounded
+        await store.put(entry(f"r{i}", owner="key:a"))
+    assert store.stats()["indexed_items"] == 6
+    assert await store.get_items("key:a", ["msg_r0", "msg_r49"]) == {
+        "msg_r49": (await store.get("r49")).response["output"][0]}
+    await store.delete("r49")
+    assert await store.get_items("key:a", ["msg_r49", "in_r49"]) == {}
+    clock.now += 11  # expired
+    assert await store.get_items("key:a", ["msg_r48"]) == {}
+    await store.put(entry("r100", owner="key:a"))
+    await store.delete_owner("key:a")
+    assert store.stats()["indexed_items"] == 0
+
+
+async def test_a_reused_item_id_keeps_pointing_at_its_first_response() -> None:
+    store = MemoryResponseStore()
+    await store.put(entry("r1", "one"))
+    copy = StoredResponse(id="r2", response={"id": "r2", "output": []},
+                          input_items=((await store.get("r1")).response["output"][0],),
+                          previous_id=None, worker=None, created_at=1.7e9)
+    await store.put(copy)  # an input item resolved from r1 keeps its id
+    await store.delete("r2")
+    assert set(await store.get_items("anonymous", ["msg_r1"])) == {"msg_r1"}
