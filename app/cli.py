@@ -131,7 +131,8 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
     from app.observability import configure_logging
 
-    configure_logging(settings.server.log_level, settings.server.log_format, cache_loggers=True)
+    configure_logging(settings.server.log_level, settings.server.log_format, cache_loggers=True,
+                      batch_access=True)
     return _run(settings)
 
 
@@ -197,6 +198,14 @@ def _announcing_server_class() -> type:
                     url = f"http://{shown}:{port}"
                     structlog.get_logger("poolgate").info(
                         "server.listening", url=url, message=f"poolgate listening on {url}")
+
+        async def shutdown(self, sockets: list | None = None) -> None:
+            await super().shutdown(sockets=sockets)
+            # every request has ended: write the access lines still buffered now,
+            # since uvicorn re-raises a SIGTERM once serve() returns (the default
+            # action ends the process before anything after run() would run)
+            from app import access_log
+            access_log.close()
 
     return AnnouncingServer
 

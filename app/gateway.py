@@ -7,8 +7,6 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
-import structlog
-
 from auth.keys import KeyRing, TokenGate
 from auth.limits import MemoryLimits
 from pool.admission import AdmissionGuard, Lease
@@ -25,6 +23,7 @@ from sessions.responses import MemoryResponseStore, ResponseStore
 from sessions.shared import MemoryDrainedSet, MemoryLocks
 from sessions.upstream import MemoryUpstreamSessions, SessionIndex
 
+from . import access_log
 from .observability import current_request
 from .record import RequestRecord
 from .replicas import Drains
@@ -32,7 +31,6 @@ from .teams import Teams, model_not_found
 
 __all__ = ["Gateway"]
 
-access_log = structlog.get_logger("poolgate.access")
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"  # counted, not answered: nothing to charge
 
 
@@ -240,19 +238,4 @@ class Gateway:
                 self._account(record, model)
         if record.status < 500 and not self.log_requests:
             return  # info lines are filtered out: don't build one
-        fields: dict[str, Any] = {
-            "method": record.method, "path": record.path, "status": record.status,
-            "latency_ms": round(record.duration * 1000, 2), "key": record.key,
-        }
-        if record.dialect is not None:
-            fields.update(dialect=record.dialect, model=record.model, worker=record.worker,
-                          stream=record.stream, tokens_in=record.tokens_in,
-                          tokens_out=record.tokens_out)
-            if record.ttft is not None:
-                fields["ttft_ms"] = round(record.ttft * 1000, 2)
-        if record.error is not None:
-            fields["error"] = record.error
-        if record.status >= 500:
-            access_log.warning("http.request", **fields)
-        else:
-            access_log.info("http.request", **fields)
+        access_log.write(record)

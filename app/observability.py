@@ -24,6 +24,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from auth.keys import ANONYMOUS
 
+from . import access_log
+
 __all__ = ["REDACTED", "redact_secrets", "current_request", "add_request", "configure_logging",
            "Metrics", "LATENCY_BUCKETS", "UNKNOWN"]
 
@@ -109,12 +111,14 @@ _HANDLER_MARK = "_poolgate_handler"
 
 def configure_logging(
     level: str = "info", fmt: Literal["json", "console"] = "json", *,
-    stream: TextIO | None = None, cache_loggers: bool = False,
+    stream: TextIO | None = None, cache_loggers: bool = False, batch_access: bool = False,
 ) -> None:
     """Route structlog and stdlib logging through one renderer writing lines to ``stream`` (stdout).
 
     ``cache_loggers`` freezes loggers on first use (faster; the server turns it
     on, tests leave it off so ``structlog.testing.capture_logs`` keeps working).
+    ``batch_access`` (the server; JSON only) writes the access lines from a
+    bounded buffer in batches (:mod:`app.access_log`) instead of through structlog.
     """
     stream = stream if stream is not None else sys.stdout
     level_no = logging.getLevelNamesMapping()[level.upper()]
@@ -152,6 +156,8 @@ def configure_logging(
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level_no)
+    access_log.install(access_log.AccessLines(stream, level_no)
+                       if batch_access and fmt == "json" else None)
 
 
 def _isatty(stream: TextIO) -> bool:
@@ -209,6 +215,9 @@ class _Collector:
         yield gauge
         yield _counter("poolgate_upstream_errors", "Failures talking to a worker.", ("worker", "kind"),
                        self.upstream_errors)
+        yield _counter("poolgate_access_log_dropped",
+                       "Access log lines dropped: the log stream could not keep up (or failed).",
+                       (), {(): access_log.dropped_total()})
 
 
 def _counter(name: str, doc: str, labels: tuple[str, ...], series: dict[tuple, float]) -> CounterMetricFamily:

@@ -1,6 +1,7 @@
 """The poolgate configs bench/run.py and bench/open_streams.py write: one OpenAI and one
-Anthropic remote worker on the demo upstream, optionally with a key policy (``--teams``),
-Redis, several OpenAI workers, a higher in-flight cap and slower health probes."""
+Anthropic remote worker on the demo upstream, an API key, optionally the usage ledger
+(``state_dir``), a key policy (``--teams``), Redis, several OpenAI workers, a higher
+in-flight cap and slower health probes."""
 
 from __future__ import annotations
 
@@ -30,12 +31,17 @@ def teams_config(keys: int, state_dir: Path) -> tuple[str, dict[str, str]]:
 SLOW_MODEL = "mock-gpt-d1000-n600"   # bench/open_streams.py: a token a second for ten minutes
 
 
-def config_toml(port: int, upstream_port: int, log_level: str, teams: str | None = None,
+def config_toml(port: int, upstream_port: int, log_level: str | None, teams: str | None = None,
                 redis_url: str | None = None, openai_workers: int = 1,
                 max_in_flight: int | None = None, health_interval: float | None = None,
-                database_url: str | None = None) -> str:
+                state_dir: Path | None = None, database_url: str | None = None) -> str:
+    """``log_level`` None: the default (info: the access log on); ``state_dir``: the
+    usage ledger on (``teams`` brings its own)."""
     up = f"http://127.0.0.1:{upstream_port}"
     keys = teams if teams is not None else f'api_keys = {{ bench = "{API_KEY}" }}\n'
+    if state_dir is not None and teams is None:
+        keys += f'state_dir = "{state_dir}"\n'
+    level = f'log_level = "{log_level}"\n' if log_level else ""
     redis = f'redis_url = "{redis_url}"\n' if redis_url else ""
     if database_url:
         redis += f'database_url = "{database_url}"\n'
@@ -55,8 +61,7 @@ models = ["mock-gpt", "mock-gpt-d5", "{SLOW_MODEL}"]
     return f"""[server]
 host = "127.0.0.1"
 port = {port}
-log_level = "{log_level}"
-{redis}{keys}{openai}
+{level}{redis}{keys}{openai}
 [[workers]]
 name = "mock-anthropic"
 kind = "remote"

@@ -6,10 +6,18 @@ an end-to-end run: compare two checkouts (or two commits) in one sitting.
 
     .venv/bin/python -m bench.inproc                      # chat and messages, 20,000 each
     .venv/bin/python -m bench.inproc --routes chat -n 50000 --repeat 5
+    .venv/bin/python -m bench.inproc --access-log off,batched,structlog   # the access line's cost
 
 Each row: the least and the median over ``--repeat`` rounds of this process's CPU
 time (``time.process_time``) per request, ``-c`` requests at a time (the least is
 the one a busy machine disturbed least).
+
+``--access-log`` runs the gateway as users do, with the access log on
+(``batched``: the server's writer, ``app.access_log``; ``structlog``: the line
+through structlog's pipeline, as before the batched writer; ``off``: log level
+warning), each mode its own app, the modes' rounds interleaved; the lines go to
+``/dev/null`` (the writer thread's CPU counts: it is this process's). The
+difference of two modes' rows is the access line's CPU per request.
 """
 
 from __future__ import annotations
@@ -89,27 +97,66 @@ async def _round(app: Any, path: str, body: bytes, n: int, c: int) -> float:
     return (time.process_time() - started) / (n // c * c) * 1e6
 
 
-async def _serve(app: Any, routes: list[str], n: int, c: int, repeat: int) -> None:
+class _Lifespan:
+    """An app's lifespan, driven by hand: ``start`` then ``stop``."""
+
+    def __init__(self, app: Any) -> None:
+        self.queue_in: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.queue_out: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.task = asyncio.ensure_future(app({"type": "lifespan", "asgi": {"version": "3.0"},
+                                               "state": {}}, self.queue_in.get, self.queue_out.put))
+
+    async def start(self) -> None:
+        await self.queue_in.put({"type": "lifespan.startup"})
+        started = await self.queue_out.get()
+        assert started["type"] == "lifespan.startup.complete", started
+
+    async def stop(self) -> None:
+        await self.queue_in.put({"type": "lifespan.shutdown"})
+        await self.task
+
+
+def _log_mode(mode: str, sink: Any) -> None:
+    """Logging as ``poolgate serve`` sets it up, the access lines written as ``mode`` says."""
+    from app.observability import configure_logging
+    configure_logging("info" if mode != "off" else "warning", "json", stream=sink,
+                      cache_loggers=True, batch_access=mode == "batched")
+
+
+async def _serve(apps: dict[str, Any], routes: list[str], n: int, c: int, repeat: int,
+                 sink: Any) -> None:
     from app.cli import _settle_gc
-    lifespan_in: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    lifespan_out: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    life = asyncio.ensure_future(app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}},
-                                     lifespan_in.get, lifespan_out.put))
-    await lifespan_in.put({"type": "lifespan.startup"})
-    started = await lifespan_out.get()
-    assert started["type"] == "lifespan.startup.complete", started
+    lives = [_Lifespan(app) for app in apps.values()]
+    for life in lives:
+        await life.start()
     _settle_gc()
     try:
         for name in routes:
             path, payload = ROUTES[name]
             body = orjson.dumps(payload)
-            await _round(app, path, body, min(n, 2000), c)  # warm-up
-            rounds = [await _round(app, path, body, n, c) for _ in range(repeat)]
-            print(f"{name:10s} c={c:<3d} min {min(rounds):7.2f}  median {statistics.median(rounds):7.2f}"
-                  f" us CPU/request (rounds: {', '.join(f'{r:.1f}' for r in rounds)})", flush=True)
+            rounds: dict[str, list[float]] = {mode: [] for mode in apps}
+            for mode, app in apps.items():
+                _log_mode(mode, sink)
+                await _round(app, path, body, min(n, 2000), c)  # warm-up
+            for _ in range(repeat):  # interleaved: a noisy spell hits every mode
+                for mode, app in apps.items():
+                    _log_mode(mode, sink)
+                    rounds[mode].append(await _round(app, path, body, n, c))
+            for mode, cpu in rounds.items():
+                label = f"{name} [{mode}]" if len(apps) > 1 else name
+                print(f"{label:22s} c={c:<3d} min {min(cpu):7.2f}  median {statistics.median(cpu):7.2f}"
+                      f" us CPU/request (rounds: {', '.join(f'{r:.1f}' for r in cpu)})", flush=True)
+            base = rounds.get("off")
+            for mode, cpu in rounds.items():
+                if base is not None and mode != "off":
+                    print(f"{'':22s} access line [{mode}]: {min(cpu) - min(base):+.2f} us by the "
+                          f"least rounds, {statistics.median(cpu) - statistics.median(base):+.2f} us "
+                          "by the medians", flush=True)
     finally:
-        await lifespan_in.put({"type": "lifespan.shutdown"})
-        await life
+        from app import access_log
+        access_log.close()
+        for life in lives:
+            await life.stop()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -119,7 +166,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("-n", type=int, default=20000, help="requests per round")
     ap.add_argument("-c", type=int, default=16, help="requests at a time")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--access-log", default="off",
+                    help="comma-separated modes, of: off (log level warning), batched "
+                         "(the server's access log), structlog (the line through structlog)")
     a = ap.parse_args(argv)
+    modes = a.access_log.split(",")
+    if not modes or any(m not in ("off", "batched", "structlog") for m in modes):
+        ap.error("--access-log takes off, batched and structlog")
     up_port = _free_port()
     upstream = subprocess.Popen([sys.executable, "-m", "app.demo_upstream", "--port", str(up_port)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -133,13 +186,17 @@ def main(argv: list[str] | None = None) -> None:
                 if time.monotonic() > deadline or upstream.poll() is not None:
                     raise SystemExit("the demo upstream did not start") from None
                 time.sleep(0.1)
-        with tempfile.TemporaryDirectory() as tmp:
-            config = Path(tmp) / "poolgate.toml"
-            config.write_text(config_toml(_free_port(), up_port, "warning"))
+        with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as sink:
             from app.factory import create_app
             from app.settings import load_settings
-            app = create_app(load_settings(str(config), os.environ, {}))
-            uvloop.run(_serve(app, a.routes.split(","), a.n, a.c, a.repeat))
+            apps = {}
+            for mode in modes:
+                config = Path(tmp) / f"poolgate-{mode}.toml"
+                config.write_text(config_toml(_free_port(), up_port,  # the ledger on, as users run it
+                                              None if mode != "off" else "warning",
+                                              state_dir=Path(tmp) / f"state-{mode}"))
+                apps[mode] = create_app(load_settings(str(config), os.environ, {}))
+            uvloop.run(_serve(apps, a.routes.split(","), a.n, a.c, a.repeat, sink))
     finally:
         upstream.terminate()
         upstream.wait(10)

@@ -175,9 +175,10 @@ def start_gateway(target: str, a: argparse.Namespace, ctx: dict) -> tuple[bench.
             "--upstream", ctx["upstream_url"], "--port", str(port)]
     else:
         config = out / f"poolgate-open-{port}.toml"
-        config.write_text(bench.config_toml(port, ctx["upstream_port"], "warning",
+        config.write_text(bench.config_toml(port, ctx["upstream_port"], None,  # as users run it
                                             max_in_flight=a.n + 1000,
-                                            health_interval=a.health_interval or None))
+                                            health_interval=a.health_interval or None,
+                                            state_dir=out / f"state-open-{port}"))
         serve = ["serve", "--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
         argv = (probe if a.tracemalloc else bench.poolgate_argv(a)) + serve
     gw = bench.Proc(f"{target} (open streams)", argv, out / f"open-{target}.log", ctx["gw_cpu"])

@@ -83,7 +83,8 @@ def run_once(name: str, a: argparse.Namespace, out: Path,
             "-d", str(a.duration), "--warmup", str(a.warmup), "--out", str(target),
             "--python", sys.executable,  # run.py serves app.cli from this checkout
             "--targets", "direct,poolgate", "--open-streams", "0",
-            "--teams", "1", "--openai-workers", "2"]
+            "--teams", "1", "--openai-workers", "2",
+            "--repeat", "1"]  # one round: this runner repeats and interleaves itself
     if redis_url:
         argv += ["--redis", redis_url]
     argv += extra

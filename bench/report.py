@@ -1,6 +1,9 @@
 """bench/run.py's table: direct, the floor and poolgate side by side, and the targets.
 
-The targets of issue 14 (the hot path), judged per row from one run:
+The targets of issue 14 (the hot path), since issue 22 for poolgate configured
+as users run it (the default log level, so one access line per request; an API
+key; the usage ledger in ``state_dir``), judged per row on its rounds pooled
+(``bench/run.py`` runs 3 interleaved rounds by default):
 
 - non-stream: poolgate's requests per gateway CPU-second ≥ 0.9 × the floor's on
   ``ns_c16`` and ``msg_c16``, ≥ 0.75 × when poolgate translates (``msg_xl_c16``:
@@ -144,8 +147,10 @@ LEGEND = (
     "direct / floor / poolgate = requests/s (non-stream) or content chunks/s (SSE), wall clock; "
     "req/core-s = completed requests per CPU-second of the gateway process (pinned to one core); "
     "CPU ms/req = gateway CPU per request or stream; ÷floor = poolgate ÷ floor; +p50 / +TTFT = "
-    "poolgate's median latency / time to first token minus the floor's, ms; target = issue 14's "
-    "bound for the row; foreign load = cores kept busy by processes that are not ours "
+    "poolgate's median latency / time to first token minus the floor's, ms; target = the bound "
+    "for the row (issues 14 and 22: poolgate in its default configuration, access log on); "
+    "a row whose what ends in `log_level \"warning\"` (`--quiet`): the same without the access "
+    "log; foreign load = cores kept busy by processes that are not ours "
     "(/proc/stat busy time minus our processes' CPU, ÷ wall time; the largest of the row's three "
     "runs); upstream = `ok` when the upstream saw as many requests as poolgate completed (≤ c "
     "more in flight at the deadline); errors = failed requests + chunk-count mismatches, all "

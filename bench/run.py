@@ -18,8 +18,9 @@ disable). Everything binds 127.0.0.1 on free ports; the processes started here
 are stopped by PID (their own process groups) at the end, also on errors and
 Ctrl-C. Results go to ``--out`` (default /tmp/poolgate-bench/<stamp>/).
 
-    .venv/bin/python bench/run.py                 # every scenario, 5 s each, 9,900 open streams
-    .venv/bin/python bench/run.py --quick         # 2 s each, 1,000 open streams
+    .venv/bin/python bench/run.py                 # every scenario, 3 rounds of 5 s, 9,900 open streams
+    .venv/bin/python bench/run.py --quick         # 1 round of 2 s each, 1,000 open streams
+    .venv/bin/python bench/run.py --quiet         # and a row with log_level = "warning" per scenario
     .venv/bin/python bench/run.py --scenarios ns_c16,st_c16_d5 -d 10 --open-streams 0
 """
 
@@ -197,11 +198,11 @@ def upstream_requests(upstream_url: str) -> int:
 
 def measure(name: str, sc: Scenario, target: str, url: str, args, ctx: dict,
             round_no: int = 0) -> dict:
-    """One load run of ``sc`` at ``target`` ("direct", "floor" or "poolgate")."""
+    """One load run of ``sc`` at ``target`` ("direct", "floor", "poolgate" or "quiet")."""
     out_dir: Path = ctx["out"]
     if round_no:
         name = f"{name}-r{round_no + 1}"
-    if target != "poolgate" and sc.api in ("responses", "gemini"):
+    if target in ("direct", "floor") and sc.api in ("responses", "gemini"):
         sc = replace(sc, api="openai")  # the upstream's nearest equivalent
     if args.warmup > 0:
         run_loadgen(ctx["py"], url, sc, args.warmup, ctx["cpu_load"], out_dir / f"warm-{name}-{target}.json")
@@ -235,6 +236,9 @@ def report(results: dict, meta: dict, open_streams: dict | None = None) -> str:
     for name, r in results.items():
         sc = SCENARIOS[name]
         lines.append(row(name, sc.what, sc.mode == "stream", sc.c, r))
+        if "quiet" in r:  # --quiet: the same against poolgate with no access log
+            lines.append(row(name, sc.what + ', log_level "warning"', sc.mode == "stream", sc.c,
+                             {**r, "poolgate": r["quiet"]}))
     spread = [f"`{name}` {', '.join(fmt(x, 2) for x in r['round_ratios'])}"
               for name, r in results.items()
               if len(r.get("round_ratios") or ()) > 1 and None not in r["round_ratios"]]
@@ -259,14 +263,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("-d", "--duration", type=float, default=5.0, help="seconds per run (≤ 120)")
     ap.add_argument("--warmup", type=float, default=1.0, help="seconds before each run (0: none)")
     ap.add_argument("--quick", action="store_true", help="-d 2 --warmup 0.5")
-    ap.add_argument("--repeat", type=int, default=1, metavar="N",
-                    help="N interleaved rounds per scenario, pooled in the table (CPU and "
-                         "requests summed), each round's ratio listed below it")
+    ap.add_argument("--repeat", type=int, default=None, metavar="N",
+                    help="N interleaved rounds per scenario (default 3; --quick: 1), pooled in "
+                         "the table (CPU and requests summed), each round's ratio listed below it")
     ap.add_argument("--poolgate", default="",
                     help="a poolgate executable (default: python -m app.cli from this checkout)")
     ap.add_argument("--python", default=str(VENV / "python") if (VENV / "python").exists()
                     else sys.executable, help="python for the upstream and the load generator")
-    ap.add_argument("--log-level", default="warning", help="poolgate's server.log_level")
+    ap.add_argument("--log-level", default=None,
+                    help="poolgate's server.log_level (default: none set, so info: the access log on)")
+    ap.add_argument("--quiet", action="store_true",
+                    help="also a poolgate with log_level = \"warning\" (no access log): an extra "
+                         "row per scenario")
     ap.add_argument("--cpus", default="0,0,1", help="cores for upstream,loadgen,poolgate")
     ap.add_argument("--no-pin", action="store_true", help="do not use taskset")
     ap.add_argument("--out", help="results directory (default /tmp/poolgate-bench/<stamp>)")
@@ -293,7 +301,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         a.open_streams = min(a.open_streams, 1000)
         a.hold = min(a.hold, 5.0)
     a.targets = [t for t in ("direct", "floor", "poolgate")
-                 if t in a.targets.split(",") or t != "floor"]
+                 if t in a.targets.split(",") or t != "floor"] + (["quiet"] if a.quiet else [])
+    if a.repeat is None:
+        a.repeat = 1 if a.quick else 3
     unknown = [s for s in a.scenarios.split(",") if s not in SCENARIOS]
     if unknown:
         ap.error(f"unknown scenarios: {', '.join(unknown)}")
@@ -349,27 +359,38 @@ def main(argv: list[str] | None = None) -> int:
     try:
         up_port, gw_port = free_port(), free_port()
         upstream_url = f"http://127.0.0.1:{up_port}"
-        gateway_url = f"http://127.0.0.1:{gw_port}"
         upstream = Proc("demo upstream", [a.python, "-m", "app.demo_upstream", "--port", str(up_port)],
                         out / "upstream.log", cpus["upstream"])
         procs.append(upstream)
         wait_ready(upstream, lambda: http("GET", upstream_url + "/health")[0] == 200, 30)
-        config = out / "poolgate.toml"
-        teams, env = teams_config(a.teams, out / "state") if a.teams > 0 else (None, None)
-        config.write_text(config_toml(gw_port, up_port, a.log_level, teams, a.redis,
-                                      a.openai_workers, database_url=a.database))
-        gateway = Proc("poolgate", [*poolgate_argv(a), "serve", "--config", str(config), "--host", "127.0.0.1",
-                                    "--port", str(gw_port)], out / "poolgate.log", cpus["gateway"],
-                       env=env)
-        procs.append(gateway)
         probe = json.dumps({"model": "mock-gpt", "max_tokens": 4,
                             "messages": [{"role": "user", "content": "ready?"}]}).encode()
-        startup = wait_ready(gateway, lambda: http("POST", gateway_url + "/v1/chat/completions",
-                                                   probe)[0] == 200, 120)
-        log(f"poolgate ready in {startup:.2f} s on {gateway_url}; upstream {upstream_url}; {pinning}")
-        ctx = {"py": a.python, "out": out, "upstream": upstream, "poolgate": gateway,
+        ctx = {"py": a.python, "out": out, "upstream": upstream,
                "upstream_url": upstream_url, "cpu_load": cpus["load"], "procs": procs}
-        urls = {"direct": upstream_url, "poolgate": gateway_url}
+        urls = {"direct": upstream_url}
+        # as users run it: the default log level (the access log on), an API key, the
+        # usage ledger in state_dir; --quiet: the same with log_level = "warning" as well
+        for target, level in (("poolgate", a.log_level), ("quiet", "warning")):
+            if target not in a.targets:
+                continue
+            config = out / f"{target}.toml"
+            teams, env = (teams_config(a.teams, out / f"state-{target}") if a.teams > 0
+                          else (None, None))
+            config.write_text(config_toml(gw_port, up_port, level, teams, a.redis,
+                                          a.openai_workers, state_dir=out / f"state-{target}",
+                                          database_url=a.database))
+            gateway = Proc(target, [*poolgate_argv(a), "serve", "--config", str(config), "--host",
+                                    "127.0.0.1", "--port", str(gw_port)], out / f"{target}.log",
+                           cpus["gateway"], env=env)
+            procs.append(gateway)
+            url = f"http://127.0.0.1:{gw_port}"
+            ready = wait_ready(gateway, lambda: http("POST", url + "/v1/chat/completions",
+                                                     probe)[0] == 200, 120)
+            if target == "poolgate":
+                startup = ready
+            log(f"{target} ready in {ready:.2f} s on {url}; upstream {upstream_url}; {pinning}")
+            ctx[target], urls[target] = gateway, url
+            gw_port = free_port()
         if "floor" in a.targets:
             floor_url = f"http://127.0.0.1:{(floor_port := free_port())}"
             ctx["floor"] = floor = Proc("floor", [a.python, str(HERE / "floor.py"), "--upstream",

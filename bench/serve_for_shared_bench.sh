@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # Start poolgate for ../shared/bench/run_bench.sh ("ours"): the runner exports
-# BENCH_PORT and BENCH_UPSTREAM_URL; this writes the matching config and serves.
+# BENCH_PORT and BENCH_UPSTREAM_URL; this writes the matching config and serves,
+# configured as users run it: the default log level (the access log on), an API
+# key, the usage ledger in a state_dir. POOLGATE_BENCH_QUIET=1: log_level = "warning".
 #   OURS_CMD="$PWD/bench/serve_for_shared_bench.sh" OURS_API_KEY=sk-bench \
 #     ../shared/bench/run_bench.sh --targets floor,ours
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cfg="$(mktemp /tmp/poolgate-bench-XXXXXX.toml)"
+state="$(mktemp -d /tmp/poolgate-bench-state-XXXXXX)"
+level=""
+if [ "${POOLGATE_BENCH_QUIET:-0}" = 1 ]; then level='log_level = "warning"'; fi
 cat >"$cfg" <<TOML
 [server]
 host = "127.0.0.1"
 port = ${BENCH_PORT}
 api_keys = { bench = "sk-bench" }
-log_level = "warning"
+state_dir = "${state}"
+${level}
 
 [[workers]]
 name = "mock-openai"

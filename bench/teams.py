@@ -62,7 +62,8 @@ def run_once(name: str, keys: int, a: argparse.Namespace, out: Path) -> float:
     argv = [sys.executable, str(HERE / "run.py"), "--scenarios", a.scenarios,
             "-d", str(a.duration), "--warmup", str(a.warmup), "--out", str(target),
             # the checkout's code, not an installed console script's
-            "--poolgate", str(target / "no-such-script"), "--python", sys.executable]
+            "--poolgate", str(target / "no-such-script"), "--python", sys.executable,
+            "--repeat", "1"]  # one round: this runner repeats and interleaves itself
     if keys:
         argv += ["--teams", str(keys)]
     if a.no_pin:

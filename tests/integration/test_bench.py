@@ -106,6 +106,23 @@ def test_runner_config_is_accepted_by_the_gateway_settings(tmp_path: Path) -> No
     assert load_settings(str(path), env).server.database_url.get_secret_value() == url
 
 
+def test_runner_benches_the_default_configuration(tmp_path: Path) -> None:
+    """bench/run.py runs poolgate as users do: the default log level (the access
+    log on), an API key, the ledger in state_dir; --quiet adds log_level warning."""
+    run = _load("bench_run", "run.py")
+    a = run.parse_args([])
+    assert a.log_level is None and a.targets == ["direct", "floor", "poolgate"] and a.repeat == 3
+    path = tmp_path / "poolgate.toml"
+    path.write_text(run.config_toml(18000, 18001, a.log_level, state_dir=tmp_path / "state"))
+    server = load_settings(str(path), {}).server
+    assert server.log_level == "info" and server.state_dir == str(tmp_path / "state")
+    assert server.plain_api_keys() == {"bench": run.API_KEY}
+    quiet = run.parse_args(["--quiet", "--quick"])
+    assert quiet.targets[-1] == "quiet" and quiet.repeat == 1
+    script = (BENCH / "serve_for_shared_bench.sh").read_text()
+    assert "state_dir" in script and 'log_level = "warning"\n' not in script
+
+
 def test_pool_bench_measures_recovery_after_kill_9(tmp_path: Path) -> None:
     """One kill -9 per setup (one process worker, two): a positive recovery time,
     and the model served by two workers loses (next to) no request meanwhile."""
@@ -156,6 +173,18 @@ def test_inproc_bench_serves_both_routes_through_the_asgi_app() -> None:
     rows = [line.split() for line in done.stdout.splitlines() if "us CPU/request" in line]
     assert [r[0] for r in rows] == ["chat", "messages"]
     assert all(float(r[3]) > 0 for r in rows)  # "min <us>"
+
+
+def test_inproc_bench_isolates_the_access_line() -> None:
+    """bench/inproc.py --access-log: a row per mode, and the access line's cost."""
+    done = subprocess.run([sys.executable, "-m", "bench.inproc", "-n", "200", "-c", "4",
+                           "--repeat", "1", "--routes", "chat", "--access-log", "off,batched"],
+                          capture_output=True, text=True, timeout=60, cwd=BENCH.parent)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split()[:2] for line in done.stdout.splitlines() if "us CPU/request" in line]
+    assert rows == [["chat", "[off]"], ["chat", "[batched]"]]
+    assert "access line [batched]:" in done.stdout
+    assert "http.request" not in done.stdout  # the lines went to /dev/null
 
 
 def test_repeated_rounds_are_pooled_and_listed() -> None:
