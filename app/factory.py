@@ -100,7 +100,8 @@ def remote_spec(w: Any, *, lean: bool = True) -> RemoteSpec:
         models=tuple(w.models), aliases=dict(w.aliases),
         connect_timeout=w.connect_timeout, first_byte_timeout=w.first_byte_timeout,
         idle_timeout=w.idle_timeout, max_connections=w.max_connections,
-        max_in_flight=w.max_in_flight, policy=pass_policy(w), lean=lean)
+        max_in_flight=w.max_in_flight, policy=pass_policy(w), lean=lean,
+        proxy=_secret(w.proxy))
 
 
 def pass_policy(w: Any) -> PassPolicy:

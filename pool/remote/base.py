@@ -141,10 +141,13 @@ class RemoteWorker:
     def _new_session(self) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(limit=self.spec.max_connections, limit_per_host=0)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.spec.connect_timeout)
-        # no cookie jar: upstream cookies are never wanted (and it costs on every request)
+        # no cookie jar: upstream cookies are never wanted (and it costs on every request).
+        # trust_env off: the gateway's own HTTP(S)_PROXY/NO_PROXY never route a worker;
+        # its configured proxy takes every request, the probe included, or none goes
         return aiohttp.ClientSession(connector=connector, timeout=timeout,
                                      headers=self._default_headers, auto_decompress=False,
-                                     raise_for_status=False, cookie_jar=aiohttp.DummyCookieJar())
+                                     raise_for_status=False, cookie_jar=aiohttp.DummyCookieJar(),
+                                     trust_env=False, proxy=self.spec.proxy)
 
     async def aclose(self) -> None:
         self.state = WorkerState.STOPPED
@@ -168,7 +171,8 @@ class RemoteWorker:
             async with asyncio.timeout(min(_HEALTH_TIMEOUT, self.spec.first_byte_timeout)):
                 async with session.get(self._health_url, allow_redirects=False) as resp:
                     refused = resp.status in (401, 403)
-                    ok = resp.status < 500 and not refused
+                    # 407: the egress proxy refused us, the upstream was not reached
+                    ok = resp.status < 500 and not refused and resp.status != 407
         except (aiohttp.ClientError, OSError, TimeoutError, UpstreamUnavailable):
             ok = False
         if self.state is WorkerState.DRAINING or self.state is WorkerState.STOPPED:
@@ -392,6 +396,10 @@ class RemoteWorker:
             log.warning("remote.first_byte_timeout", worker=self.name)
             raise UpstreamTimeout(f"upstream {self.name} did not answer within "
                                   f"{spec.first_byte_timeout:g}s") from None
+        except aiohttp.ClientProxyConnectionError:
+            log.warning("remote.proxy_connect_failed", worker=self.name)
+            raise UpstreamUnavailable(f"cannot connect to the egress proxy of upstream "
+                                      f"{self.name}") from None
         except aiohttp.ClientConnectorError:
             log.warning("remote.connect_failed", worker=self.name)
             raise UpstreamUnavailable(f"cannot connect to upstream {self.name}") from None

@@ -125,8 +125,9 @@ class EgressProxy:
 
     async def _forward(self, method: str, target: str, version: str, header_lines: list[str],
                        reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One absolute-form request, sent on with ``Connection: close`` and
-        its answer piped back until the upstream closes."""
+        """One absolute-form request, sent on with ``Via: 1.1 egress-proxy``
+        (as real proxies add) and ``Connection: close``, and its answer piped
+        back until the upstream closes."""
         parts = urlsplit(target)
         path = parts.path or "/"
         if parts.query:
@@ -134,7 +135,8 @@ class EgressProxy:
         kept = [h for h in header_lines if h and not h.lower().startswith(
             ("proxy-", "connection:", "keep-alive:"))]
         up_reader, up_writer = await asyncio.open_connection(parts.hostname, parts.port or 80)
-        up_writer.write(("\r\n".join([f"{method} {path} {version}", *kept, "Connection: close"])
+        up_writer.write(("\r\n".join([f"{method} {path} {version}", *kept, "Via: 1.1 egress-proxy",
+                                    "Connection: close"])
                          + "\r\n\r\n").encode("latin-1"))
         self._writers.add(up_writer)
         sending = asyncio.ensure_future(_copy(reader, up_writer))  # the request's body
