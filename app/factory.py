@@ -20,7 +20,7 @@ from pool.errors import GatewayError, NotFound
 from pool.admission import AdmissionGuard
 from pool.pool import Pool
 from pool.local.defaults import find_default_model
-from pool.childenv import child_environment
+from pool.childenv import child_environment, proxy_environment
 from pool.cli.sandbox import resolve_sandbox
 from pool.cli.worker import CliSpec, CliWorker
 from pool.dumpable import undumpable
@@ -135,7 +135,9 @@ def local_spec(w: Any, settings: Any) -> LocalSpec:
 def cli_spec(w: Any, environment: Mapping[str, str] | None = None) -> CliSpec:
     """A cli worker's spec; in agent mode its sandbox is resolved here, so a
     machine that cannot give it refuses the worker (:class:`SandboxUnavailable`)."""
-    env = {**w.env, **{name: _secret(value) or "" for name, value in w.env_secrets.items()}}
+    # the egress proxy last: no variable of the worker's env routes around it
+    env = {**w.env, **{name: _secret(value) or "" for name, value in w.env_secrets.items()},
+           **proxy_environment(_secret(w.proxy))}
     cli_env = {**child_environment(environment or os.environ, w.env_passthrough), **env}
     sandbox = resolve_sandbox(w.sandbox, name=w.name, mode=w.mode, cli=w.cli, home=w.home,
                               env=cli_env, command=tuple(w.command), paths=w.sandbox_paths,

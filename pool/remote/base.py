@@ -20,6 +20,7 @@ from typing import Any, AsyncIterator, Callable, ClassVar, Mapping
 import aiohttp
 import orjson
 import structlog
+from aiohttp_socks import ProxyConnectionError, ProxyConnector, ProxyError, ProxyTimeoutError
 from yarl import URL
 
 from pool.deadline import Deadline
@@ -46,6 +47,8 @@ _HEALTH_TIMEOUT = 5.0
 _DRAIN_TIMEOUT = 0.5         # wait for the end of a finished body, to reuse the connection
 _MAX_ERROR_BODY = 64 * 1024  # read at most this much of a refusal
 _NO_TOOLS: frozenset[str] = frozenset()
+# aiohttp-socks' failures to reach (or be let through) a SOCKS proxy: not aiohttp's own
+_SOCKS_ERRORS = (ProxyConnectionError, ProxyError, ProxyTimeoutError)
 
 
 def _json_default(obj: Any) -> Any:
@@ -139,7 +142,15 @@ class RemoteWorker:
         await self.start()
 
     def _new_session(self) -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(limit=self.spec.max_connections, limit_per_host=0)
+        proxy = self.spec.proxy
+        connector: aiohttp.TCPConnector
+        if proxy is not None and proxy.startswith("socks"):
+            # the upstream's name resolved by the proxy (rdns), not here
+            connector = ProxyConnector.from_url(proxy, rdns=True, limit=self.spec.max_connections,
+                                                limit_per_host=0)
+            proxy = None
+        else:
+            connector = aiohttp.TCPConnector(limit=self.spec.max_connections, limit_per_host=0)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.spec.connect_timeout)
         # no cookie jar: upstream cookies are never wanted (and it costs on every request).
         # trust_env off: the gateway's own HTTP(S)_PROXY/NO_PROXY never route a worker;
@@ -147,7 +158,7 @@ class RemoteWorker:
         return aiohttp.ClientSession(connector=connector, timeout=timeout,
                                      headers=self._default_headers, auto_decompress=False,
                                      raise_for_status=False, cookie_jar=aiohttp.DummyCookieJar(),
-                                     trust_env=False, proxy=self.spec.proxy)
+                                     trust_env=False, proxy=proxy)
 
     async def aclose(self) -> None:
         self.state = WorkerState.STOPPED
@@ -173,7 +184,7 @@ class RemoteWorker:
                     refused = resp.status in (401, 403)
                     # 407: the egress proxy refused us, the upstream was not reached
                     ok = resp.status < 500 and not refused and resp.status != 407
-        except (aiohttp.ClientError, OSError, TimeoutError, UpstreamUnavailable):
+        except (aiohttp.ClientError, OSError, TimeoutError, UpstreamUnavailable, *_SOCKS_ERRORS):
             ok = False
         if self.state is WorkerState.DRAINING or self.state is WorkerState.STOPPED:
             return ok
@@ -396,7 +407,7 @@ class RemoteWorker:
             log.warning("remote.first_byte_timeout", worker=self.name)
             raise UpstreamTimeout(f"upstream {self.name} did not answer within "
                                   f"{spec.first_byte_timeout:g}s") from None
-        except aiohttp.ClientProxyConnectionError:
+        except (aiohttp.ClientProxyConnectionError, *_SOCKS_ERRORS):
             log.warning("remote.proxy_connect_failed", worker=self.name)
             raise UpstreamUnavailable(f"cannot connect to the egress proxy of upstream "
                                       f"{self.name}") from None

@@ -1,10 +1,11 @@
 """A small forward HTTP proxy on 127.0.0.1 that logs what passes: someone
 else's server (an operator's egress proxy), for tests.
 
-It speaks both forms a client uses: ``CONNECT host:port`` (a tunnel, what
-HTTPS and most proxy agents use; the bytes inside are piped as they are) and
+It speaks the forms a client uses: ``CONNECT host:port`` (a tunnel, what
+HTTPS and most proxy agents use; the bytes inside are piped as they are),
 absolute-form requests (``GET http://host:port/path HTTP/1.1``, what plain
-HTTP through a proxy is). It runs on its own event loop in a thread::
+HTTP through a proxy is) and SOCKS5 CONNECT on the same port
+(``socks_url``). It runs on its own event loop in a thread::
 
     with EgressProxy(credentials="user:pass") as proxy:
         proxy.url        # http://user:pass@127.0.0.1:PORT
@@ -48,7 +49,7 @@ class EgressProxy:
         """The host:port of each request that passed (tunnels and plain requests)."""
         out = []
         for method, target in self.passed:
-            out.append(target if method == "CONNECT" else urlsplit(target).netloc)
+            out.append(urlsplit(target).netloc if "://" in target else target)
         return out
 
     def __enter__(self) -> EgressProxy:
@@ -91,7 +92,11 @@ class EgressProxy:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
+            first = await reader.readexactly(1)
+            if first == b"\x05":
+                await self._socks5(reader, writer)
+                return
+            head = first + await reader.readuntil(b"\r\n\r\n")
             if len(head) > _MAX_HEAD:
                 return
             lines = head.decode("latin-1").split("\r\n")
@@ -122,6 +127,48 @@ class EgressProxy:
         finally:
             self._writers.discard(writer)
             writer.close()
+
+    async def _socks5(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A SOCKS5 CONNECT (RFC 1928), with username/password (RFC 1929)
+        when the proxy has credentials; logged as ``("SOCKS5", "host:port")``."""
+        methods = await reader.readexactly((await reader.readexactly(1))[0])
+        wanted = 2 if self.credentials else 0
+        if wanted not in methods:
+            writer.write(b"\x05\xff")
+            self.refused.append("socks5")
+            return
+        writer.write(bytes([5, wanted]))
+        if wanted == 2:
+            await reader.readexactly(1)  # subnegotiation version
+            user = await reader.readexactly((await reader.readexactly(1))[0])
+            password = await reader.readexactly((await reader.readexactly(1))[0])
+            if f"{user.decode()}:{password.decode()}" != self.credentials:
+                writer.write(b"\x01\x01")
+                self.refused.append("socks5")
+                return
+            writer.write(b"\x01\x00")
+        _version, command, _reserved, kind = await reader.readexactly(4)
+        if kind == 1:
+            host = ".".join(str(b) for b in await reader.readexactly(4))
+        elif kind == 3:
+            host = (await reader.readexactly((await reader.readexactly(1))[0])).decode()
+        else:
+            host = "[" + ":".join((await reader.readexactly(16)).hex()[i:i + 4]
+                                  for i in range(0, 32, 4)) + "]"
+        port = int.from_bytes(await reader.readexactly(2), "big")
+        if command != 1:
+            writer.write(b"\x05\x07\x00\x01" + bytes(6))
+            return
+        self.passed.append(("SOCKS5", f"{host}:{port}"))
+        up_reader, up_writer = await asyncio.open_connection(host.strip("[]"), port)
+        writer.write(b"\x05\x00\x00\x01" + bytes(6))
+        await writer.drain()
+        await self._pipe(reader, writer, up_reader, up_writer)
+
+    @property
+    def socks_url(self) -> str:
+        auth = f"{self.credentials}@" if self.credentials else ""
+        return f"socks5://{auth}127.0.0.1:{self.port}"
 
     async def _forward(self, method: str, target: str, version: str, header_lines: list[str],
                        reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -150,3 +150,43 @@ async def test_a_request_while_the_proxy_is_down_fails_and_never_goes_direct() -
             assert len(upstream.requests) == 1  # nothing went around the proxy
         finally:
             await worker.aclose()
+
+
+async def test_a_socks5_proxy_takes_a_remote_workers_requests() -> None:
+    with FakeUpstream(api_key=KEY) as upstream, \
+            EgressProxy(credentials=f"egress:{PROXY_PASSWORD}") as proxy:
+        worker = make_remote_worker(RemoteSpec(
+            name="anthropic-up", dialect="anthropic", url=upstream.anthropic_url, api_key=KEY,
+            models=("anthropic-model",), proxy=proxy.socks_url, connect_timeout=2))
+        request = ChatRequest(model="anthropic-model", dialect="anthropic",
+                              messages=(Message(role="user", parts=(TextPart("socks"),)),))
+        await worker.start()
+        try:
+            answer = await worker.complete(request)
+            assert answer.parts == [TextPart("echo: socks")]
+            assert await worker.count_tokens(request) > 0
+            assert await worker.health()
+            root = upstream.anthropic_url.removeprefix("http://")
+            assert proxy.passed and set(proxy.passed) == {("SOCKS5", root)}
+            proxy.stop()
+            seen = len(upstream.requests)
+            with pytest.raises(UpstreamUnavailable) as failed:
+                await worker.complete(request)
+            assert PROXY_PASSWORD not in str(failed.value)
+            assert not await worker.health()
+            assert len(upstream.requests) == seen
+        finally:
+            await worker.aclose()
+
+
+async def test_a_socks5_proxy_that_refuses_our_credentials_is_unhealthy() -> None:
+    with FakeUpstream(api_key=KEY) as upstream, EgressProxy(credentials="egress:right") as proxy:
+        worker = make_remote_worker(RemoteSpec(
+            name="openai-up", dialect="openai", url=upstream.url, api_key=KEY,
+            models=("openai-model",), proxy=proxy.socks_url.replace("right", "wrong")))
+        await worker.start()
+        try:
+            assert not await worker.health()
+            assert proxy.refused and upstream.requests == []
+        finally:
+            await worker.aclose()
