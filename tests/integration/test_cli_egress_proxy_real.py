@@ -43,7 +43,8 @@ def test_the_real_claude_reaches_its_upstream_only_through_the_proxy(tmp_path: P
             EgressProxy(credentials=f"egress:{PROXY_PASSWORD}") as proxy:
         env = _base_env(tmp_path / "os-home")  # NO_PROXY=127.0.0.1,…: overridden by proxy
         env.update(ANTHROPIC_BASE_URL=upstream.anthropic_url, ANTHROPIC_SMALL_FAST_MODEL=MODEL,
-                   ANTHROPIC_DEFAULT_HAIKU_MODEL=MODEL, CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1")
+                   ANTHROPIC_DEFAULT_HAIKU_MODEL=MODEL, CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+                   CLAUDE_CODE_MAX_RETRIES="1")  # the turn with the proxy down fails soon
         worker = WorkerSettings(
             name="claude-real", kind="cli", cli="claude", models=(MODEL,),
             home=str(claude_home(tmp_path / "account", TOKEN)), command=(claude_bin,), env=env,
