@@ -150,6 +150,7 @@ def cli_spec(w: Any, environment: Mapping[str, str] | None = None) -> CliSpec:
         conversation_idle=w.conversation_idle, idle_timeout=w.idle_timeout,
         sandbox=sandbox, workspace_root=w.workspace_root,
         login_timeout=w.login_timeout, login_probe_interval=w.login_probe_interval,
+        proxy=_secret(w.proxy),
         supervision=SupervisorPolicy(
             ready_timeout=w.ready_timeout or 30.0, health_interval=w.health_interval,
             health_timeout=w.health_timeout, backoff_initial=w.backoff_initial,

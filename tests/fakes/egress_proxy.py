@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import socket
 import threading
 from typing import Any
 from urllib.parse import urlsplit
@@ -37,7 +38,8 @@ class EgressProxy:
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._server: asyncio.Server | None = None
+        self._server: socket.socket | None = None  # the listening socket, ours to close
+        self._accepted: list[socket.socket] = []  # every connection's, closed at the end
         self._writers: set[asyncio.StreamWriter] = set()
 
     @property
@@ -59,13 +61,38 @@ class EgressProxy:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+        asyncio.run_coroutine_threadsafe(self._finish(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
         self._loop.close()
 
     async def _start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
+        # our own accept loop: every accepted socket is held from the start, so
+        # none is left open however the proxy is stopped
+        server = socket.socket()
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", self.port))
+        server.listen(64)
+        server.setblocking(False)
+        self._server = server
+        self.port = server.getsockname()[1]
+        asyncio.get_running_loop().add_reader(server.fileno(), self._accept, server)
+
+    def _accept(self, server: socket.socket) -> None:
+        """Takes each waiting connection at once (no task between the accept and
+        the list of sockets to close: a stop at any moment leaves none open)."""
+        while True:
+            try:
+                conn, _addr = server.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            conn.setblocking(False)
+            self._accepted.append(conn)
+            asyncio.ensure_future(self._connected(conn))
+
+    async def _connected(self, conn: socket.socket) -> None:
+        reader, writer = await asyncio.open_connection(sock=conn)
+        await self._serve(reader, writer)
 
     def stop(self) -> None:
         """Down: no listening socket, every open tunnel closed."""
@@ -76,12 +103,25 @@ class EgressProxy:
         """Up again on the same port."""
         asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
 
+    async def _finish(self) -> None:
+        """Every connection handler ended and every accepted socket closed."""
+        tasks = asyncio.all_tasks() - {asyncio.current_task()}
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for writer in list(self._writers):
+            writer.transport.abort()
+        await asyncio.sleep(0)
+        for conn in self._accepted:
+            conn.close()  # no-op on one its transport closed
+
     async def _close(self) -> None:
         server, self._server = self._server, None
         if server is not None:
+            asyncio.get_running_loop().remove_reader(server.fileno())
             server.close()
         for writer in list(self._writers):
-            writer.close()
+            writer.transport.abort()  # down: no flush, every connection cut
 
     def _authorised(self, headers: dict[str, str]) -> bool:
         if self.credentials is None:

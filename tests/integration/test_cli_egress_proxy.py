@@ -6,8 +6,11 @@ binary through the proxy: tests/integration/test_cli_egress_proxy_real.py."""
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -21,6 +24,16 @@ from tests.support.server import ServerThread
 TOKEN = "sk-ant-oat01-team-account"
 MODEL = "claude-sonnet-4-6"
 PROXY_PASSWORD = "proxy-password-9876543210"
+ADMIN = {"authorization": "Bearer admin-token"}
+
+
+def _wait_state(http: httpx.Client, state: str, timeout: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = http.get("/internal/workers").json()["workers"][0]["state"]
+        if seen == state or time.monotonic() > deadline:
+            return seen
+        time.sleep(0.05)
 
 
 def _ask(srv, text: str) -> str:
@@ -41,7 +54,8 @@ def test_a_cli_worker_reaches_its_upstream_only_through_the_proxy(tmp_path: Path
         settings = Settings(server=ServerSettings(admin_token="admin-token",
                                                   api_keys={"team-a": "sk-team-a"}),
                             workers=(worker,))
-        with ServerThread(create_app(settings)) as srv:
+        with ServerThread(create_app(settings)) as srv, \
+                httpx.Client(base_url=srv.url, timeout=30, headers=ADMIN) as http:
             assert _ask(srv, "through the proxy") == "echo: through the proxy"
             root = upstream.anthropic_url
             assert ("POST", f"{root}/v1/messages") in proxy.passed
@@ -53,6 +67,17 @@ def test_a_cli_worker_reaches_its_upstream_only_through_the_proxy(tmp_path: Path
                 _ask(srv, "around the proxy?")
             assert PROXY_PASSWORD not in str(failed.value)
             assert len(upstream.requests) == seen  # nothing went direct
+            # the gateway sees the proxy down and takes the account out, then back in
+            assert _wait_state(http, "unhealthy") == "unhealthy"
+            info = http.get("/internal/workers").json()["workers"][0]
+            assert PROXY_PASSWORD not in json.dumps(info)
+            with pytest.raises(openai.APIStatusError) as refused:
+                _ask(srv, "still down?")
+            assert "egress proxy of worker claude-a" in refused.value.message
+            proxy.start()
+            assert _wait_state(http, "ready") == "ready"
+            assert _ask(srv, "back") == "echo: back"
+            assert len(upstream.requests) == seen + 1
 
 
 def test_the_cli_child_gets_the_proxy_in_every_variable_and_no_bypass(tmp_path: Path) -> None:
