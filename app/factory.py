@@ -20,7 +20,7 @@ from pool.errors import GatewayError, NotFound
 from pool.admission import AdmissionGuard
 from pool.pool import Pool
 from pool.local.defaults import find_default_model
-from pool.childenv import child_environment
+from pool.childenv import child_environment, proxy_environment
 from pool.cli.sandbox import resolve_sandbox
 from pool.cli.worker import CliSpec, CliWorker
 from pool.dumpable import undumpable
@@ -101,7 +101,8 @@ def remote_spec(w: Any, *, lean: bool = True) -> RemoteSpec:
         models=tuple(w.models), aliases=dict(w.aliases),
         connect_timeout=w.connect_timeout, first_byte_timeout=w.first_byte_timeout,
         idle_timeout=w.idle_timeout, max_connections=w.max_connections,
-        max_in_flight=w.max_in_flight, policy=pass_policy(w), lean=lean)
+        max_in_flight=w.max_in_flight, policy=pass_policy(w), lean=lean,
+        proxy=_secret(w.proxy))
 
 
 def pass_policy(w: Any) -> PassPolicy:
@@ -135,7 +136,9 @@ def local_spec(w: Any, settings: Any) -> LocalSpec:
 def cli_spec(w: Any, environment: Mapping[str, str] | None = None) -> CliSpec:
     """A cli worker's spec; in agent mode its sandbox is resolved here, so a
     machine that cannot give it refuses the worker (:class:`SandboxUnavailable`)."""
-    env = {**w.env, **{name: _secret(value) or "" for name, value in w.env_secrets.items()}}
+    # the egress proxy last: no variable of the worker's env routes around it
+    env = {**w.env, **{name: _secret(value) or "" for name, value in w.env_secrets.items()},
+           **proxy_environment(_secret(w.proxy))}
     cli_env = {**child_environment(environment or os.environ, w.env_passthrough), **env}
     sandbox = resolve_sandbox(w.sandbox, name=w.name, mode=w.mode, cli=w.cli, home=w.home,
                               env=cli_env, command=tuple(w.command), paths=w.sandbox_paths,
@@ -148,6 +151,7 @@ def cli_spec(w: Any, environment: Mapping[str, str] | None = None) -> CliSpec:
         conversation_idle=w.conversation_idle, idle_timeout=w.idle_timeout,
         sandbox=sandbox, workspace_root=w.workspace_root,
         login_timeout=w.login_timeout, login_probe_interval=w.login_probe_interval,
+        proxy=_secret(w.proxy),
         supervision=SupervisorPolicy(
             ready_timeout=w.ready_timeout or 30.0, health_interval=w.health_interval,
             health_timeout=w.health_timeout, backoff_initial=w.backoff_initial,

@@ -31,7 +31,7 @@ from .alert_settings import AlertSettings, missing_alert_secrets, resolve_alert_
 from .key_settings import KeySettings, missing_key_secrets, resolve_key_secrets
 from .worker_settings import (
     DEFAULT_LOCAL_MODEL, DEFAULT_WORKER, EMBEDDED_SAMPLING, SamplingDefaultsSettings, WorkerSettings,
-    check_homes, default_model_name,
+    check_homes, check_proxy_url, default_model_name,
 )
 
 __all__ = [
@@ -480,6 +480,9 @@ def _missing_worker_secrets(data: dict, environ: Mapping[str, str]) -> list[str]
         env = worker.get("api_key_env") if isinstance(worker, dict) else None
         if isinstance(env, str) and not environ.get(env):
             problems.append(f"workers[{i}].api_key_env: environment variable {env} is not set")
+        proxy_env = worker.get("proxy_env") if isinstance(worker, dict) else None
+        if isinstance(proxy_env, str) and not environ.get(proxy_env):
+            problems.append(f"workers[{i}].proxy_env: environment variable {proxy_env} is not set")
         problems += missing_account_secrets(i, worker, environ)
         extra = worker.get("env") if isinstance(worker, dict) else None
         for name, var in _secret_refs(extra):
@@ -500,12 +503,23 @@ def _resolve_worker(worker: WorkerSettings, environ: Mapping[str, str]) -> Worke
     update: dict[str, Any] = {}
     if worker.api_key_env:
         update["api_key"] = SecretStr(environ[worker.api_key_env])
+    if worker.proxy_env:
+        update["proxy"] = _proxy_from(worker, environ[worker.proxy_env])
     refs = _secret_refs(worker.env)
     if refs:
         update["env"] = {k: v for k, v in worker.env.items() if not k.endswith("_env")}
         update["env_secrets"] = {name: SecretStr(environ[var]) for name, var in refs}
     update.update(resolve_account(worker, environ))
     return worker.model_copy(update=update) if update else worker
+
+
+def _proxy_from(worker: WorkerSettings, url: str) -> SecretStr:
+    """The proxy URL ``proxy_env`` named, checked as ``proxy`` is (never quoted)."""
+    try:
+        check_proxy_url(url, worker.kind)
+    except ValueError as exc:
+        raise ConfigError([f"worker {worker.name}: proxy_env {worker.proxy_env}: {exc}"]) from None
+    return SecretStr(url)
 
 
 def _resolve_secrets(settings: Settings, environ: Mapping[str, str]) -> Settings:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 
 from .account_settings import LoginSettings
 
-__all__ = ["SamplingDefaultsSettings", "WorkerSettings", "default_model_name", "check_homes", "DEFAULT_LOCAL_MODEL",
+__all__ = ["SamplingDefaultsSettings", "WorkerSettings", "default_model_name", "check_homes", "check_proxy_url", "DEFAULT_LOCAL_MODEL",
            "EMBEDDED_SAMPLING", "DEFAULT_WORKER"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -99,6 +99,10 @@ class WorkerSettings(BaseModel):
     read_timeout: float = Field(120.0, gt=0)  # local: longest the engine may go without a token
     api_key_env: str | None = None
     api_key: SecretStr | None = None  # resolved from api_key_env
+    # cli and remote: every upstream request of the account goes through this
+    # egress proxy (http://; socks5:// for remote workers); it may carry credentials
+    proxy: SecretStr | None = None
+    proxy_env: str | None = None  # an environment variable holding the proxy URL
     models: tuple[str, ...] = ()  # a local worker defaults to the model file's name
     aliases: dict[str, str] = Field(default_factory=dict)
     connect_timeout: float = Field(10.0, gt=0)
@@ -175,6 +179,18 @@ class WorkerSettings(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _check_proxy_kind(self) -> WorkerSettings:
+        if self.proxy is None and self.proxy_env is None:
+            return self
+        if self.kind not in ("cli", "remote"):
+            raise ValueError("proxy: only cli and remote workers go through an egress proxy")
+        if self.proxy is not None and self.proxy_env is not None:
+            raise ValueError("proxy: give the proxy URL or proxy_env, not both")
+        if self.proxy is not None:
+            check_proxy_url(self.proxy.get_secret_value(), self.kind)
+        return self
+
+    @model_validator(mode="after")
     def _check_aliases(self) -> WorkerSettings:
         for alias, target in self.aliases.items():
             if not alias:
@@ -190,6 +206,31 @@ class WorkerSettings(BaseModel):
         if name in self.models:
             return name
         return self.aliases.get(name)
+
+
+PROXY_SCHEMES = {"cli": ("http",), "remote": ("http", "socks5", "socks5h")}
+
+
+def check_proxy_url(url: str, kind: str = "remote") -> None:
+    """ValueError (naming ``proxy``, never quoting the URL: it may hold a
+    password) unless ``url`` is an egress proxy a ``kind`` worker can use."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise ValueError("proxy: not a valid URL") from None
+    schemes = PROXY_SCHEMES.get(kind, PROXY_SCHEMES["remote"])
+    if parts.scheme.startswith("socks") and kind == "cli":
+        # verified on the real binaries (docs/cli-workers.md): Claude Code sends
+        # its requests direct with a socks5:// ALL_PROXY, Qwen Code and Codex fail
+        raise ValueError("proxy: a cli worker goes through an http:// proxy; the vendor CLIs "
+                         "do not honour socks5:// (Claude Code would go around it)")
+    if parts.scheme not in schemes:
+        raise ValueError(f"proxy: must be an {' or '.join(s + '://' for s in schemes)} URL")
+    if not parts.hostname or port is None:
+        raise ValueError("proxy: needs a host and a port (e.g. http://proxy.internal:3128)")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError("proxy: must not have a path, query or fragment")
 
 
 def default_model_name(model: str | None) -> str:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-__all__ = ["DEFAULT_NAMES", "DEFAULT_PREFIXES", "child_environment"]
+__all__ = ["DEFAULT_NAMES", "DEFAULT_PREFIXES", "PROXY_NAMES", "child_environment",
+           "proxy_environment"]
 
 #: passed by exact name
 DEFAULT_NAMES = frozenset({
@@ -44,3 +45,21 @@ def child_environment(environment: Mapping[str, str],
     plus the names in ``passthrough``."""
     named = frozenset(passthrough)
     return {k: v for k, v in environment.items() if k in named or _allowed(k)}
+
+
+#: what a vendor CLI reads its egress proxy from (docs/cli-workers.md says which reads which)
+PROXY_NAMES = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY")
+
+
+def proxy_environment(proxy: str | None) -> dict[str, str]:
+    """The variables that send a CLI child's every request through ``proxy``:
+    each name in both cases (tools differ in which they read first), and
+    ``NO_PROXY`` empty so no host goes around it (loopback included). None:
+    nothing (the child then gets no proxy variable from the gateway)."""
+    if proxy is None:
+        return {}
+    env = {}
+    for name in PROXY_NAMES:
+        env[name] = env[name.lower()] = proxy
+    env["NO_PROXY"] = env["no_proxy"] = ""
+    return env

@@ -16,6 +16,7 @@ import json
 import os
 import re
 from typing import Any, Iterable, Iterator, Mapping
+from urllib.parse import urlsplit
 
 __all__ = ["scrub", "account_secrets", "REDACTED"]
 
@@ -38,7 +39,8 @@ _CREDENTIAL_FILES = (".credentials.json", "auth.json", "oauth_creds.json",
 # files holding credentials among settings: values under secret-looking keys
 _SETTINGS_FILES = ("settings.json", ".claude.json", ".qwen/settings.json", ".claude/settings.json")
 _DOTENV_FILES = (".env", ".qwen/.env")
-_SECRET_NAME = re.compile(r"(?i)key|token|secret|passw|auth|cookie|credential|session")
+# proxy: an egress proxy URL may carry a user and password
+_SECRET_NAME = re.compile(r"(?i)key|token|secret|passw|auth|cookie|credential|session|proxy")
 
 
 def scrub(text: str, secrets: Iterable[str] = (), limit: int | None = _LIMIT) -> str:
@@ -53,6 +55,7 @@ def scrub(text: str, secrets: Iterable[str] = (), limit: int | None = _LIMIT) ->
 def account_secrets(home: str | os.PathLike[str], env: Mapping[str, str] = {}) -> set[str]:
     """Every secret value found in the account's files under ``home`` and in ``env``."""
     found = {v for k, v in env.items() if _SECRET_NAME.search(k) and v}
+    found.update(p for k, v in env.items() if k.upper().endswith("_PROXY") and (p := _password(v)))
     for name in _CREDENTIAL_FILES:
         found.update(s for _, s in _strings(_load_json(os.path.join(home, name))))
     for name in _SETTINGS_FILES:
@@ -69,6 +72,13 @@ def account_secrets(home: str | os.PathLike[str], env: Mapping[str, str] = {}) -
             if sep and _SECRET_NAME.search(key):
                 found.add(value.strip().strip("'\""))
     return {s for s in found if len(s) >= _MIN_SECRET}
+
+
+def _password(url: str) -> str | None:
+    try:
+        return urlsplit(url).password
+    except ValueError:
+        return None
 
 
 def _load_json(path: str) -> Any:

@@ -23,6 +23,7 @@ import orjson
 import structlog
 
 from ..childenv import child_environment
+from ..egress import proxy_reachable
 from ..errors import GatewayError
 from ..accumulate import Accumulator
 from ..model import ChatRequest, Event, Finish
@@ -68,6 +69,8 @@ class CliSpec:
     login_timeout: float = 600.0  # a login (its code included) ends by then
     login_probe_interval: float = 60.0  # a refused account is tried again after this, doubling
     supervision: SupervisorPolicy = field(default_factory=SupervisorPolicy)
+    # the account's egress proxy (its variables are in env); checked on the health interval
+    proxy: str | None = field(default=None, repr=False)
 
     @property
     def cwd(self) -> str:
@@ -119,6 +122,7 @@ class CliWorker(ProcessWorker):
         self._status: dict[str, Any] = {}
         self._poller: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Future[None]] = set()
+        self._proxy_down = False
 
     # --- status -------------------------------------------------------------------------
 
@@ -140,7 +144,7 @@ class CliWorker(ProcessWorker):
     def state(self) -> WorkerState:
         state = super().state
         if state is WorkerState.READY:
-            if self.login == "logged_out":
+            if self._proxy_down or self.login == "logged_out":
                 return WorkerState.UNHEALTHY
             if self.login == "logging_in":
                 return WorkerState.LOGGING_IN
@@ -149,6 +153,8 @@ class CliWorker(ProcessWorker):
     @property
     def unavailable_reason(self) -> str | None:
         """Why the pool does not pick this worker, in words a client may read."""
+        if self._proxy_down:
+            return f"the egress proxy of worker {self.name} cannot be reached"
         if self.login == "logged_out":
             return f"the {self.cli_spec.cli} account of worker {self.name} is logged out"
         if self.login == "logging_in":
@@ -174,7 +180,13 @@ class CliWorker(ProcessWorker):
         return dict(self._status.get("sessions") or {})
 
     async def refresh(self) -> None:
-        """Ask the child for the account's status (no-op while it is not running)."""
+        """Ask the child for the account's status (no-op while it is not running),
+        and check the account's egress proxy."""
+        if self.cli_spec.proxy is not None:
+            down = not await proxy_reachable(self.cli_spec.proxy, self.spec.health_timeout)
+            if down != self._proxy_down:
+                log.warning("cli.proxy_down" if down else "cli.proxy_up", worker=self.name)
+            self._proxy_down = down
         child = self._child()
         if child is None or super().state not in (WorkerState.READY, WorkerState.DRAINING):
             return

@@ -20,6 +20,7 @@ from typing import Any, AsyncIterator, Callable, ClassVar, Mapping
 import aiohttp
 import orjson
 import structlog
+from aiohttp_socks import ProxyConnectionError, ProxyConnector, ProxyError, ProxyTimeoutError
 from yarl import URL
 
 from pool.deadline import Deadline
@@ -46,6 +47,8 @@ _HEALTH_TIMEOUT = 5.0
 _DRAIN_TIMEOUT = 0.5         # wait for the end of a finished body, to reuse the connection
 _MAX_ERROR_BODY = 64 * 1024  # read at most this much of a refusal
 _NO_TOOLS: frozenset[str] = frozenset()
+# aiohttp-socks' failures to reach (or be let through) a SOCKS proxy: not aiohttp's own
+_SOCKS_ERRORS = (ProxyConnectionError, ProxyError, ProxyTimeoutError)
 
 
 def _json_default(obj: Any) -> Any:
@@ -139,12 +142,23 @@ class RemoteWorker:
         await self.start()
 
     def _new_session(self) -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(limit=self.spec.max_connections, limit_per_host=0)
+        proxy = self.spec.proxy
+        connector: aiohttp.TCPConnector
+        if proxy is not None and proxy.startswith("socks"):
+            # the upstream's name resolved by the proxy (rdns), not here
+            connector = ProxyConnector.from_url(proxy, rdns=True, limit=self.spec.max_connections,
+                                                limit_per_host=0)
+            proxy = None
+        else:
+            connector = aiohttp.TCPConnector(limit=self.spec.max_connections, limit_per_host=0)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.spec.connect_timeout)
-        # no cookie jar: upstream cookies are never wanted (and it costs on every request)
+        # no cookie jar: upstream cookies are never wanted (and it costs on every request).
+        # trust_env off: the gateway's own HTTP(S)_PROXY/NO_PROXY never route a worker;
+        # its configured proxy takes every request, the probe included, or none goes
         return aiohttp.ClientSession(connector=connector, timeout=timeout,
                                      headers=self._default_headers, auto_decompress=False,
-                                     raise_for_status=False, cookie_jar=aiohttp.DummyCookieJar())
+                                     raise_for_status=False, cookie_jar=aiohttp.DummyCookieJar(),
+                                     trust_env=False, proxy=proxy)
 
     async def aclose(self) -> None:
         self.state = WorkerState.STOPPED
@@ -168,8 +182,9 @@ class RemoteWorker:
             async with asyncio.timeout(min(_HEALTH_TIMEOUT, self.spec.first_byte_timeout)):
                 async with session.get(self._health_url, allow_redirects=False) as resp:
                     refused = resp.status in (401, 403)
-                    ok = resp.status < 500 and not refused
-        except (aiohttp.ClientError, OSError, TimeoutError, UpstreamUnavailable):
+                    # 407: the egress proxy refused us, the upstream was not reached
+                    ok = resp.status < 500 and not refused and resp.status != 407
+        except (aiohttp.ClientError, OSError, TimeoutError, UpstreamUnavailable, *_SOCKS_ERRORS):
             ok = False
         if self.state is WorkerState.DRAINING or self.state is WorkerState.STOPPED:
             return ok
@@ -392,6 +407,10 @@ class RemoteWorker:
             log.warning("remote.first_byte_timeout", worker=self.name)
             raise UpstreamTimeout(f"upstream {self.name} did not answer within "
                                   f"{spec.first_byte_timeout:g}s") from None
+        except (aiohttp.ClientProxyConnectionError, *_SOCKS_ERRORS):
+            log.warning("remote.proxy_connect_failed", worker=self.name)
+            raise UpstreamUnavailable(f"cannot connect to the egress proxy of upstream "
+                                      f"{self.name}") from None
         except aiohttp.ClientConnectorError:
             log.warning("remote.connect_failed", worker=self.name)
             raise UpstreamUnavailable(f"cannot connect to upstream {self.name}") from None

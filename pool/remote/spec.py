@@ -32,6 +32,9 @@ class RemoteSpec:
     max_in_flight: int = 256            # the admission guard's per-worker capacity
     headers: Mapping[str, str] = field(default_factory=dict)
     policy: PassPolicy = field(default_factory=PassPolicy)  # what a pass-through may carry
+    # every request (chat, count_tokens, the health probe) goes through this
+    # http:// egress proxy when set; it may carry credentials
+    proxy: str | None = field(default=None, repr=False)
     # streamed responses made lean (pool.remote.lean); off when its start-up
     # self-test (pool.remote.lean_check) failed on this aiohttp
     lean: bool = True

@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 
@@ -41,6 +42,24 @@ VERSION = "2.1.197"
 MCP_PREFIX = "mcp__gw__"
 OUT_LOCK = threading.Lock()
 ENV = os.environ
+# Claude Code 2.1.x takes its proxy from any of these, for http:// and https://
+# upstreams alike (verified on the real binary, docs/cli-workers.md), and sends
+# the hosts NO_PROXY lists direct; a socks5:// ALL_PROXY it ignores
+_PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def _opener(base: str) -> urllib.request.OpenerDirector:
+    """What reaches ``base``: through the environment's proxy as the real CLI
+    picks it, else direct."""
+    proxy = next((ENV[name] for name in _PROXY_VARS
+                  if ENV.get(name) and not ENV[name].startswith("socks")), None)
+    host = urllib.parse.urlsplit(base).netloc
+    no_proxy = ENV.get("NO_PROXY", ENV.get("no_proxy", ""))
+    if proxy is None or (no_proxy and urllib.request.proxy_bypass_environment(
+            host, {"no": no_proxy})):
+        return urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    return urllib.request.build_opener(urllib.request.ProxyHandler({"http": proxy,
+                                                                    "https": proxy}))
 
 
 def emit(obj: dict) -> None:
@@ -306,7 +325,7 @@ class Cli:
                 return self.limited()
             request = urllib.request.Request(f"{base}/v1/messages", data=data, headers=headers)
             try:
-                response = urllib.request.urlopen(request, timeout=600)
+                response = _opener(base).open(request, timeout=600)
             except urllib.error.HTTPError as exc:
                 if exc.code == 429:
                     return self.limited()
@@ -318,6 +337,8 @@ class Cli:
                       "session_id": self.session_id})
                 time.sleep(1)
                 continue
+            except urllib.error.URLError:  # the upstream (or the proxy) cannot be reached
+                return 503, {}
             return self.relay(response, usage)
         return 500, {}
 

@@ -1,0 +1,73 @@
+"""The real Claude Code binary as a cli worker with ``proxy``: its requests to
+a fake Anthropic upstream pass through a real local proxy that logs them,
+even though the worker's env lists the upstream in NO_PROXY; with the proxy
+down, a turn fails and nothing reaches the upstream around it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import openai
+import pytest
+
+from app.factory import create_app
+from app.settings import ServerSettings, Settings, WorkerSettings
+from tests.fakes.egress_proxy import EgressProxy
+from tests.fakes.upstreams import FakeUpstream
+from tests.integration.clis import CLAUDE_CODE, NPM_PREFIX, _base_env, ensure_cli
+from tests.support.cli_accounts import claude_home
+from tests.support.server import ServerThread
+
+pytestmark = [pytest.mark.cli, pytest.mark.slow]
+
+TOKEN = "sk-ant-oat01-planted-for-tests"
+MODEL = "claude-sonnet-4-6"
+GATEWAY_KEY = "sk-poolgate-team"
+PROXY_PASSWORD = "proxy-password-9876543210"
+
+
+@pytest.fixture(scope="module")
+def claude_bin() -> str:
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not installed: cannot install Claude Code")
+    assert ensure_cli(*CLAUDE_CODE) is not None
+    native = NPM_PREFIX / "node_modules" / "@anthropic-ai" / "claude-code-linux-x64" / "claude"
+    assert native.exists()
+    return str(native)
+
+
+def test_the_real_claude_reaches_its_upstream_only_through_the_proxy(tmp_path: Path,
+                                                                      claude_bin: str) -> None:
+    with FakeUpstream(api_key=TOKEN, models=(MODEL,)) as upstream, \
+            EgressProxy(credentials=f"egress:{PROXY_PASSWORD}") as proxy:
+        env = _base_env(tmp_path / "os-home")  # NO_PROXY=127.0.0.1,…: overridden by proxy
+        env.update(ANTHROPIC_BASE_URL=upstream.anthropic_url, ANTHROPIC_SMALL_FAST_MODEL=MODEL,
+                   ANTHROPIC_DEFAULT_HAIKU_MODEL=MODEL, CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+                   CLAUDE_CODE_MAX_RETRIES="1")  # the turn with the proxy down fails soon
+        worker = WorkerSettings(
+            name="claude-real", kind="cli", cli="claude", models=(MODEL,),
+            home=str(claude_home(tmp_path / "account", TOKEN)), command=(claude_bin,), env=env,
+            proxy=proxy.url, ready_timeout=60, health_interval=1.0)
+        settings = Settings(server=ServerSettings(admin_token="admin-token",
+                                                  api_keys={"team": GATEWAY_KEY}),
+                            workers=(worker,))
+        with ServerThread(create_app(settings)) as srv:
+            client = openai.OpenAI(base_url=srv.url + "/v1", api_key=GATEWAY_KEY, max_retries=0,
+                                   timeout=120)
+            answer = client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hello through the proxy"}])
+            assert answer.choices[0].message.content == "echo: hello through the proxy"
+            assert [r for r in upstream.requests if r.path == "/v1/messages"]
+            # every request the upstream saw came through the proxy (it adds Via)
+            assert all(r.headers.get("via") == "1.1 egress-proxy" for r in upstream.requests)
+            assert any(target.startswith(f"{upstream.anthropic_url}/v1/messages")
+                       for _method, target in proxy.passed)
+            assert proxy.refused == []
+            proxy.stop()
+            seen = len(upstream.requests)
+            with pytest.raises(openai.APIError) as failed:
+                client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "around it?"}])
+            assert PROXY_PASSWORD not in str(failed.value)
+            assert len(upstream.requests) == seen
