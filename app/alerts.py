@@ -26,8 +26,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit
 
-import httpx
+import aiohttp
 import orjson
 import structlog
 from prometheus_client import CollectorRegistry, Counter
@@ -93,7 +94,7 @@ class Alerts:
                  queue_size: int = QUEUE_SIZE, clock: Callable[[], float] = time.time) -> None:
         self.receivers = [_Receiver(s, queue_size) for s in settings]
         self._clock = clock
-        self._client: httpx.AsyncClient | None = None
+        self._client: aiohttp.ClientSession | None = None
         self.sent = Counter("poolgate_alerts_sent", "Alerts a receiver accepted (2xx).",
                             ["event"], registry=registry)
         self.failed = Counter("poolgate_alerts_failed",
@@ -138,7 +139,8 @@ class Alerts:
     def start(self) -> None:
         if not self.receivers:
             return
-        self._client = httpx.AsyncClient(follow_redirects=False, trust_env=False)
+        # the gateway's own proxy variables never route an alert; no cookies kept
+        self._client = aiohttp.ClientSession(trust_env=False, cookie_jar=aiohttp.DummyCookieJar())
         for receiver in self.receivers:
             receiver.task = asyncio.ensure_future(self._deliver(receiver))
 
@@ -152,7 +154,7 @@ class Alerts:
                     log.warning("alerts.unsent_at_shutdown", count=receiver.queue.qsize(),
                                 url=_host(receiver.settings.url))
         if self._client is not None:
-            await self._client.aclose()
+            await self._client.close()
 
     async def _deliver(self, receiver: _Receiver) -> None:
         while True:
@@ -194,15 +196,17 @@ class Alerts:
             headers["x-poolgate-signature"] = sign(settings.secret.get_secret_value().encode(),
                                                    now, body)
         try:
-            response = await self._client.post(settings.url, content=body, headers=headers,
-                                               timeout=settings.timeout)
-        except httpx.HTTPError as exc:
+            async with self._client.post(
+                    settings.url, data=body, headers=headers, allow_redirects=False,
+                    timeout=aiohttp.ClientTimeout(total=settings.timeout)) as response:
+                status = response.status
+                await response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
             return type(exc).__name__
-        if response.is_success:
+        if 200 <= status < 300:
             log.info("alerts.sent", alert_event=alert.event, subject=alert.subject,
                      url=_host(settings.url))
             return None
-        status = response.status_code
         if 400 <= status < 500 and status not in (408, 425, 429):
             return "refused"
         return f"http_{status}"
@@ -253,5 +257,5 @@ class AccountAlerts:
 
 def _host(url: str) -> str:
     """A receiver named in logs by scheme and host: its path may hold a token."""
-    parts = httpx.URL(url)
-    return f"{parts.scheme}://{parts.host}" + (f":{parts.port}" if parts.port else "")
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
