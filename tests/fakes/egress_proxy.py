@@ -174,8 +174,8 @@ class EgressProxy:
         methods = await reader.readexactly((await reader.readexactly(1))[0])
         wanted = 2 if self.credentials else 0
         if wanted not in methods:
+            self.refused.append("socks5")  # before the answer: a client may look at once
             writer.write(b"\x05\xff")
-            self.refused.append("socks5")
             return
         writer.write(bytes([5, wanted]))
         if wanted == 2:
@@ -183,8 +183,8 @@ class EgressProxy:
             user = await reader.readexactly((await reader.readexactly(1))[0])
             password = await reader.readexactly((await reader.readexactly(1))[0])
             if f"{user.decode()}:{password.decode()}" != self.credentials:
-                writer.write(b"\x01\x01")
                 self.refused.append("socks5")
+                writer.write(b"\x01\x01")
                 return
             writer.write(b"\x01\x00")
         _version, command, _reserved, kind = await reader.readexactly(4)
