@@ -85,16 +85,20 @@ async def _one(app: Any, path: str, body: bytes) -> int:
     return status
 
 
-async def _round(app: Any, path: str, body: bytes, n: int, c: int) -> float:
+async def _round(app: Any, path: str, body: bytes, n: int, c: int) -> tuple[float, float]:
+    """CPU per request in µs: the process's (every thread), and the event loop's
+    thread's alone (what runs on the requests' path; a writer thread's is not)."""
     async def lane(count: int) -> None:
         for _ in range(count):
             status = await _one(app, path, body)
             if status != 200:
                 raise SystemExit(f"{path}: status {status}")
 
-    started = time.process_time()
+    started, started_thread = time.process_time(), time.thread_time()
     await asyncio.gather(*(lane(n // c) for _ in range(c)))
-    return (time.process_time() - started) / (n // c * c) * 1e6
+    done = n // c * c
+    return ((time.process_time() - started) / done * 1e6,
+            (time.thread_time() - started_thread) / done * 1e6)
 
 
 class _Lifespan:
@@ -116,6 +120,31 @@ class _Lifespan:
         await self.task
 
 
+class _LineClock:
+    """Wall time of each ``access_log.write`` call (the access line's part of a
+    request, on the request's path), in ns: its median is robust to the
+    preemptions a busy machine adds to a few calls."""
+
+    def __init__(self) -> None:
+        from app import access_log
+        self.module = access_log
+        self.write = access_log.write
+        self.spent: list[int] = []
+
+    def __enter__(self) -> "_LineClock":
+        write, spent, clock = self.write, self.spent, time.perf_counter_ns
+
+        def timed(record: Any) -> None:
+            started = clock()
+            write(record)
+            spent.append(clock() - started)
+        self.module.write = timed
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.module.write = self.write
+
+
 def _log_mode(mode: str, sink: Any) -> None:
     """Logging as ``poolgate serve`` sets it up, the access lines written as ``mode`` says."""
     from app.observability import configure_logging
@@ -135,23 +164,40 @@ async def _serve(apps: dict[str, Any], routes: list[str], n: int, c: int, repeat
             path, payload = ROUTES[name]
             body = orjson.dumps(payload)
             rounds: dict[str, list[float]] = {mode: [] for mode in apps}
+            threads: dict[str, list[float]] = {mode: [] for mode in apps}
             for mode, app in apps.items():
                 _log_mode(mode, sink)
                 await _round(app, path, body, min(n, 2000), c)  # warm-up
+            clocks = {mode: _LineClock() for mode in apps}
             for _ in range(repeat):  # interleaved: a noisy spell hits every mode
                 for mode, app in apps.items():
                     _log_mode(mode, sink)
-                    rounds[mode].append(await _round(app, path, body, n, c))
+                    with clocks[mode]:
+                        cpu, thread = await _round(app, path, body, n, c)
+                    rounds[mode].append(cpu)
+                    threads[mode].append(thread)
             for mode, cpu in rounds.items():
                 label = f"{name} [{mode}]" if len(apps) > 1 else name
                 print(f"{label:22s} c={c:<3d} min {min(cpu):7.2f}  median {statistics.median(cpu):7.2f}"
-                      f" us CPU/request (rounds: {', '.join(f'{r:.1f}' for r in cpu)})", flush=True)
-            base = rounds.get("off")
+                      f" us CPU/request (rounds: {', '.join(f'{r:.1f}' for r in cpu)}); loop thread"
+                      f" median {statistics.median(threads[mode]):7.2f}", flush=True)
+            for mode, clock in clocks.items():
+                if mode != "off" and clock.spent:
+                    spent = sorted(clock.spent)
+                    print(f"{'':22s} access_log.write [{mode}], on the request's path: median "
+                          f"{spent[len(spent) // 2] / 1000:.2f} us, p90 "
+                          f"{spent[len(spent) * 9 // 10] / 1000:.2f} us wall "
+                          f"({len(spent)} calls)", flush=True)
+            base, base_thread = rounds.get("off"), threads.get("off")
             for mode, cpu in rounds.items():
-                if base is not None and mode != "off":
+                if base is not None and base_thread is not None and mode != "off":
+                    paired = [a - b for a, b in zip(cpu, base)]
+                    paired_thread = [a - b for a, b in zip(threads[mode], base_thread)]
                     print(f"{'':22s} access line [{mode}]: {min(cpu) - min(base):+.2f} us by the "
                           f"least rounds, {statistics.median(cpu) - statistics.median(base):+.2f} us "
-                          "by the medians", flush=True)
+                          f"by the medians, {statistics.median(paired):+.2f} us by the median of the "
+                          f"rounds' differences; on the event loop's thread (in-request) "
+                          f"{statistics.median(paired_thread):+.2f} us", flush=True)
     finally:
         from app import access_log
         access_log.close()
