@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml Makefile
 # which Debian keeps in /usr/lib/postgresql/<ver>/bin, off PATH). Installed only when missing.
 $(TSTAMP): $(STAMP)
 	$(MAKE) sysdeps
-	$(BIN)/python -m pip install -q -e '.[local,transformers,test]'
+	$(BIN)/python -m pip install -q -e '.[local,transformers,test,granian]'
 	rm -f $(VENV)/.installed-test-* && touch $(TSTAMP)
 
 # command:Debian package; bubblewrap (bwrap) is the sandbox of agent-mode cli workers

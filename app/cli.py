@@ -139,9 +139,31 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 def _run(settings: Settings) -> int:
     from app.factory import create_app
 
+    if settings.server.http == "granian":
+        from app import granian_server
+
+        problem = granian_server.missing()
+        if problem is not None:
+            print(f"poolgate: {problem}", file=sys.stderr)
+            return EXIT_CONFIG
+        granian_server.serve(create_app(settings), settings, _listening, _stopped)
+        return EXIT_OK
     server = build_server(create_app(settings), settings)
     server.run()
     return EXIT_OK
+
+
+def _listening(url: str) -> None:
+    """The server has started and listens on ``url``."""
+    _settle_gc()
+    structlog.get_logger("poolgate").info("server.listening", url=url,
+                                          message=f"poolgate listening on {url}")
+
+
+def _stopped() -> None:
+    """Every request has ended: write the access lines still buffered."""
+    from app import access_log
+    access_log.close()
 
 
 def build_server(app: Any, settings: Settings) -> Any:
@@ -190,22 +212,17 @@ def _announcing_server_class() -> type:
             await super().startup(sockets=sockets)
             if not self.started:
                 return
-            _settle_gc()
             for srv in self.servers:
                 for sock in srv.sockets:
                     host, port = sock.getsockname()[:2]
                     shown = f"[{host}]" if ":" in host else host
-                    url = f"http://{shown}:{port}"
-                    structlog.get_logger("poolgate").info(
-                        "server.listening", url=url, message=f"poolgate listening on {url}")
+                    _listening(f"http://{shown}:{port}")
 
         async def shutdown(self, sockets: list | None = None) -> None:
             await super().shutdown(sockets=sockets)
-            # every request has ended: write the access lines still buffered now,
-            # since uvicorn re-raises a SIGTERM once serve() returns (the default
-            # action ends the process before anything after run() would run)
-            from app import access_log
-            access_log.close()
+            # now, since uvicorn re-raises a SIGTERM once serve() returns (the
+            # default action ends the process before anything after run() would run)
+            _stopped()
 
     return AnnouncingServer
 

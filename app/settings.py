@@ -109,6 +109,8 @@ class ServerSettings(BaseModel):
     log_level: LogLevel = "info"
     log_format: Literal["json", "console"] = "json"
     shutdown_timeout: float = Field(30.0, gt=0)
+    # the HTTP server: uvicorn (the default) or granian (the optional extra poolgate[granian])
+    http: Literal["uvicorn", "granian"] = "uvicorn"
     health_interval: float = Field(10.0, gt=0)  # seconds between health probes of remote workers
     max_in_flight: int = Field(0, ge=0)           # requests in flight in all; 0: no global limit
     max_in_flight_per_key: int = Field(0, ge=0)   # per API key name; 0: no limit

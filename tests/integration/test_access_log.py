@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from tests.support.ports import free_port
+from tests.support.server_http import with_server_http
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +88,7 @@ models = ["mock-gpt"]
         with self.out.open("wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "app.cli", "serve", "--config", str(config)],
-                cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+                cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=with_server_http(env))
         deadline = time.monotonic() + 60
         while True:
             try:

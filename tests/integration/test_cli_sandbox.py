@@ -32,6 +32,7 @@ from tests.fakes.upstreams import FakeUpstream
 from tests.integration.clis import CLAUDE_CODE, NPM_PREFIX, ensure_cli
 from tests.support.cli_accounts import FAKE_CLAUDE, claude_home
 from tests.support.ports import free_port
+from tests.support.server_http import with_server_http
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")]
@@ -78,7 +79,7 @@ def _start_gateway(config: Path, port: int, env: dict[str, str]) -> subprocess.P
         return subprocess.Popen(
             [sys.executable, "-m", "app.cli", "serve", "--config", str(config), "--host",
              "127.0.0.1", "--port", str(port), "--log-format", "json"],
-            env=env, cwd=str(REPO), stdin=subprocess.DEVNULL, stdout=out,
+            env=with_server_http(env), cwd=str(REPO), stdin=subprocess.DEVNULL, stdout=out,
             stderr=subprocess.STDOUT, start_new_session=True)
 
 

@@ -25,6 +25,7 @@ import pytest
 from pool.local.defaults import (
     DEFAULT_GGUF, DEFAULT_HUB_URL, DEFAULT_SHA256, NoDefaultModel, embedded_gguf, find_default_model,
 )
+from tests.support.server_http import with_server_http
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -47,7 +48,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     env["HOME"] = str(home)  # no cached download to find: the wheel's model must be used
     log = open(home / "serve.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
-                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            cwd=REPO, env=with_server_http(env), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -27,7 +27,7 @@ AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
 
 @pytest.fixture(scope="module")
 def served(fake_upstream) -> Iterator[ServerThread]:
-    with ServerThread(create_app(gateway_settings(fake_upstream))) as srv:
+    with ServerThread(create_app(gateway_settings(fake_upstream)), http="uvicorn") as srv:
         yield srv
 
 

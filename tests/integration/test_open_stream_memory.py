@@ -29,7 +29,8 @@ HEADERS = {"authorization": f"Bearer {CLIENT_KEY}", "anthropic-version": "2023-0
 def served(fake_upstream) -> Iterator[ServerThread]:
     # a stream's headers wait 0.2 s for its first event: a slower upstream
     # begins the stream with the first event still pending
-    with ServerThread(create_app(gateway_settings(fake_upstream, stream_grace=0.2))) as srv:
+    with ServerThread(create_app(gateway_settings(fake_upstream, stream_grace=0.2)),
+                      http="uvicorn") as srv:
         yield srv
 
 

@@ -17,6 +17,7 @@ import pytest
 from app.factory import create_app
 from app.settings import ServerSettings, Settings, WorkerSettings
 from tests.support.server import ServerThread
+from tests.support.server_http import with_server_http
 
 pytestmark = pytest.mark.slow
 
@@ -158,7 +159,7 @@ command = [{command}]
 """)
     env = {**os.environ, "POOLGATE_ADMIN_TOKEN": "admin-token"}
     gateway = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--config", str(config)],
-                               cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                               cwd=REPO, env=with_server_http(env), stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     try:
         base = f"http://127.0.0.1:{port}"

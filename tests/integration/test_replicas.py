@@ -24,6 +24,7 @@ from pool.routing import rendezvous
 from sessions.limit_leases import LIFETIME
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer
+from tests.support.server_http import with_server_http
 
 from .conftest import ADMIN_TOKEN, OPENAI_MODEL, UPSTREAM_KEY
 
@@ -81,7 +82,7 @@ class Replica:
             env.pop(name_, None)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "serve", "--config", str(config)], cwd=REPO,
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            env=with_server_http(env), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.http = httpx.Client(base_url=self.url, timeout=10)
         deadline = time.monotonic() + 30
         while True:

@@ -18,6 +18,7 @@ import pytest
 
 from tests.support.ports import free_port
 from tests.support.postgres_server import PostgresServer
+from tests.support.server_http import with_server_http
 
 from .conftest import ADMIN_TOKEN, OPENAI_MODEL, UPSTREAM_KEY
 
@@ -52,7 +53,7 @@ models = ["{OPENAI_MODEL}"]
         with open(tmp / f"{name}.log", "wb") as log:  # read when a test fails
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "app.cli", "serve", "--config", str(config)], cwd=REPO,
-                env=env, stdout=log, stderr=subprocess.STDOUT)
+                env=with_server_http(env), stdout=log, stderr=subprocess.STDOUT)
         self.http = httpx.Client(base_url=self.url, timeout=10)
         deadline = time.monotonic() + 30
         while True:

@@ -16,6 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.server_http import with_server_http
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,7 +59,8 @@ url = "http://127.0.0.1:{demo_upstream}/v1"
 models = ["slow-d100"]
 """)
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--config", str(config)],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=with_server_http(os.environ))
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30

@@ -20,6 +20,7 @@ from app.key_settings import KeySettings
 from app.settings import ServerSettings, Settings, WorkerSettings
 from tests.support.ports import free_port
 from tests.support.server import ServerThread
+from tests.support.server_http import with_server_http
 
 from .conftest import ADMIN_TOKEN, ANTHROPIC_MODEL, METRICS_TOKEN, OPENAI_MODEL, UPSTREAM_KEY
 
@@ -165,7 +166,7 @@ def test_translated_streams_are_charged_what_their_clients_were_told(gateway):
 
 def _start(config: Path, env: dict[str, str], port: int) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--config", str(config)],
-                            cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            cwd=REPO, env=with_server_http(env), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while True:

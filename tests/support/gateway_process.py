@@ -16,6 +16,7 @@ import httpx
 
 from .paths import REPO
 from .ports import free_port
+from .server_http import with_server_http
 
 __all__ = ["GatewayProcess"]
 
@@ -36,7 +37,7 @@ class GatewayProcess:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "app.cli", "serve", "--config", str(path)], cwd=REPO,
-                env={**base, **env}, stdout=log, stderr=subprocess.STDOUT)
+                env=with_server_http({**base, **env}), stdout=log, stderr=subprocess.STDOUT)
         self.http = httpx.Client(base_url=self.url, timeout=10)
         deadline = time.monotonic() + start_timeout
         while True:

@@ -503,3 +503,11 @@ def test_replica_ids_are_distinct_by_default() -> None:
         "gw-1.east"
     ids = {default_replica_id() for _ in range(3)}  # several replicas on one host too
     assert len(ids) == 3 and all(re.fullmatch(r"[A-Za-z0-9._-]{1,64}", i) for i in ids)
+
+
+def test_the_http_server_is_uvicorn_unless_granian_is_asked_for() -> None:
+    assert load_settings(None, {}).server.http == "uvicorn"
+    assert load_settings(None, {"POOLGATE_SERVER__HTTP": "granian"}).server.http == "granian"
+    with pytest.raises(ConfigError) as refused:
+        load_settings(None, {}, {"server": {"http": "hypercorn"}})
+    assert any(p.startswith("server.http:") for p in refused.value.problems), refused.value.problems
