@@ -34,14 +34,18 @@ SLOW_MODEL = "mock-gpt-d1000-n600"   # bench/open_streams.py: a token a second f
 def config_toml(port: int, upstream_port: int, log_level: str | None, teams: str | None = None,
                 redis_url: str | None = None, openai_workers: int = 1,
                 max_in_flight: int | None = None, health_interval: float | None = None,
-                state_dir: Path | None = None, database_url: str | None = None) -> str:
+                state_dir: Path | None = None, database_url: str | None = None,
+                http: str | None = None) -> str:
     """``log_level`` None: the default (info: the access log on); ``state_dir``: the
-    usage ledger on (``teams`` brings its own)."""
+    usage ledger on (``teams`` brings its own); ``http``: ``server.http`` (None: the
+    default, uvicorn)."""
     up = f"http://127.0.0.1:{upstream_port}"
     keys = teams if teams is not None else f'api_keys = {{ bench = "{API_KEY}" }}\n'
     if state_dir is not None and teams is None:
         keys += f'state_dir = "{state_dir}"\n'
     level = f'log_level = "{log_level}"\n' if log_level else ""
+    if http:
+        level += f'http = "{http}"\n'
     redis = f'redis_url = "{redis_url}"\n' if redis_url else ""
     if database_url:
         redis += f'database_url = "{database_url}"\n'

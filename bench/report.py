@@ -111,6 +111,9 @@ def pooled(name: str, rounds: list[dict[str, dict]]) -> dict:
     ``round_ratios``: the ratio its target is judged on, round by round."""
     out: dict = {t: _pool_target([r[t] for r in rounds]) for t in rounds[0]}
     out["round_ratios"] = [verdict(name, r.get("floor") or {}, r["poolgate"])[1] for r in rounds]
+    if "granian" in rounds[0]:
+        out["granian_round_ratios"] = [verdict(name, r.get("floor") or {}, r["granian"])[1]
+                                       for r in rounds]
     return out
 
 
@@ -150,7 +153,7 @@ LEGEND = (
     "poolgate's median latency / time to first token minus the floor's, ms; target = the bound "
     "for the row (issues 14 and 22: poolgate in its default configuration, access log on); "
     "a row whose what ends in `log_level \"warning\"` (`--quiet`): the same without the access "
-    "log; foreign load = cores kept busy by processes that are not ours "
+    "log; one ending in `server.http \"granian\"` (`--granian`): the same on granian; foreign load = cores kept busy by processes that are not ours "
     "(/proc/stat busy time minus our processes' CPU, ÷ wall time; the largest of the row's three "
     "runs); upstream = `ok` when the upstream saw as many requests as poolgate completed (≤ c "
     "more in flight at the deadline); errors = failed requests + chunk-count mismatches, all "

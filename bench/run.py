@@ -198,7 +198,8 @@ def upstream_requests(upstream_url: str) -> int:
 
 def measure(name: str, sc: Scenario, target: str, url: str, args, ctx: dict,
             round_no: int = 0) -> dict:
-    """One load run of ``sc`` at ``target`` ("direct", "floor", "poolgate" or "quiet")."""
+    """One load run of ``sc`` at ``target`` ("direct", "floor", "poolgate", "quiet" or
+    "granian")."""
     out_dir: Path = ctx["out"]
     if round_no:
         name = f"{name}-r{round_no + 1}"
@@ -239,9 +240,16 @@ def report(results: dict, meta: dict, open_streams: dict | None = None) -> str:
         if "quiet" in r:  # --quiet: the same against poolgate with no access log
             lines.append(row(name, sc.what + ', log_level "warning"', sc.mode == "stream", sc.c,
                              {**r, "poolgate": r["quiet"]}))
+        if "granian" in r:  # --granian: the same against poolgate on granian
+            lines.append(row(name, sc.what + ', server.http "granian"', sc.mode == "stream", sc.c,
+                             {**r, "poolgate": r["granian"]}))
     spread = [f"`{name}` {', '.join(fmt(x, 2) for x in r['round_ratios'])}"
               for name, r in results.items()
               if len(r.get("round_ratios") or ()) > 1 and None not in r["round_ratios"]]
+    spread += [f"`{name}` on granian {', '.join(fmt(x, 2) for x in r['granian_round_ratios'])}"
+               for name, r in results.items()
+               if len(r.get("granian_round_ratios") or ()) > 1
+               and None not in r["granian_round_ratios"]]
     if spread:
         lines += ["", f"Each row pools {meta['repeat']} interleaved rounds (CPU and requests "
                   "summed). The ratio its target is judged on, round by round: "
@@ -275,6 +283,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--quiet", action="store_true",
                     help="also a poolgate with log_level = \"warning\" (no access log): an extra "
                          "row per scenario")
+    ap.add_argument("--granian", action="store_true",
+                    help="also a poolgate with server.http = \"granian\" (else the same config): "
+                         "an extra row per scenario, measured in the same rounds")
     ap.add_argument("--cpus", default="0,0,1", help="cores for upstream,loadgen,poolgate")
     ap.add_argument("--no-pin", action="store_true", help="do not use taskset")
     ap.add_argument("--out", help="results directory (default /tmp/poolgate-bench/<stamp>)")
@@ -301,7 +312,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         a.open_streams = min(a.open_streams, 1000)
         a.hold = min(a.hold, 5.0)
     a.targets = [t for t in ("direct", "floor", "poolgate")
-                 if t in a.targets.split(",") or t != "floor"] + (["quiet"] if a.quiet else [])
+                 if t in a.targets.split(",") or t != "floor"] + (["quiet"] if a.quiet else []) + (["granian"] if a.granian else [])
     if a.repeat is None:
         a.repeat = 1 if a.quick else 3
     unknown = [s for s in a.scenarios.split(",") if s not in SCENARIOS]
@@ -369,8 +380,11 @@ def main(argv: list[str] | None = None) -> int:
                "upstream_url": upstream_url, "cpu_load": cpus["load"], "procs": procs}
         urls = {"direct": upstream_url}
         # as users run it: the default log level (the access log on), an API key, the
-        # usage ledger in state_dir; --quiet: the same with log_level = "warning" as well
-        for target, level in (("poolgate", a.log_level), ("quiet", "warning")):
+        # usage ledger in state_dir; --quiet: the same with log_level = "warning" as well;
+        # --granian: the same on granian (server.http) as well
+        for target, level, server_http in (("poolgate", a.log_level, None),
+                                           ("quiet", "warning", None),
+                                           ("granian", a.log_level, "granian")):
             if target not in a.targets:
                 continue
             config = out / f"{target}.toml"
@@ -378,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
                           else (None, None))
             config.write_text(config_toml(gw_port, up_port, level, teams, a.redis,
                                           a.openai_workers, state_dir=out / f"state-{target}",
-                                          database_url=a.database))
+                                          database_url=a.database, http=server_http))
             gateway = Proc(target, [*poolgate_argv(a), "serve", "--config", str(config), "--host",
                                     "127.0.0.1", "--port", str(gw_port)], out / f"{target}.log",
                            cpus["gateway"], env=env)

@@ -2,7 +2,8 @@
 # Start poolgate for ../shared/bench/run_bench.sh ("ours"): the runner exports
 # BENCH_PORT and BENCH_UPSTREAM_URL; this writes the matching config and serves,
 # configured as users run it: the default log level (the access log on), an API
-# key, the usage ledger in a state_dir. POOLGATE_BENCH_QUIET=1: log_level = "warning".
+# key, the usage ledger in a state_dir. POOLGATE_BENCH_QUIET=1: log_level = "warning";
+# POOLGATE_BENCH_HTTP=granian: server.http = "granian" (default: uvicorn).
 #   OURS_CMD="$PWD/bench/serve_for_shared_bench.sh" OURS_API_KEY=sk-bench \
 #     ../shared/bench/run_bench.sh --targets floor,ours
 set -euo pipefail
@@ -11,6 +12,8 @@ cfg="$(mktemp /tmp/poolgate-bench-XXXXXX.toml)"
 state="$(mktemp -d /tmp/poolgate-bench-state-XXXXXX)"
 level=""
 if [ "${POOLGATE_BENCH_QUIET:-0}" = 1 ]; then level='log_level = "warning"'; fi
+http="${POOLGATE_BENCH_HTTP:-uvicorn}"
+case "$http" in uvicorn|granian) ;; *) echo "POOLGATE_BENCH_HTTP: uvicorn or granian" >&2; exit 2;; esac
 cat >"$cfg" <<TOML
 [server]
 host = "127.0.0.1"
@@ -18,6 +21,7 @@ port = ${BENCH_PORT}
 api_keys = { bench = "sk-bench" }
 state_dir = "${state}"
 ${level}
+http = "${http}"
 
 [[workers]]
 name = "mock-openai"
