@@ -69,21 +69,23 @@ class ServerThread:
 
 
 class GranianThread(ServerThread):
-    """The gateway's app on granian's embedded server (``app.granian_server``,
-    as ``poolgate serve`` runs it with ``server.http = "granian"``), on a uvloop
-    loop of its own in a thread."""
+    """The gateway's app on granian's embedded server, run as ``poolgate serve``
+    runs it with ``server.http = "granian"`` (``app.granian_server``), on a
+    uvloop loop of its own in a thread."""
 
     def __init__(self, app: Any, *, lifespan: str = "on", start_timeout: float = 30,
                  http: str | None = None, **options: Any) -> None:
         from app.granian_server import build
 
         assert lifespan == "on" and not options, "granian runs the gateway as poolgate serve does"
+        self.app = app
         self.start_timeout = start_timeout
         self.port = 0
         self.started = threading.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.stopping: asyncio.Event | None = None
         self.server = build(app, host="127.0.0.1", port=0, log_level="warning",
-                            shutdown_timeout=5, on_started=self._on_started)
+                            on_started=self._on_started)
         self.thread = threading.Thread(target=self._run, name="granian", daemon=True)
 
     def _on_started(self, url: str) -> None:
@@ -93,10 +95,16 @@ class GranianThread(ServerThread):
     def _run(self) -> None:
         import uvloop
 
+        from app.granian_server import run
+
+        async def serve() -> None:
+            self.stopping = asyncio.Event()
+            await run(self.app, self.server, self.stopping, shutdown_timeout=5)
+
         self.loop = uvloop.new_event_loop()
         asyncio.set_event_loop(self.loop)
         try:
-            self.loop.run_until_complete(self.server.serve())
+            self.loop.run_until_complete(serve())
         finally:
             self.loop.close()
 
@@ -109,6 +117,6 @@ class GranianThread(ServerThread):
         return self
 
     def stop(self) -> None:
-        if self.loop is not None and self.thread.is_alive():
-            self.loop.call_soon_threadsafe(self.server.stop)
+        if self.loop is not None and self.stopping is not None and self.thread.is_alive():
+            self.loop.call_soon_threadsafe(self.stopping.set)
         self.thread.join(timeout=30)
