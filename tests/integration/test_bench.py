@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -123,6 +124,19 @@ def test_runner_benches_the_default_configuration(tmp_path: Path) -> None:
     assert "state_dir" in script and 'log_level = "warning"\n' not in script
 
 
+def test_runner_benches_granian_beside_uvicorn(tmp_path: Path) -> None:
+    """bench/run.py --granian: a second poolgate, the same config on server.http granian."""
+    run = _load("bench_run", "run.py")
+    a = run.parse_args(["--granian", "--quick"])
+    assert a.targets == ["direct", "floor", "poolgate", "granian"]
+    path = tmp_path / "poolgate.toml"
+    path.write_text(run.config_toml(18000, 18001, None, state_dir=tmp_path / "s", http="granian"))
+    server = load_settings(str(path), {}).server
+    assert server.http == "granian" and server.log_level == "info"
+    path.write_text(run.config_toml(18000, 18001, None, state_dir=tmp_path / "s"))
+    assert load_settings(str(path), {}).server.http == "uvicorn"
+
+
 def test_pool_bench_measures_recovery_after_kill_9(tmp_path: Path) -> None:
     """One kill -9 per setup (one process worker, two): a positive recovery time,
     and the model served by two workers loses (next to) no request meanwhile."""
@@ -184,6 +198,9 @@ def test_inproc_bench_isolates_the_access_line() -> None:
     rows = [line.split()[:2] for line in done.stdout.splitlines() if "us CPU/request" in line]
     assert rows == [["chat", "[off]"], ["chat", "[batched]"]]
     assert "access line [batched]:" in done.stdout
+    # the line's own time on the request's path, call by call
+    assert re.search(r"access_log.write \[batched\], on the request's path: median [0-9.]+ us",
+                     done.stdout), done.stdout
     assert "http.request" not in done.stdout  # the lines went to /dev/null
 
 
