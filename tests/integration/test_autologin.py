@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from auth.autologin import (CHROMIUM, BrowserMissing, Credentials, LoginTimeout, MissingCredentials,
+from auth.autologin import (CHROMIUM, AutoLoginError, BrowserMissing, Credentials, LoginTimeout, MissingCredentials,
                             WrongPassword, auto_login)
 from auth.recipes import RecipeError, load_recipe, parse_recipe
+from tests.fakes.egress_proxy import EgressProxy
 from tests.fakes.idp import FakeIdP
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,6 +86,44 @@ async def test_two_logins_at_once_do_not_cross_credentials(idp: FakeIdP) -> None
         code, _, state = result.code.partition("#")
         assert code.startswith(f"c-{user}-") and state == states[user]
         assert idp.codes[code]["user"] == user and idp.codes[code]["state"] == states[user]
+
+
+PROXY_PASSWORD = "proxy-pw-5551234"
+
+
+@needs_chromium
+async def test_the_browser_goes_through_the_accounts_proxy_and_nowhere_else(idp: FakeIdP) -> None:
+    with EgressProxy(credentials=f"egress:{PROXY_PASSWORD}") as proxy:
+        result = await auto_login(load_recipe(RECIPE), start_url(idp, "s"),
+                                  Credentials("alice@example.com", "pw-alice"), timeout=30,
+                                  proxy=proxy.url)
+        assert result.code.startswith("c-alice@example.com-")
+        idp_host = idp.url.removeprefix("http://")
+        # (Chromium's first try carries no credentials: the proxy's 407 asks for them)
+        assert idp_host in proxy.targets()
+        # every page, form post and redirect the IdP saw came through the proxy
+        assert idp.requests and all(via for _m, _p, via in idp.requests), idp.requests
+        seen = len(idp.requests)
+        proxy.stop()  # down: the login fails, nothing goes direct
+        with pytest.raises(AutoLoginError) as info:
+            await auto_login(load_recipe(RECIPE), start_url(idp, "t"),
+                             Credentials("alice@example.com", "pw-alice"), timeout=15,
+                             proxy=proxy.url)
+        assert len(idp.requests) == seen
+        assert PROXY_PASSWORD not in info.value.message + (info.value.page_text or "")
+
+
+@needs_chromium
+async def test_a_proxy_that_refuses_the_credentials_fails_the_login_without_them(
+        idp: FakeIdP) -> None:
+    with EgressProxy(credentials=f"egress:{PROXY_PASSWORD}") as proxy:
+        wrong = proxy.url.replace(PROXY_PASSWORD, "not-the-password-777")
+        with pytest.raises(AutoLoginError) as info:
+            await auto_login(load_recipe(RECIPE), start_url(idp, "s"),
+                             Credentials("alice@example.com", "pw-alice"), timeout=15,
+                             proxy=wrong)
+        assert proxy.refused and idp.requests == []
+        assert "not-the-password-777" not in info.value.message + (info.value.page_text or "")
 
 
 async def test_a_missing_browser_is_said(idp: FakeIdP, tmp_path: Path) -> None:
