@@ -2,7 +2,8 @@
 else's server (an operator's egress proxy), for tests.
 
 It speaks the forms a client uses: ``CONNECT host:port`` (a tunnel, what
-HTTPS and most proxy agents use; the bytes inside are piped as they are),
+HTTPS and most proxy agents use; the bytes inside are piped as they are; an
+upstream it cannot reach is a 502, as real proxies answer),
 absolute-form requests (``GET http://host:port/path HTTP/1.1``, what plain
 HTTP through a proxy is) and SOCKS5 CONNECT on the same port
 (``socks_url``). It runs on its own event loop in a thread::
@@ -156,7 +157,13 @@ class EgressProxy:
             self.passed.append((method, target))
             if method == "CONNECT":
                 host, _, port = target.rpartition(":")
-                up_reader, up_writer = await asyncio.open_connection(host.strip("[]"), int(port))
+                try:
+                    up_reader, up_writer = await asyncio.open_connection(host.strip("[]"), int(port))
+                except OSError:  # as real proxies answer an upstream they cannot reach
+                    writer.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n"
+                                 b"Connection: close\r\n\r\n")
+                    await writer.drain()
+                    return
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 await writer.drain()
                 await self._pipe(reader, writer, up_reader, up_writer)
