@@ -14,6 +14,7 @@ import re
 import tomllib
 from collections.abc import Collection, Mapping
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import orjson
 from pydantic import (
@@ -39,6 +40,7 @@ __all__ = [
     "CliSessionSettings", "SamplingDefaultsSettings", "DEFAULT_LOCAL_MODEL", "DEFAULT_WORKER",
     "EMBEDDED_SAMPLING", "default_model_name",
     "load_settings", "check_config", "is_loopback_host", "registered_worker", "REGISTRABLE",
+    "registration_of",
 ]
 
 CONFIG_ENV = "POOLGATE_CONFIG"
@@ -345,7 +347,7 @@ def load_settings(config_path: str | None, environ: Mapping[str, str], overrides
 REGISTRABLE = frozenset({
     "name", "kind", "dialect", "url", "models", "aliases", "api_key_env", "connect_timeout",
     "first_byte_timeout", "idle_timeout", "max_connections", "max_in_flight", "pass_fields",
-    "pass_betas", "server_tools", "image_urls", "image_max_bytes",
+    "pass_betas", "server_tools", "image_urls", "image_max_bytes", "proxy", "proxy_env",
 })
 
 
@@ -370,13 +372,26 @@ def registered_worker(data: Mapping[str, Any], environ: Mapping[str, str],
         worker = WorkerSettings.model_validate({**data, "kind": "remote"})
     except ValidationError as exc:
         raise ConfigError([_format_error(err) for err in exc.errors()]) from None
-    env = worker.api_key_env
-    if env is not None and env not in secret_envs:
-        raise ConfigError([f"api_key_env: {env} is not listed in server.runtime_secret_envs "
-                           "(the variables a worker registered at run time may name)"])
-    if env is not None and not environ.get(env):
-        raise ConfigError([f"api_key_env: environment variable {env} is not set"])
+    if worker.proxy is not None and urlsplit(worker.proxy.get_secret_value()).password:
+        raise ConfigError(["proxy: a proxy password never goes in a request body; put the URL "
+                           "in an environment variable listed in server.runtime_secret_envs "
+                           "and name it in proxy_env"])
+    for field, env in (("api_key_env", worker.api_key_env), ("proxy_env", worker.proxy_env)):
+        if env is not None and env not in secret_envs:
+            raise ConfigError([f"{field}: {env} is not listed in server.runtime_secret_envs "
+                               "(the variables a worker registered at run time may name)"])
+        if env is not None and not environ.get(env):
+            raise ConfigError([f"{field}: environment variable {env} is not set"])
     return _resolve_worker(worker, environ)
+
+
+def registration_of(worker: WorkerSettings) -> dict[str, Any]:
+    """What the registration store keeps of a worker registered at run time:
+    its settings as sent (an environment variable's name, never its value)."""
+    registration = worker.model_dump(mode="json", include=set(REGISTRABLE - {"kind", "proxy"}))
+    if worker.proxy_env is None and worker.proxy is not None:
+        registration["proxy"] = worker.proxy.get_secret_value()  # checked: no password in it
+    return registration
 
 
 def check_config(path: str, environ: Mapping[str, str]) -> list[str]:
