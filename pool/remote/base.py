@@ -281,7 +281,7 @@ class RemoteWorker:
     async def _send(self, request: ChatRequest) -> tuple[aiohttp.ClientResponse, frozenset[str]]:
         """POST ``request`` (its images vetted, its body built): the 2xx
         response, and the names of the request's custom tools."""
-        request = await vet_images(request, self.spec.policy)
+        request = await vet_images(request, self.spec.policy, self.spec.proxy)
         body, headers = self.prepare(request)
         if request.dialect == "openai_responses":
             dropped = _encrypted_reasoning(request)
