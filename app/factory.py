@@ -31,6 +31,7 @@ from pool.supervisor import SupervisorPolicy
 from pool.remote import RemoteSpec, make_remote_worker
 from pool.remote.lean_check import self_test as lean_self_test
 from pool.remote.policy import PassPolicy
+from sessions.alert_claims import RedisAlertClaims
 
 from .accounts import Accounts
 from .alerts import AccountAlerts, Alerts
@@ -200,6 +201,8 @@ def create_app(settings: Any) -> Starlette:
     gw.accounts = Accounts.from_settings(settings)
     gw.logins = Logins(gw.accounts, gw.metrics.registry, settings.environment, locks=gw.locks)
     alerts = Alerts(settings.alerts, gw.metrics.registry)
+    if stores.link is not None:  # budgets are shared: one replica sends their alerts
+        alerts.claims = RedisAlertClaims(stores.link)
     gw.logins.alerts = gw.teams.alerts = alerts
 
     @contextlib.asynccontextmanager
