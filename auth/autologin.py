@@ -110,8 +110,10 @@ async def auto_login(recipe: Recipe, url: str, credentials: Credentials, *,
     """Open ``url`` and follow ``recipe``; the final URL and the code to paste.
 
     ``proxy`` (the account's egress proxy, ``http://[user:pass@]host:port``):
-    every request of the browser goes through it, loopback included (Playwright
-    adds ``<-loopback>`` to Chromium's bypass list), or fails; none goes direct."""
+    every request of the browser to another host goes through it, or fails;
+    none goes direct. Loopback does not: it is this host (a CLI's callback
+    listener, Codex's on 127.0.0.1:1455), which the proxy's host cannot reach,
+    and an authorization code must not travel there."""
     from playwright.async_api import Error as PlaywrightError, async_playwright
     from playwright.async_api import TimeoutError as PlaywrightTimeout
 
@@ -163,7 +165,9 @@ def _playwright_proxy(url: str | None) -> dict[str, str] | None:
     server = f"{parts.scheme}://{parts.hostname}:{parts.port}"
     if ":" in (parts.hostname or ""):
         server = f"{parts.scheme}://[{parts.hostname}]:{parts.port}"
-    option = {"server": server}
+    # naming loopback here keeps Playwright from adding "<-loopback>" (it proxies
+    # loopback by default); Chromium's own rule then sends 127/8, ::1, localhost direct
+    option = {"server": server, "bypass": "localhost,127.0.0.1,[::1]"}
     if parts.username is not None:
         option["username"] = unquote(parts.username)
         option["password"] = unquote(parts.password or "")

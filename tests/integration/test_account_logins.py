@@ -53,7 +53,8 @@ def idp():
 
 def worker(tmp_path: Path, name: str, upstream: FakeUpstream, idp: FakeIdP, **extra):
     return fake_claude_worker(name, tmp_path / name, upstream.anthropic_url, tmp_path / f"{name}.log",
-                              env={"FAKE_CLAUDE_OAUTH_URL": idp.url}, **extra)
+                              env={"FAKE_CLAUDE_OAUTH_URL": idp.url, **extra.pop("env", {})},
+                              **extra)
 
 
 def gateway(*workers) -> ServerThread:
@@ -239,10 +240,14 @@ def test_an_accounts_login_goes_through_its_egress_proxy_browser_and_cli_alike(
         tmp_path: Path, upstream: FakeUpstream, idp: FakeIdP, capsys) -> None:
     """The browser of the automatic login and the CLI's own login (its token
     exchange) both leave through the account's proxy; then its turns do."""
-    with EgressProxy(credentials=f"egress:{PROXY_PASSWORD}") as proxy:
+    # the IdP by a name only the proxy's DNS knows: nothing can reach it around the proxy
+    remote = f"http://idp.egress.test:{idp.server.server_address[1]}"
+    with EgressProxy(credentials=f"egress:{PROXY_PASSWORD}",
+                     hosts={"idp.egress.test": "127.0.0.1"}) as proxy:
         w = worker(tmp_path, "claude-a", upstream, idp, proxy=proxy.url, login=LoginSettings(
             recipe=RECIPE, username=SecretStr("alice@example.com"),
-            password=SecretStr("pw-alice"), timeout=60, relogin=False))
+            password=SecretStr("pw-alice"), timeout=60, relogin=False),
+            env={"FAKE_CLAUDE_OAUTH_URL": remote})
         with gateway(w) as srv, httpx.Client(base_url=srv.url, timeout=120) as http:
             wait_for(lambda: login_state(http, "claude-a")["login"] == "logged_out")
             assert http.post("/internal/workers/claude-a/login", headers=ADMIN,
