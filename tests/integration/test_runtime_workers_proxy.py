@@ -6,6 +6,8 @@ request body (``proxy_env``, an allowed variable, holds such a URL)."""
 
 from __future__ import annotations
 
+import time
+from contextlib import ExitStack
 from typing import Any, Iterator
 
 import httpx
@@ -16,6 +18,7 @@ from app.factory import create_app
 from app.settings import load_settings
 from tests.fakes.egress_proxy import EgressProxy
 from tests.fakes.upstreams import FakeUpstream
+from tests.support.redis_server import RedisServer
 from tests.support.server import ServerThread
 
 ADMIN_TOKEN = "admin-token-for-proxied-joins"
@@ -100,6 +103,8 @@ def test_proxy_registrations_that_are_refused_name_the_field(served: Any) -> Non
         ({"proxy_env": "GATEWAY_PROXY"}, "proxy_env"),  # not in runtime_secret_envs
         ({"proxy_env": "NOT_SET_ANYWHERE"}, "proxy_env"),
         ({"proxy": "ftp://127.0.0.1:21"}, "proxy"),
+        ({"proxy": f"ftp://u:{PROXY_PASSWORD}@127.0.0.1:21"}, "proxy"),  # not quoted either
+        ({"proxy": f"socks5://u:{PROXY_PASSWORD}@127.0.0.1:1080"}, "proxy"),
         ({"proxy": "http://127.0.0.1:1", "proxy_env": "JOIN_PROXY"}, "proxy"),
     ]
     for extra, param in cases:
@@ -110,3 +115,38 @@ def test_proxy_registrations_that_are_refused_name_the_field(served: Any) -> Non
     assert "joined" not in {w["name"] for w in http.get(
         "/internal/workers", headers=ADMIN).json()["workers"]}
     assert gw.runtime_workers._known == {}
+
+
+def test_a_proxied_registration_reaches_another_replica_through_redis(capsys) -> None:
+    """Registered on A with ``proxy_env``: B joins it from Redis, resolves the
+    variable from its own environment, and its requests take the proxy too."""
+    redis = RedisServer().start()
+    with FakeUpstream(api_key=UPSTREAM_SECRET, models=(MODEL, "config-model")) as fake, \
+            EgressProxy(credentials=f"egress:{PROXY_PASSWORD}") as proxy, ExitStack() as stack:
+        stack.callback(redis.stop)
+        environ = {"POOLGATE_ADMIN_TOKEN": ADMIN_TOKEN, "POOLGATE_API_KEYS": f"team={CLIENT_KEY}",
+                   "POOLGATE_REDIS_URL": redis.url, "UPSTREAM_SECRET": UPSTREAM_SECRET,
+                   "JOIN_PROXY": proxy.url}
+        clients = []
+        for _ in range(2):
+            settings = load_settings(None, environ, {
+                "server": {"port": 0, "runtime_secret_envs": ["UPSTREAM_SECRET", "JOIN_PROXY"]},
+                "workers": [{"name": "config-worker", "dialect": "openai", "url": fake.url,
+                             "models": ["config-model"], "api_key_env": "UPSTREAM_SECRET"}]})
+            srv = stack.enter_context(ServerThread(create_app(settings)))
+            clients.append(stack.enter_context(httpx.Client(base_url=srv.url, timeout=30)))
+        a, b = clients
+        assert _register(a, fake, proxy_env="JOIN_PROXY").status_code == 201
+        deadline = time.monotonic() + 5
+        while "joined" not in {w["name"] for w in b.get("/internal/workers",
+                                                         headers=ADMIN).json()["workers"]}:
+            assert time.monotonic() < deadline, "B did not join the registered worker"
+            time.sleep(0.05)
+        before = len(fake.requests)
+        assert _chat(b) == "echo: through the proxy"
+        assert fake.requests[before:]
+        assert all(q.headers.get("via") == "1.1 egress-proxy" for q in fake.requests[before:])
+        client = stack.enter_context(redis.client())
+        stored = client.hgetall("poolgate:workers")
+        assert stored and _secret_free(str(stored), proxy)
+    assert _secret_free(capsys.readouterr().out, proxy)
