@@ -48,7 +48,7 @@ def test_claude_allowed_without_numbers_reports_nothing_but_is_noticed():
     stream = ClaudeStream()
     assert stream.feed(_event(status="allowed", resetsAt=RESET, rateLimitType="seven_day",
                               overageStatus="rejected")) == []
-    assert stream.quota_changed  # the driver then asks get_usage
+    assert stream.rate_info == ("allowed", "seven_day", "None", str(RESET))  # asks get_usage
 
 
 @pytest.mark.parametrize("info", [
