@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 import anthropic
 import httpx
+import openai
 import pytest
 
 from app.factory import create_app
@@ -26,6 +27,7 @@ from tests.fakes.responses_upstream import ResponsesUpstream
 from tests.fakes.upstreams import FakeUpstream
 from tests.fakes.vendor_quota import FakeQuota
 from tests.support.cli_accounts import claude_home, fake_claude_worker, read_log, wait_for
+from tests.support.cli_fakes import fake_cli_worker
 from tests.support.codex_accounts import CODEX_MODEL, codex_home, codex_worker, provider_options
 from tests.support.server import ServerThread
 
@@ -184,3 +186,51 @@ def test_a_chatgpt_login_reads_its_rate_limits_before_any_turn(tmp_path, respons
         12, quota.five_hour_reset)
     assert found["secondary"]["used_percent"] == 3
     assert [r.path for r in responses.requests].count("/backend-api/wham/usage") == 1
+
+
+# --- counted windows ----------------------------------------------------------------------
+
+QWEN_KEY = "sk-qwen-quota-account"
+
+
+def test_a_cli_that_reports_nothing_gets_its_tokens_counted_in_the_configured_windows(
+        tmp_path):
+    with FakeUpstream(api_key=QWEN_KEY, models=("qwen-coder",)) as upstream:
+        settings = fake_cli_worker("qwen", "qwen-a", tmp_path / "q", upstream.url,
+                                   tmp_path / "qwen.log", api_key=QWEN_KEY, quota_windows=(
+                                       {"name": "five_hour", "seconds": 18000, "tokens": 1000},
+                                       {"name": "day", "seconds": 86400, "tokens": 100000}))
+        with _serve(settings) as (srv, worker):
+            # known before any turn: nothing used yet
+            assert {w.name: w.used_percent for w in worker.quota.windows} == {
+                "five_hour": 0, "day": 0}
+            client = openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-team-a", max_retries=0)
+            used = 0
+            for text in ("one", "two words"):
+                out = client.chat.completions.create(model="qwen-coder", messages=[
+                    {"role": "user", "content": text}])
+                used += out.usage.prompt_tokens + out.usage.completion_tokens
+            found = _windows(worker)
+    assert used > 0
+    five, day = found["five_hour"], found["day"]
+    assert five["used_percent"] == pytest.approx(100 * used / 1000, abs=0.01)
+    assert day["used_percent"] == pytest.approx(100 * used / 100000, abs=0.01)
+    assert five["source"] == day["source"] == "counted"
+    assert five["window_seconds"] == 18000
+    assert 18000 - 60 < five["resets_at"] - time.time() <= 18000
+
+
+def test_vendor_numbers_win_over_counted_ones(tmp_path, upstream):
+    settings = fake_claude_worker("claude-a", claude_home(tmp_path / "a", TOKEN),
+                                  upstream.anthropic_url, tmp_path / "claude.log",
+                                  quota_windows=({"name": "w", "seconds": 3600,
+                                                  "tokens": 10000},))
+    with _serve(settings) as (srv, worker):
+        _ask(srv)  # the upstream sends no quota headers: counted
+        wait_for(lambda: _windows(worker)["w"]["used_percent"] > 0, timeout=5)
+        upstream.quota[TOKEN] = FakeQuota(five_hour=97, seven_day=40)
+        _ask(srv, "now with the vendor's numbers")
+        found = wait_for(lambda: "five_hour" in _windows(worker) and _windows(worker),
+                         timeout=5)
+    assert set(found) == {"five_hour", "seven_day"}
+    assert {w["source"] for w in found.values()} == {VENDOR}
