@@ -157,7 +157,7 @@ def responses():
 
 
 def test_codex_rate_limit_notifications_reach_worker_quota(tmp_path, responses):
-    quota = responses.quota[CODEX_KEY] = FakeQuota(five_hour=97, seven_day=40.5)
+    quota = responses.quota[CODEX_KEY] = FakeQuota(five_hour=97.2, seven_day=40.5)
     with _serve(codex_worker("codex-a", codex_home(tmp_path / "c", CODEX_KEY),
                              responses.url)) as (srv, worker):
         assert worker.quota.windows == ()  # an API-key login: nothing to read before a turn
@@ -166,8 +166,9 @@ def test_codex_rate_limit_notifications_reach_worker_quota(tmp_path, responses):
     primary, secondary = found["primary"], found["secondary"]
     assert (primary["used_percent"], primary["window_seconds"], primary["resets_at"]) == (
         97, 18000, quota.five_hour_reset)
+    # whole percents, rounded half away from zero, as Codex 0.171.0 sends them
     assert (secondary["used_percent"], secondary["window_seconds"], secondary["resets_at"]) == (
-        40.5, 604800, quota.seven_day_reset)
+        41, 604800, quota.seven_day_reset)
     assert primary["source"] == VENDOR
 
 
