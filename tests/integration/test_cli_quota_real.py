@@ -6,6 +6,7 @@ rate-limit headers (``anthropic-ratelimit-unified-*``, ``x-codex-*``)."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import time
 from pathlib import Path
@@ -14,6 +15,10 @@ import anthropic
 import pytest
 
 from app.settings import WorkerSettings
+from pool.cli.claude import ClaudeDriver
+from pool.cli.driver import DriverConfig
+from pool.cli.events import ConversationSetup, QuotaReport, Turn, TurnFinished
+from pool.model import Message, TextPart
 from tests.fakes.responses_upstream import ResponsesUpstream
 from tests.fakes.upstreams import FakeUpstream
 from tests.fakes.vendor_quota import FakeQuota
@@ -78,16 +83,44 @@ def test_the_real_claude_reports_a_warning_and_get_usage_every_window(tmp_path, 
     assert five["source"] == seven["source"] == "vendor"
 
 
-def test_a_fresh_accounts_numbers_come_from_the_real_claudes_get_usage(tmp_path, claude_bin):
+async def test_the_real_claude_answers_get_usage_with_every_window(tmp_path, claude_bin):
+    """The driver's own ``get_usage`` against the real binary: asked after the
+    turn (the first of the account), and answered with percents and ISO resets."""
+    reports: list = []
     with FakeUpstream(api_key=TOKEN, models=(MODEL,)) as upstream:
         quota = upstream.quota[TOKEN] = FakeQuota(five_hour=5, seven_day=10)
-        with _serve(_claude(tmp_path, claude_bin, upstream)) as (srv, worker):
-            _ask(srv, "hello")  # "allowed": the event has no numbers
-            found = wait_for(lambda: len(worker.quota.windows) == 2 and _windows(worker),
-                             timeout=30)
-    assert (found["five_hour"]["used_percent"], found["five_hour"]["resets_at"]) == (
+        env = _base_env(tmp_path / "os-home")
+        env.update(ANTHROPIC_BASE_URL=upstream.anthropic_url, ANTHROPIC_SMALL_FAST_MODEL=MODEL,
+                   ANTHROPIC_DEFAULT_HAIKU_MODEL=MODEL)
+        home = claude_home(tmp_path / "account", TOKEN)
+        (tmp_path / "cwd").mkdir()
+        driver = ClaudeDriver(DriverConfig(name="claude-real", cli="claude", home=str(home),
+                                           cwd=str(tmp_path / "cwd"), command=(claude_bin,),
+                                           env=env))
+        driver.on_quota = reports.append
+        await driver.start()
+        conv = await driver.open(ConversationSetup(model=MODEL, system="S"))
+        try:
+            events = [e async for e in conv.send(Turn((Message("user", (TextPart("hi"),)),)))]
+            assert isinstance(events[-1], TurnFinished)
+            [event_report] = [e for e in events if isinstance(e, QuotaReport)]
+            asked = await conv.usage()
+            for _ in range(100):  # the driver's own ask after the turn
+                if reports:
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            await conv.close()
+            await driver.stop()
+    by_name = {w.name: w for w in asked}
+    assert (by_name["five_hour"].used_percent, by_name["five_hour"].resets_at) == (
         5, quota.five_hour_reset)
-    assert found["seven_day"]["used_percent"] == 10
+    assert (by_name["seven_day"].used_percent, by_name["seven_day"].resets_at) == (
+        10, quota.seven_day_reset)
+    assert {w.name: w.used_percent for w in reports[0]} == {"five_hour": 5, "seven_day": 10}
+    # 2.1.332's event already holds every window (unifiedWindows)
+    assert {w.name: w.used_percent for w in event_report.windows} == pytest.approx(
+        {"five_hour": 5, "seven_day": 10})
 
 
 def test_the_real_claude_at_its_limit_is_a_spent_window(tmp_path, claude_bin):

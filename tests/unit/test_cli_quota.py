@@ -41,6 +41,30 @@ def test_a_claude_warning_is_the_window_in_percent_with_its_length():
     assert report.windows[0].window_seconds == 604800
 
 
+def test_claude_2_1_332_events_carry_every_window_in_unified_windows():
+    stream = ClaudeStream()
+    [report] = stream.feed(_event(
+        status="allowed", resetsAt=RESET, rateLimitType="seven_day", isUsingOverage=False,
+        unifiedWindows={"five_hour": {"utilization": 0.05, "resetsAt": RESET, "status": "allowed"},
+                        "seven_day": {"utilization": 0.1, "resetsAt": RESET + 9,
+                                      "status": "allowed"},
+                        "junk": "x", "bad name!": {"utilization": 0.5}}))
+    assert {w.name: (round(w.used_percent, 6), w.resets_at, w.window_seconds)
+            for w in report.windows} == {"five_hour": (5, RESET, 18000),
+                                         "seven_day": (10, RESET + 9, 604800)}
+    assert stream.rate_info is None  # every window came: no get_usage needed for it
+    report, limited = ClaudeStream().feed(_event(
+        status="rejected", resetsAt=RESET, rateLimitType="five_hour",
+        unifiedWindows={"five_hour": {"utilization": 1, "resetsAt": RESET, "status": "rejected"},
+                        "seven_day": {"utilization": 0.4, "resetsAt": RESET}}))
+    assert {w.name: w.used_percent for w in report.windows} == {"five_hour": 100,
+                                                                "seven_day": 40}
+    assert isinstance(limited, RateLimited)
+    many = {f"w{i}": {"utilization": 0.1, "resetsAt": RESET} for i in range(1000)}
+    [report] = ClaudeStream().feed(_event(status="allowed", unifiedWindows=many))
+    assert len(report.windows) == MAX_WINDOWS
+
+
 def test_a_claude_rejection_is_a_spent_window_and_a_rate_limit():
     report, limited = ClaudeStream().feed(_event(status="rejected", resetsAt=RESET,
                                                  rateLimitType="five_hour"))
@@ -64,6 +88,9 @@ def test_claude_allowed_without_numbers_reports_nothing_but_is_noticed():
     {"status": "allowed_warning", "rateLimitType": "five_hour", "utilization": float("nan")},
     {"status": "allowed_warning", "rateLimitType": "five_hour", "utilization": True},
     {"status": "allowed_warning", "rateLimitType": None, "utilization": 0.5},
+    {"status": "allowed", "unifiedWindows": "x"},
+    {"status": "allowed", "unifiedWindows": [{"utilization": 0.5}]},
+    {"status": "allowed", "unifiedWindows": {"five_hour": {"utilization": "half"}}},
 ])
 def test_junk_claude_rate_limit_events_give_no_window(info):
     events = ClaudeStream().feed({"type": "rate_limit_event", "rate_limit_info": info})
