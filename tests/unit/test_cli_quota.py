@@ -16,8 +16,10 @@ from app.worker_settings import WorkerSettings
 
 from pool.cli.claude_events import ClaudeStream
 from pool.cli.counted import CountedQuota, CountedWindow
-from pool.cli.events import QuotaReport, RateLimited, TextChunk, TurnFinished
+from pool.cli.codex_thread import reset_at
+from pool.cli.events import QuotaReport, RateLimited, TextChunk, TurnFailed, TurnFinished
 from pool.cli.quota_events import MAX_WINDOWS, claude_usage, codex_rate_limits, window
+from pool.errors import GatewayError
 from pool.quota import COUNTED, QuotaWindow
 from tests.unit.test_cli_host import ScriptedDriver, _host, _request, _user
 
@@ -218,3 +220,26 @@ def test_quota_windows_are_for_cli_workers_only():
                         quota_windows=[{"name": "five_hour", "seconds": 18000,
                                         "tokens": 2000000}])
     assert ok.quota_windows[0].tokens == 2000000
+
+
+def test_a_limit_without_a_reset_cools_down_until_the_spent_windows_reset():
+    async def go() -> None:
+        spent = QuotaWindow("primary", 100, time.time() + 3000, 18000, seen_at=time.time())
+        fine = QuotaWindow("secondary", 41, time.time() + 90000, 604800, seen_at=time.time())
+        driver = ScriptedDriver([[QuotaReport((spent, fine)),
+                                  RateLimited("You've hit your usage limit."),
+                                  TurnFailed("overloaded", "usage limit", 429)]])
+        host = _host(driver)
+        await host.start()
+        with pytest.raises(GatewayError):
+            [event async for event in host.answer(_request(_user("q")))]
+        assert host.cooldown_until == spent.resets_at  # not the 60 s default
+        await host.aclose()
+
+    asyncio.run(go())
+
+
+def test_codex_0_171_says_try_again_with_a_capital_t():
+    now = time.mktime((2026, 11, 27, 7, 0, 0, 0, 0, -1))
+    at = reset_at("You\u2019ve hit your usage limit. Try again at 10:31 AM.", now)
+    assert at == time.mktime((2026, 11, 27, 10, 31, 0, 0, 0, -1))
