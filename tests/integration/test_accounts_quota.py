@@ -4,15 +4,19 @@ worker (the fake Claude Code) and a real process worker."""
 
 from __future__ import annotations
 
+import re
 import sys
+import time
 from pathlib import Path
 
+import anthropic
 import httpx
 import pytest
 
 from app.factory import create_app
 from app.settings import ServerSettings, Settings, WorkerSettings
 from tests.fakes.upstreams import FakeUpstream
+from tests.fakes.vendor_quota import FakeQuota
 from tests.support.cli_accounts import claude_home, fake_claude_worker, wait_for
 from tests.support.server import ServerThread
 
@@ -64,3 +68,52 @@ def test_accounts_lists_each_cli_account_and_says_when_nothing_is_known(tmp_path
             samples = [line for line in http.get("/metrics").text.splitlines()
                        if line.startswith("poolgate_account_quota_")]
             assert samples == []  # nothing known: no made-up 0 % or 100 %
+
+
+def test_accounts_and_metrics_show_the_quota_the_cli_reported(tmp_path: Path) -> None:
+    """The fake Claude Code reads the vendor's quota headers from its upstream
+    as the real one does; after one turn the gateway shows them."""
+    token = "sk-ant-oat01-quota-view"
+    with FakeUpstream(api_key=token, models=(MODEL,)) as upstream:
+        quota = upstream.quota[token] = FakeQuota(five_hour=97, seven_day=40)
+        cli = fake_claude_worker("claude-a", claude_home(tmp_path / "a", token),
+                                 upstream.anthropic_url, tmp_path / "a.log")
+        settings = Settings(server=ServerSettings(admin_token="admin-token", metrics_public=True,
+                                                  api_keys={"team": "sk-team"}),
+                            workers=(cli,))
+        with ServerThread(create_app(settings)) as srv, \
+                httpx.Client(base_url=srv.url, timeout=30) as http:
+            with anthropic.Anthropic(base_url=srv.url, api_key="sk-team", max_retries=0) as c:
+                c.messages.create(model=MODEL, max_tokens=32,
+                                  messages=[{"role": "user", "content": "hello"}])
+
+            def reported() -> dict | None:
+                [account] = http.get("/internal/accounts", headers=ADMIN).json()["accounts"]
+                return account if account["windows"] else None
+            account = wait_for(reported, timeout=10)
+            assert account["source"] == "vendor" and account["state"] == "ready"
+            five = next(w for w in account["windows"] if w["window"] == "five_hour")
+            assert five["used_percent"] == 97 and five["left_percent"] == 3
+            assert five["resets_at"] == quota.five_hour_reset
+            assert five["resets_at_iso"].endswith("Z") and five["source"] == "vendor"
+            assert time.time() - 30 < five["seen_at"] <= time.time()
+            assert account["headroom_percent"] == 3 and account["tightest_window"] == "five_hour"
+
+            [worker] = http.get("/internal/workers", headers=ADMIN).json()["workers"]
+            assert worker["quota"]["windows"][0]["window"] == "five_hour"
+            assert worker["quota"]["headroom_percent"] == 3
+
+            text = http.get("/metrics").text
+            five_labels = 'source="vendor",window="five_hour",worker="claude-a"'
+            assert _sample(text, "used_percent", five_labels) == 97
+            assert _sample(text, "reset_timestamp_seconds",
+                           'window="five_hour",worker="claude-a"') == quota.five_hour_reset
+            assert _sample(text, "seen_timestamp_seconds",
+                           'window="five_hour",worker="claude-a"') == five["seen_at"]
+            assert _sample(text, "headroom_percent", 'worker="claude-a"') == 3
+
+
+def _sample(text: str, name: str, labels: str) -> float | None:
+    found = re.search(rf"^poolgate_account_quota_{name}\{{{re.escape(labels)}\}} (\S+)$",
+                      text, re.M)
+    return float(found.group(1)) if found else None

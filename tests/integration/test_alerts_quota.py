@@ -9,16 +9,27 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+from pathlib import Path
+
+import anthropic
+import pytest
 from prometheus_client import CollectorRegistry
 
 from app.alert_settings import AlertSettings
 from app.alerts import Alerts
+from app.factory import create_app
 from app.quota_alerts import QuotaAlerts
+from app.settings import ServerSettings, Settings
 from pool.quota import AccountQuota, QuotaWindow
+from tests.fakes.upstreams import FakeUpstream
+from tests.fakes.vendor_quota import FakeQuota
 from tests.support.alert_receiver import AlertReceiver, verify
+from tests.support.cli_accounts import claude_home, fake_claude_worker
+from tests.support.server import ServerThread
 
 SECRET = "whsec-quota"
 HOUR = 3600.0
+MODEL = "claude-sonnet-4-6"
 
 
 @dataclass
@@ -109,5 +120,43 @@ def test_a_receiver_down_for_a_while_gets_the_quota_alert_once_back() -> None:
         # 95 % after 4 h: low, and empty in about 13 minutes; each exactly once
         assert [e for e, _, _ in _events(receiver)] == [
             "account_quota_low", "account_quota_forecast"], receiver.alerts()
+    finally:
+        receiver.close()
+
+
+@pytest.mark.slow
+def test_a_gateway_alerts_a_low_account_once_however_many_turns_report_it(
+        tmp_path: Path) -> None:
+    """The fake Claude Code reads the vendor's quota headers as the real one
+    does; five turns each report the 5-hour window low: one alert."""
+    token = "sk-ant-oat01-quota-alerts"
+    receiver = AlertReceiver()
+    receiver.listen()
+    try:
+        with FakeUpstream(api_key=token, models=(MODEL,)) as upstream:
+            upstream.quota[token] = FakeQuota(five_hour=90, seven_day=40)
+            cli = fake_claude_worker("claude-a", claude_home(tmp_path / "a", token),
+                                     upstream.anthropic_url, tmp_path / "a.log")
+            settings = Settings(
+                server=ServerSettings(admin_token="admin-token", api_keys={"team": "sk-team"}),
+                workers=(cli,),
+                alerts=(AlertSettings(url=receiver.url, secret=SECRET,
+                                      secret_env="UNUSED_IN_TESTS",
+                                      events=("account_quota_low", "account_cooling_down")),))
+            with ServerThread(create_app(settings)) as srv, \
+                    anthropic.Anthropic(base_url=srv.url, api_key="sk-team",
+                                        max_retries=0) as client:
+                for n in range(5):
+                    upstream.quota[token].five_hour = 90 + n  # each turn a new number (Claude Code warns from 90 %)
+                    client.messages.create(model=MODEL, max_tokens=32, messages=[
+                        {"role": "user", "content": f"question {n}"}])
+                receiver.wait(lambda: len(receiver.alerts()) >= 1, timeout=15)
+                time.sleep(3)  # more checks (every 2 s) and status frames meanwhile
+        alerts = receiver.alerts()
+        assert [(a["event"], a["worker"], a["details"]["window"]) for a in alerts] == [
+            ("account_quota_low", "claude-a", "five_hour")], alerts
+        assert alerts[0]["details"]["source"] == "vendor"
+        assert alerts[0]["details"]["left_percent"] <= 10
+        assert verify(SECRET, *receiver.posts()[0])
     finally:
         receiver.close()
