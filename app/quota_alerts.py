@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import structlog
+
 from pool.quota import QuotaWindow
 
 from .alert_settings import AlertSettings
@@ -26,6 +28,7 @@ from .quota_view import account_quota, iso
 
 __all__ = ["QuotaAlerts", "QUOTA_EVENTS"]
 
+log = structlog.get_logger("app.alerts")
 QUOTA_EVENTS = ("account_quota_low", "account_quota_forecast")
 #: reset times this close are the same window's
 _SAME_RESET = 60.0
@@ -44,7 +47,10 @@ class QuotaAlerts:
 
     async def watch(self, workers: Callable[[], Iterable[Any]], interval: float = 2.0) -> None:
         while True:
-            self.check(workers())
+            try:
+                self.check(workers())
+            except Exception as exc:  # a bug here must not end the alerts for good
+                log.error("alerts.quota_check_bug", error=type(exc).__name__)
             await asyncio.sleep(interval)
 
     def check(self, workers: Iterable[Any]) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import anthropic
 import httpx
+import openai
 import pytest
 
 from app.factory import create_app
@@ -18,6 +19,7 @@ from app.settings import ServerSettings, Settings, WorkerSettings
 from tests.fakes.upstreams import FakeUpstream
 from tests.fakes.vendor_quota import FakeQuota
 from tests.support.cli_accounts import claude_home, fake_claude_worker, wait_for
+from tests.support.cli_fakes import fake_cli_worker
 from tests.support.server import ServerThread
 
 pytestmark = pytest.mark.slow
@@ -117,3 +119,31 @@ def _sample(text: str, name: str, labels: str) -> float | None:
     found = re.search(rf"^poolgate_account_quota_{name}\{{{re.escape(labels)}\}} (\S+)$",
                       text, re.M)
     return float(found.group(1)) if found else None
+
+
+def test_counted_windows_show_as_counted(tmp_path: Path) -> None:
+    """A CLI that reports nothing (the fake Qwen Code) with ``quota_windows``:
+    the gateway's own count, said to be one."""
+    key = "sk-qwen-quota-view"
+    with FakeUpstream(api_key=key, models=("qwen-coder",)) as upstream:
+        cli = fake_cli_worker("qwen", "qwen-a", tmp_path / "q", upstream.url, tmp_path / "q.log",
+                              api_key=key, quota_windows=(
+                                  {"name": "five_hour", "seconds": 18000, "tokens": 1000},))
+        settings = Settings(server=ServerSettings(admin_token="admin-token", metrics_public=True,
+                                                  api_keys={"team": "sk-team"}),
+                            workers=(cli,))
+        with ServerThread(create_app(settings)) as srv, \
+                httpx.Client(base_url=srv.url, timeout=30) as http, \
+                openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-team", max_retries=0) as c:
+            out = c.chat.completions.create(model="qwen-coder",
+                                            messages=[{"role": "user", "content": "hello"}])
+            used = 100 * (out.usage.prompt_tokens + out.usage.completion_tokens) / 1000
+            [account] = http.get("/internal/accounts", headers=ADMIN).json()["accounts"]
+            assert account["cli"] == "qwen" and account["source"] == "counted"
+            [window] = account["windows"]
+            assert window["source"] == "counted" and window["window"] == "five_hour"
+            assert window["used_percent"] == pytest.approx(used, abs=0.01)
+            assert account["headroom_percent"] == pytest.approx(100 - used, abs=0.01)
+            assert _sample(http.get("/metrics").text, "used_percent",
+                           'source="counted",window="five_hour",worker="qwen-a"') \
+                == pytest.approx(used, abs=0.01)
