@@ -10,12 +10,14 @@ import time
 from pathlib import Path
 from typing import Any, AsyncIterator
 
+import anthropic
 import httpx
 import pytest
 
 from app.factory import create_app
 from app.settings import ServerSettings, Settings
 from tests.fakes.upstreams import FakeUpstream
+from tests.fakes.vendor_quota import FakeQuota
 from tests.support.cli_accounts import claude_home, fake_claude_worker, wait_for
 from tests.support.operator_ui import ADMIN, ADMIN_TOKEN, Tab, process_worker, screenshot
 from tests.support.operator_ui import browser  # noqa: F401 (fixture)
@@ -24,15 +26,17 @@ from tests.support.server import ServerThread
 pytestmark = pytest.mark.slow
 
 MODEL = "claude-sonnet-4-6"
+TOKEN = "sk-ant-oat01-ui-quota"
 HOSTILE = '<img src=x onerror="document.title=\'pwned\'">'
 
 
 @pytest.fixture
 async def cli_page(browser: Any, tmp_path: Path) -> AsyncIterator[tuple[Tab, httpx.Client]]:
-    with FakeUpstream(models=(MODEL,)) as upstream:
-        cli = fake_claude_worker("claude-a", claude_home(tmp_path / "a", "sk-ant-oat01-fake"),
+    with FakeUpstream(api_key=TOKEN, models=(MODEL,)) as upstream:
+        cli = fake_claude_worker("claude-a", claude_home(tmp_path / "a", TOKEN),
                                  upstream.anthropic_url, tmp_path / "a.log")
-        settings = Settings(server=ServerSettings(admin_token=ADMIN_TOKEN),
+        settings = Settings(server=ServerSettings(admin_token=ADMIN_TOKEN,
+                                                  api_keys={"team": "sk-team"}),
                             workers=(cli, process_worker("p0")))
         with ServerThread(create_app(settings)) as srv, \
                 httpx.Client(base_url=srv.url, timeout=30) as http:
@@ -42,17 +46,18 @@ async def cli_page(browser: Any, tmp_path: Path) -> AsyncIterator[tuple[Tab, htt
             context.set_default_timeout(20_000)
             tab = Tab(await context.new_page(), srv.url)
             await tab.page.goto(srv.url + "/internal/ui")
-            yield tab, http
+            yield tab, http, upstream
             await context.close()
             assert tab.problems == []
 
 
 async def test_accounts_panel_bars_forecast_and_state(cli_page, tmp_path: Path) -> None:
-    """The real answer first (nothing known yet), then windows added to it in
-    the browser, as a CLI reporting quota would make them, with hostile text."""
+    """The real answer first (nothing known yet, then what the fake Claude Code
+    read from its upstream's quota headers after a turn), then windows added
+    to it in the browser, with hostile text."""
     from playwright.async_api import Route, expect
 
-    tab, http = cli_page
+    tab, http, upstream = cli_page
     extra: list[dict[str, Any] | None] = [None]
 
     async def with_quota(route: Route) -> None:
@@ -77,6 +82,18 @@ async def test_accounts_panel_bars_forecast_and_state(cli_page, tmp_path: Path) 
     await expect(a.locator("td.quota")).to_have_text("no quota reported yet")
     await expect(a.locator("td.forecast")).to_have_text("—")
     assert http.get("/internal/accounts", headers=ADMIN).json()["accounts"][0]["windows"] == []
+
+    # a turn answered with the vendor's quota headers: the page shows what the CLI read
+    upstream.quota[TOKEN] = FakeQuota(five_hour=93, seven_day=40)
+    async with anthropic.AsyncAnthropic(base_url=tab.url, api_key="sk-team",
+                                        max_retries=0) as client:
+        await client.messages.create(model=MODEL, max_tokens=32,
+                                     messages=[{"role": "user", "content": "hello"}])
+    real = a.locator('.quota-window[data-window="five_hour"]')
+    await expect(real.locator('[role="progressbar"]')).to_have_attribute("aria-valuenow", "93")
+    await expect(real.locator(".quota-used")).to_have_text("93% used")
+    await expect(real.locator(".quota-reset")).to_contain_text(re.compile(r"\(in 2h 5\dm\)"))
+    await expect(a.locator("td.forecast .headroom")).to_have_text("7% left in five_hour")
 
     forecast_at = time.time() + 3600 + 600
     extra[0] = {"source": "vendor", "headroom_percent": 8.0, "tightest_window": "five_hour",
