@@ -78,7 +78,8 @@ class _Receiver:
     def __init__(self, settings: AlertSettings, queue_size: int) -> None:
         self.settings = settings
         self.queue: asyncio.Queue[Alert] = asyncio.Queue(queue_size)
-        self.sent: dict[tuple[str, str], str] = {}  # (event, subject) -> its once token
+        # (event, subject or "subject\x1fpart") -> its once token
+        self.sent: dict[tuple[str, str], str] = {}
         self.task: asyncio.Task[None] | None = None
 
     def wants(self, event: str, percent: float | None,

@@ -103,7 +103,7 @@ def _cli_info(w: Any, now: float) -> dict[str, Any]:
     """A cli worker's account: CLI, version, account, login state, conversations,
     cooldown, and its quota (as ``GET /internal/accounts`` shows it)."""
     quota = account_quota(w)
-    if w.kind != "cli" or quota is None:
+    if quota is None:  # not a cli worker
         return {}
     info = w.info()
     return {**{name: info.get(name) for name in _CLI_FIELDS}, "quota": quota_block(quota, now)}
