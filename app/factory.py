@@ -35,6 +35,7 @@ from pool.remote.policy import PassPolicy
 
 from .accounts import Accounts
 from .alerts import AccountAlerts, Alerts
+from .quota_alerts import QuotaAlerts
 from .gateway import Gateway
 from .hot import GatewayApp, HotRoute, hot_table, unhandled
 from .logins import Logins
@@ -234,6 +235,10 @@ def create_app(settings: Any) -> Starlette:
                 stack.push_async_callback(alerts.aclose)
                 crashes = asyncio.ensure_future(alerts.watch_workers(lambda: gw.pool.workers))
                 stack.callback(crashes.cancel)
+                quota_alerts = QuotaAlerts(alerts)
+                if quota_alerts.wanted():
+                    quota = asyncio.ensure_future(quota_alerts.watch(lambda: gw.pool.workers))
+                    stack.callback(quota.cancel)
             await _open_runtime_workers(gw, settings, stores.workers, stack)
             probes = asyncio.ensure_future(gw.pool.probe_forever(server.health_interval))
             stack.callback(probes.cancel)
@@ -285,6 +290,7 @@ def create_app(settings: Any) -> Starlette:
         Route("/internal/session/export", account_routes.session_export, methods=["POST"]),
         Route("/internal/workers/{name}/{action}", ops.worker_action, methods=["POST"]),
         Route("/internal/stats", ops.internal_stats, methods=["GET"]),
+        Route("/internal/accounts", account_routes.list_accounts, methods=["GET"]),
         Route("/internal/usage", key_routes.usage, methods=["GET"]),
         Route("/internal/keys", key_routes.list_keys, methods=["GET"]),
         Route("/internal/keys", key_routes.create_key, methods=["POST"]),

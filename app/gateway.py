@@ -26,6 +26,7 @@ from sessions.upstream import MemoryUpstreamSessions, SessionIndex
 from . import access_log
 from .observability import current_request
 from .record import RequestRecord
+from .quota_view import quota_metrics
 from .replicas import Drains
 from .teams import Teams, model_not_found
 
@@ -194,7 +195,8 @@ class Gateway:
         return {"workers": workers, "admission": stats["admission"],
                 "routing": stats["routing"], "prefix": stats["prefix"],
                 "bindings": stats["bindings"], "cli_sessions": stats["cli_sessions"],
-                "redis": self.redis_state(), "ledger": self.ledger_state()}
+                "redis": self.redis_state(), "ledger": self.ledger_state(),
+                "quota": quota_metrics(self.pool.workers, time.time())}
 
     def ledger_state(self) -> dict[str, Any] | None:
         """The usage ledger's backlog (rows not yet in the database) and failures."""
