@@ -71,6 +71,8 @@ class CliSpec:
     supervision: SupervisorPolicy = field(default_factory=SupervisorPolicy)
     # the account's egress proxy (its variables are in env); checked on the health interval
     proxy: str | None = field(default=None, repr=False)
+    # percent of the quota kept back from new conversations (pool/headroom.py); None: the model's
+    quota_reserve: float | None = None
 
     @property
     def cwd(self) -> str:
