@@ -17,9 +17,10 @@ already held by an account stays there, whatever its quota says:
   rendezvous hashing or round robin).
 
 An account whose quota is unknown (nothing reported yet, or a worker without
-quota) is never below a reserve, and ties with the best known account: it is
-neither starved (it would never report a number if nothing were sent to it)
-nor preferred over every account that reported one.
+quota) ranks as a full one and is never below a reserve: an account must take
+conversations to report anything, and the CLIs report little while an account
+is far from its limits (Claude Code's ``rate_limit_event`` comes when the
+status changes). A window past its reset counts as full too.
 """
 
 from __future__ import annotations
@@ -88,16 +89,15 @@ class QuotaRouting:
 
     def roomiest(self, free: Sequence[Worker], now: float | None = None) -> Sequence[Worker]:
         """The free accounts with the most headroom (whole percents; unknown
-        ties with the best known), for the policy to choose among."""
+        counts as full), for the policy to choose among."""
         if not self.by_headroom or len(free) < 2:
             return free
         now = time.time() if now is None else now
         scores = [_score(headroom_of(w, now)) for w in free]
-        known = [s for s in scores if s is not None]
-        if not known:
+        best = max(scores)
+        if best == min(scores):
             return free
-        best = max(known)
-        return [w for w, s in zip(free, scores) if s is None or s == best]
+        return [w for w, s in zip(free, scores) if s == best]
 
     @staticmethod
     def _refusal(model: str, closed: list[tuple[Worker, float]],
@@ -111,8 +111,8 @@ class QuotaRouting:
             "can start when a window resets.", code="rate_limited", retry_after=math.ceil(retry))
 
 
-def _score(left: float | None) -> int | None:
-    return None if left is None else math.floor(left)
+def _score(left: float | None) -> int:
+    return 100 if left is None else math.floor(left)
 
 
 def _back_at(worker: Worker, reserve: float, now: float) -> float | None:

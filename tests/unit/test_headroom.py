@@ -58,10 +58,11 @@ def test_the_most_headroom_wins_by_the_tightest_window() -> None:
     assert names(QuotaRouting().roomiest([a, c, d], NOW)) == ["c", "d"]
 
 
-def test_unknown_ties_with_the_best_known_and_all_unknown_is_untouched() -> None:
+def test_unknown_counts_as_full_and_all_alike_is_untouched() -> None:
     fresh, remote = Account("fresh"), Remote("remote")
-    a, b = used("a", 60), used("b", 20)
+    a, b = used("a", 60), used("b", 0)
     assert names(QuotaRouting().roomiest([a, fresh, b, remote], NOW)) == ["fresh", "b", "remote"]
+    assert names(QuotaRouting().roomiest([a, fresh], NOW)) == ["fresh"]
     pool = [fresh, remote, Account("other")]
     assert QuotaRouting().roomiest(pool, NOW) is pool
 
