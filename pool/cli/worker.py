@@ -28,6 +28,7 @@ from ..errors import GatewayError
 from ..accumulate import Accumulator
 from ..model import ChatRequest, Event, Finish
 from ..process import ProcessSpec, ProcessWorker
+from ..quota import AccountQuota
 from ..supervisor import SupervisorPolicy
 from ..worker import Capabilities, WorkerState
 from .history import answer_message, conversation_hash, split, system_text
@@ -125,6 +126,7 @@ class CliWorker(ProcessWorker):
         self._poller: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Future[None]] = set()
         self._proxy_down = False
+        self._quota = AccountQuota()
 
     # --- status -------------------------------------------------------------------------
 
@@ -168,6 +170,19 @@ class CliWorker(ProcessWorker):
         until = self._status.get("cooldown_until")
         return until if until is not None and until > time.time() else None
 
+    @property
+    def quota(self) -> AccountQuota:
+        """The account's usage windows as the child last reported them (empty when
+        nothing is known). The numbers are the account's, not the process's: a
+        new incarnation that knows nothing yet leaves the last ones standing."""
+        return self._quota
+
+    def _take_status(self, status: Any) -> None:
+        self._status = dict(status)
+        reported = AccountQuota.from_json(self._status.get("quota"))
+        if reported.windows:
+            self._quota = self._quota.merged(reported.windows)
+
     def info(self) -> dict[str, Any]:
         status = self._status
         return {**super().info(), "cli": self.cli_spec.cli, "version": status.get("version"),
@@ -175,6 +190,7 @@ class CliWorker(ProcessWorker):
                 "conversations": status.get("conversations", 0),
                 "held_tool_calls": status.get("held_tool_calls", 0),
                 "cooldown_until": self.cooldown_until, "mode": self.cli_spec.mode,
+                "quota": self._quota.to_json(time.time()),
                 "sandbox": self.cli_spec.sandbox.kind,
                 "account_state": self.account.state.value if self.account is not None else None}
 
@@ -194,7 +210,7 @@ class CliWorker(ProcessWorker):
             return
         with contextlib.suppress(GatewayError):
             status = await child.call("status", None, timeout=self.spec.health_timeout)
-            self._status = dict(status)  # type: ignore[call-overload]
+            self._take_status(status)
 
     async def start(self) -> bool:
         ready = await super().start()
@@ -216,7 +232,7 @@ class CliWorker(ProcessWorker):
         with contextlib.suppress(GatewayError):
             status = await child.call("probe_login", {"model": self.models[0]},
                                       timeout=self.spec.health_timeout + 120.0)
-            self._status = dict(status)  # type: ignore[call-overload]
+            self._take_status(status)
 
     async def aclose(self) -> None:
         if self._poller is not None:

@@ -20,6 +20,10 @@ message or a tool output, in the language of :mod:`tests.fakes.upstreams`:
   ``[[hang-after:N]]``, ``[[truncate-after:N]]``: as for the other dialects.
 
 ``max_output_tokens`` is a word limit (status ``incomplete``).
+
+``fake.quota[key] = FakeQuota(...)``: that key's answers carry the ChatGPT
+backend's ``x-codex-primary-*`` / ``x-codex-secondary-*`` headers, and a spent
+window is the backend's 429 ``usage_limit_reached``.
 """
 
 from __future__ import annotations
@@ -224,8 +228,15 @@ class ResponsesUpstream(FakeUpstream):
                 await asyncio.sleep(0.01)
         if script.error is not None:
             return error_response(script.error, "openai")
+        quota = self.quota_of(request)
+        headers = quota.codex_headers() if quota is not None else {}
+        if quota is not None and quota.spent:
+            return JSONResponse({"error": {"type": "usage_limit_reached", "message":
+                                           "The usage limit has been reached",
+                                           "resets_at": int(quota.reset_at())}},
+                                status_code=429, headers=headers)
         rid = f"resp_fake{next(self._ids)}"
         if body.get("stream"):
-            return _Frames(self, responses_frames(script, body, rid), script)
-        return JSONResponse(responses_body(script, body, rid))
+            return _Frames(self, responses_frames(script, body, rid), script, headers=headers)
+        return JSONResponse(responses_body(script, body, rid), headers=headers)
 
