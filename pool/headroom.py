@@ -112,7 +112,8 @@ class QuotaRouting:
 
 
 def _score(left: float | None) -> int:
-    return 100 if left is None else math.floor(left)
+    # the nudge: a vendor's fraction times 100 lands a hair under a whole percent (0.55 → 44.99…)
+    return 100 if left is None else math.floor(left + 1e-6)
 
 
 def _back_at(worker: Worker, reserve: float, now: float) -> float | None:

@@ -32,7 +32,6 @@ from ..quota import AccountQuota
 from ..supervisor import SupervisorPolicy
 from ..worker import Capabilities, WorkerState
 from .history import answer_message, conversation_hash, split, system_text
-from .host import DEFAULT_SYSTEM_PROMPT
 from .index import SessionIndex
 from .limits import check_request
 from .sandbox import Sandbox
@@ -262,7 +261,8 @@ class CliWorker(ProcessWorker):
     async def stream(self, request: ChatRequest) -> AsyncIterator[Event]:
         check_request(request)
         history, new = split(request)
-        system = system_text(request.messages) or DEFAULT_SYSTEM_PROMPT
+        # the index is read by request_prefix_hash: the client's system text, not the host's default
+        system = system_text(request.messages)
         answer = Accumulator()  # what the client will send back, for the session hash
         finished = False
         try:
