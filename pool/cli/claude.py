@@ -9,6 +9,14 @@ private file the CLI reads once at startup, removed once it answered
 ``initialize``), and the client-chosen model and effort as ``--model=…`` /
 ``--effort=…`` (one argument each, never taken for another option).
 
+Quota: a ``rate_limit_event`` is decoded with the output; it carries numbers
+only near a limit, so after a turn the driver asks the conversation's process
+the control request ``get_usage`` (every window's percent and reset, seeded
+from the last answer's headers) at most once per :data:`USAGE_INTERVAL` per
+account, and at once after a ``rate_limit_event``; in the background, never
+holding up a turn; only for a subscription login (an API key's headers are
+ignored by Claude Code).
+
 See :mod:`pool.cli.claude_events` for the output and
 :mod:`pool.cli.claude_transcript` for rebuilding a session with ``--resume``.
 """
@@ -20,6 +28,7 @@ import contextlib
 import itertools
 import os
 import re
+import time
 import uuid
 from typing import Any, AsyncIterator, Callable, Sequence
 
@@ -31,11 +40,13 @@ from .claude_transcript import (MCP_PREFIX, content_blocks, forget_session, forg
                                 write_transcript)
 from ..errors import BadRequest
 from .driver import DriverConfig, DriverError, credentials_stamp
+from ..quota import QuotaWindow
 from .events import (TERMINAL, CliEvent, CliHealth, ConversationSetup, ToolAnswer, Turn,
-                     TurnFailed)
+                     TurnFailed, TurnFinished)
 from .private import private_dir
 from .proc import JsonLineProcess, find_binary, run_probe
 from .prompt_file import PromptFile, remove_stale, safe_value
+from .quota_events import claude_usage
 from .scrub import account_secrets
 
 __all__ = ["ClaudeDriver", "ClaudeConversation"]
@@ -51,6 +62,8 @@ _QUIET_ENV = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDA
 _AUTH_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN")
 _SERVER = "gw"
 _PROBE_TIMEOUT = 30.0  # seconds for ``claude --version``
+USAGE_INTERVAL = 60.0  # seconds between two get_usage requests of one account
+_USAGE_TIMEOUT = 15.0  # Claude Code first tries the vendor's usage endpoint (5 s timeout)
 
 
 class ClaudeDriver:
@@ -64,6 +77,11 @@ class ClaudeDriver:
         self.idle_timeout = config.idle_timeout
         self.version: str | None = None
         self._argv0: list[str] = []
+        #: the account's quota windows as Claude Code reports them (set by the host)
+        self.on_quota: Callable[[tuple[QuotaWindow, ...]], None] | None = None
+        self._usage_asked = -USAGE_INTERVAL  # monotonic time of the last get_usage
+        self._rate_info: tuple[str, ...] | None = None  # the account's last rate_limit_event
+        self._asking: set[asyncio.Future[None]] = set()
 
     @property
     def env(self) -> dict[str, str]:
@@ -151,6 +169,7 @@ class ClaudeDriver:
             raise
         conversation = ClaudeConversation(proc, setup, session_id, self.idle_timeout)
         conversation.on_closed = lambda: forget_session(self.config.home, cwd, session_id)
+        conversation.on_turn_end = self._after_turn
         try:
             await conversation.initialize()
         except BaseException:
@@ -159,7 +178,38 @@ class ClaudeDriver:
         return conversation
 
     async def stop(self) -> None:
-        return None
+        for task in list(self._asking):
+            task.cancel()
+
+    # --- quota ----------------------------------------------------------------------------
+
+    def _subscription(self) -> bool:
+        """A claude.ai login (Claude Code reads the quota headers only for one)."""
+        return (os.path.exists(os.path.join(self.config.home, ".credentials.json"))
+                and not any(self.config.env.get(k) for k in _AUTH_ENV))
+
+    def _after_turn(self, conversation: ClaudeConversation,
+                    rate_info: tuple[str, ...] | None) -> None:
+        """Ask ``conversation``'s process for the account's windows (see the module
+        docstring): in a task of its own, so the turn's answer is not held up. A
+        new process reports the quota it sees first as a change: what counts is a
+        change from the account's last event, whichever process sent it."""
+        changed = rate_info is not None and rate_info != self._rate_info
+        if rate_info is not None:
+            self._rate_info = rate_info
+        now = time.monotonic()
+        if self.on_quota is None or not self._subscription() or (
+                not changed and now - self._usage_asked < USAGE_INTERVAL):
+            return
+        self._usage_asked = now
+        task = asyncio.ensure_future(self._ask_usage(conversation))
+        self._asking.add(task)
+        task.add_done_callback(self._asking.discard)
+
+    async def _ask_usage(self, conversation: ClaudeConversation) -> None:
+        windows = await conversation.usage()
+        if windows and self.on_quota is not None:
+            self.on_quota(windows)
 
 
 class ClaudeConversation:
@@ -179,6 +229,10 @@ class ClaudeConversation:
         self._answers: dict[str, ToolAnswer] = {}        # answered before the CLI asked
         self._reader = asyncio.ensure_future(self._read())
         self.on_closed: Callable[[], None] | None = None  # deletes the session's transcript
+        #: called when a turn ended (not paused on a client tool), with the gist of the
+        #: rate_limit_event that came during it, if any (the driver may ask get_usage)
+        self.on_turn_end: Callable[[ClaudeConversation, tuple[str, ...] | None], None] | None \
+            = None
 
     @property
     def session_id(self) -> str | None:
@@ -236,9 +290,13 @@ class ClaudeConversation:
                 self.proc.proc.kill()
                 yield TurnFailed("timeout", f"claude said nothing for {self.idle_timeout:g} s")
                 return
-            yield event
             if isinstance(event, TERMINAL):
+                if self.on_turn_end is not None and isinstance(event, (TurnFinished, TurnFailed)):
+                    info, self._parser.rate_info = self._parser.rate_info, None
+                    self.on_turn_end(self, info)
+                yield event
                 return
+            yield event
 
     async def _read(self) -> None:
         try:
@@ -260,6 +318,19 @@ class ClaudeConversation:
                 if not future.done():
                     future.set_exception(BrokenPipeError("claude exited"))
             self._events.put_nowait(TurnFailed("upstream", self.proc.why_exited()))
+
+    async def usage(self) -> tuple[QuotaWindow, ...]:
+        """The account's windows by the control request ``get_usage`` (nothing when
+        the process cannot answer it: it exited, it is too old, it timed out)."""
+        try:
+            response = await self._control({"subtype": "get_usage"}, timeout=_USAGE_TIMEOUT)
+        except (OSError, TimeoutError) as exc:  # the process exited, or was too slow
+            log.info("cli.claude_usage_unanswered", error=type(exc).__name__)
+            return ()
+        if response.get("subtype") != "success":
+            log.info("cli.claude_usage_refused", error=str(response.get("error"))[:200])
+            return ()
+        return claude_usage(response.get("response"), time.time())
 
     async def _control(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
         request_id = f"gw_{next(self._ids)}"

@@ -34,7 +34,8 @@ class ClaudeStream:
         self._client_ids: set[str] = set()  # their results are the client's, not the CLI's
         self._usage_seen = False
         self._logged_out = False
-        self.quota_changed = False  # a rate_limit_event came since the driver last looked
+        #: the last rate_limit_event's gist since the driver last looked (None: none came)
+        self.rate_info: tuple[str, ...] | None = None
 
     def new_turn(self) -> None:
         self._usage_seen = False
@@ -68,7 +69,9 @@ class ClaudeStream:
         the limit (a :class:`RateLimited` with the reset)."""
         if not isinstance(info, dict):
             return []
-        self.quota_changed = True  # the driver asks get_usage for every window's numbers
+        # what the driver compares with the account's last (then asks get_usage)
+        self.rate_info = tuple(str(info.get(k))[:64] for k in (
+            "status", "rateLimitType", "utilization", "resetsAt"))
         windows = claude_rate_limit(info, time.time())
         events: list[CliEvent] = [QuotaReport(windows)] if windows else []
         if info.get("status") not in (None, "allowed", "allowed_warning"):

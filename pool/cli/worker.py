@@ -26,11 +26,12 @@ from ..childenv import child_environment
 from ..egress import proxy_reachable
 from ..errors import GatewayError
 from ..accumulate import Accumulator
-from ..model import ChatRequest, Event, Finish
+from ..model import ChatRequest, Event, Finish, Usage
 from ..process import ProcessSpec, ProcessWorker
 from ..quota import AccountQuota
 from ..supervisor import SupervisorPolicy
 from ..worker import Capabilities, WorkerState
+from .counted import CountedQuota, CountedWindow
 from .history import answer_message, conversation_hash, split, system_text
 from .index import SessionIndex
 from .limits import check_request
@@ -71,6 +72,8 @@ class CliSpec:
     supervision: SupervisorPolicy = field(default_factory=SupervisorPolicy)
     # the account's egress proxy (its variables are in env); checked on the health interval
     proxy: str | None = field(default=None, repr=False)
+    # windows the gateway counts the account's tokens in (for CLIs that report no quota)
+    quota_windows: tuple[CountedWindow, ...] = ()
     # percent of the quota kept back from new conversations (pool/headroom.py); None: the model's
     quota_reserve: float | None = None
 
@@ -126,6 +129,7 @@ class CliWorker(ProcessWorker):
         self._tasks: set[asyncio.Future[None]] = set()
         self._proxy_down = False
         self._quota = AccountQuota()
+        self._counted = CountedQuota(spec.quota_windows)
 
     # --- status -------------------------------------------------------------------------
 
@@ -171,10 +175,11 @@ class CliWorker(ProcessWorker):
 
     @property
     def quota(self) -> AccountQuota:
-        """The account's usage windows as the child last reported them (empty when
-        nothing is known). The numbers are the account's, not the process's: a
+        """The account's usage windows as the child last reported them (the
+        vendor's numbers), else as counted against ``quota_windows``; empty when
+        nothing is known. The numbers are the account's, not the process's: a
         new incarnation that knows nothing yet leaves the last ones standing."""
-        return self._quota
+        return self._quota if self._quota.windows else self._counted.quota()
 
     def _take_status(self, status: Any) -> None:
         self._status = dict(status)
@@ -189,7 +194,7 @@ class CliWorker(ProcessWorker):
                 "conversations": status.get("conversations", 0),
                 "held_tool_calls": status.get("held_tool_calls", 0),
                 "cooldown_until": self.cooldown_until, "mode": self.cli_spec.mode,
-                "quota": self._quota.to_json(time.time()),
+                "quota": self.quota.to_json(time.time()),
                 "sandbox": self.cli_spec.sandbox.kind,
                 "account_state": self.account.state.value if self.account is not None else None}
 
@@ -265,16 +270,22 @@ class CliWorker(ProcessWorker):
         system = system_text(request.messages)
         answer = Accumulator()  # what the client will send back, for the session hash
         finished = False
+        tokens = [0, 0]  # the latest input and output counts (counted quota windows)
         try:
             async for event in super().stream(request):
                 answer.feed(event)
                 if type(event) is Finish:
                     finished = True
+                elif type(event) is Usage:
+                    tokens = [event.input_tokens if event.input_tokens is not None else tokens[0],
+                              event.output_tokens if event.output_tokens is not None
+                              else tokens[1]]
                 yield event
         except GatewayError as exc:
             self._note_failure(exc)
             raise
         finally:
+            self._counted.add(sum(tokens))
             self._soon(self.refresh())
             if self.sessions is not None:
                 if history:

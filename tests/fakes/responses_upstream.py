@@ -23,7 +23,9 @@ message or a tool output, in the language of :mod:`tests.fakes.upstreams`:
 
 ``fake.quota[key] = FakeQuota(...)``: that key's answers carry the ChatGPT
 backend's ``x-codex-primary-*`` / ``x-codex-secondary-*`` headers, and a spent
-window is the backend's 429 ``usage_limit_reached``.
+window is the backend's 429 ``usage_limit_reached``; ``GET
+/backend-api/wham/usage`` answers a ChatGPT login's quota (Codex's
+``account/rateLimits/read``; point ``chatgpt_base_url`` at ``fake.chatgpt_url``).
 """
 
 from __future__ import annotations
@@ -206,6 +208,20 @@ class ResponsesUpstream(FakeUpstream):
                  models: tuple[str, ...] = ("fake-model",)) -> None:
         super().__init__(api_key=api_key, models=models)
         self.app.router.routes.append(Route("/v1/responses", self._responses, methods=["POST"]))
+        self.app.router.routes.append(Route("/backend-api/wham/usage", self._wham_usage,
+                                            methods=["GET"]))
+
+    @property
+    def chatgpt_url(self) -> str:
+        """Codex's ``chatgpt_base_url`` pointed here."""
+        return f"http://127.0.0.1:{self.port}/backend-api/"
+
+    async def _wham_usage(self, request: Request) -> Response:
+        self.requests.append(Received(request.url.path, dict(request.headers), None))
+        quota = self.quota_of(request)
+        if quota is None:
+            return error_response(401, "openai", "Unknown account")
+        return JSONResponse(quota.wham_usage())
 
     @property
     def responses(self) -> list[Received]:

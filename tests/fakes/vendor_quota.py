@@ -59,6 +59,18 @@ class FakeQuota:
                 "x-codex-secondary-window-minutes": "10080",
                 "x-codex-secondary-reset-at": str(int(self.seven_day_reset))}
 
+    def wham_usage(self) -> dict:
+        """What ``GET {chatgpt_base_url}/wham/usage`` answers a ChatGPT login."""
+        now = time.time()
+        return {"plan_type": "pro", "credits": None, "rate_limit": {
+            "allowed": not self.spent, "limit_reached": self.spent,
+            "primary_window": {"used_percent": self.five_hour, "limit_window_seconds": 18000,
+                               "reset_after_seconds": int(self.five_hour_reset - now),
+                               "reset_at": int(self.five_hour_reset)},
+            "secondary_window": {"used_percent": self.seven_day, "limit_window_seconds": 604800,
+                                 "reset_after_seconds": int(self.seven_day_reset - now),
+                                 "reset_at": int(self.seven_day_reset)}}}
+
     def reset_at(self) -> float:
         """When the spent window resets."""
         return self.five_hour_reset if self.five_hour >= 100 else self.seven_day_reset

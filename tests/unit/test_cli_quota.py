@@ -10,11 +10,15 @@ import asyncio
 import time
 
 import pytest
+from pydantic import ValidationError
+
+from app.worker_settings import WorkerSettings
 
 from pool.cli.claude_events import ClaudeStream
+from pool.cli.counted import CountedQuota, CountedWindow
 from pool.cli.events import QuotaReport, RateLimited, TextChunk, TurnFinished
 from pool.cli.quota_events import MAX_WINDOWS, claude_usage, codex_rate_limits, window
-from pool.quota import QuotaWindow
+from pool.quota import COUNTED, QuotaWindow
 from tests.unit.test_cli_host import ScriptedDriver, _host, _request, _user
 
 RESET = 1900000000
@@ -48,7 +52,7 @@ def test_claude_allowed_without_numbers_reports_nothing_but_is_noticed():
     stream = ClaudeStream()
     assert stream.feed(_event(status="allowed", resetsAt=RESET, rateLimitType="seven_day",
                               overageStatus="rejected")) == []
-    assert stream.quota_changed  # the driver then asks get_usage
+    assert stream.rate_info == ("allowed", "seven_day", "None", str(RESET))  # asks get_usage
 
 
 @pytest.mark.parametrize("info", [
@@ -137,3 +141,53 @@ def test_the_host_merges_reports_into_its_status_and_keeps_a_bounded_quota():
         await host.aclose()
 
     asyncio.run(go())
+
+
+# --- counted windows ----------------------------------------------------------------------
+
+def test_counted_windows_start_with_the_first_tokens_and_reset_after_their_length():
+    counted = CountedQuota((CountedWindow("five_hour", 18000, 1000),
+                            CountedWindow("week", 604800, 10000)))
+    [five, week] = counted.quota(1000.0).windows
+    assert (five.used_percent, five.resets_at, five.source) == (0, None, COUNTED)
+    counted.add(250, now=1000.0)
+    counted.add(0, now=1001.0)  # nothing to count
+    counted.add(250, now=1100.0)
+    five, week = counted.quota(1200.0).windows
+    assert (five.used_percent, five.resets_at, five.window_seconds) == (50, 19000, 18000)
+    assert (five.prev_percent, five.prev_seen_at, five.seen_at) == (25, 1000.0, 1100.0)
+    assert (week.used_percent, week.resets_at) == (5, 605800)
+    counted.add(5000, now=1300.0)
+    assert counted.quota(1300.0).windows[0].used_percent == 100  # capped
+    five, week = counted.quota(19000.0).windows  # the 5-hour window has reset
+    assert (five.used_percent, five.resets_at, five.prev_percent) == (0, None, None)
+    assert week.used_percent == 55
+    counted.add(100, now=20000.0)  # a new 5-hour window
+    five = counted.quota(20000.0).windows[0]
+    assert (five.used_percent, five.resets_at, five.prev_percent) == (10, 38000, None)
+    assert CountedQuota(()).quota().windows == ()
+
+
+@pytest.mark.parametrize("windows, message", [
+    ([{"name": "five hour", "seconds": 1, "tokens": 1}], "name"),
+    ([{"name": "w", "seconds": 0, "tokens": 1}], "seconds"),
+    ([{"name": "w", "seconds": 1, "tokens": 0}], "tokens"),
+    ([{"name": "w", "seconds": 1, "tokens": 1, "limit": 3}], "limit"),
+    ([{"name": "w", "seconds": 1, "tokens": 1}] * 2, "a name of its own"),
+    ([{"name": f"w{i}", "seconds": 1, "tokens": 1} for i in range(9)], "quota_windows"),
+])
+def test_quota_windows_settings_are_checked(windows, message):
+    with pytest.raises(ValidationError) as err:
+        WorkerSettings(name="q", kind="cli", cli="qwen", home="/tmp/q", models=("m",),
+                       quota_windows=windows)
+    assert message in str(err.value)
+
+
+def test_quota_windows_are_for_cli_workers_only():
+    with pytest.raises(ValidationError, match="only a cli worker"):
+        WorkerSettings(name="r", kind="remote", dialect="openai", url="http://127.0.0.1:1",
+                       models=("m",), quota_windows=[{"name": "w", "seconds": 1, "tokens": 1}])
+    ok = WorkerSettings(name="q", kind="cli", cli="qwen", home="/tmp/q", models=("m",),
+                        quota_windows=[{"name": "five_hour", "seconds": 18000,
+                                        "tokens": 2000000}])
+    assert ok.quota_windows[0].tokens == 2000000
