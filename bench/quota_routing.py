@@ -7,17 +7,20 @@ supervised worker children of a real poolgate on 127.0.0.1) share one model.
 The fake Anthropic upstream (tests/fakes/upstreams.py, in this process) keeps
 each account's subscription quota and announces it in the
 ``anthropic-ratelimit-unified-*`` headers the CLI reads; here every answer
-costs its account a fixed share of its five-hour window, and the accounts
+costs its account a fixed share of its weekly window, and the accounts
 differ in what they start from and what a request costs them (a smaller plan
 drains faster):
 
     account  starts at  each request costs
-    a         0 %       1.0 %
-    b        10 %       1.0 %
-    c        20 %       2.0 %
-    d        30 %       3.0 %
+    a        25 %       0.5 %
+    b        30 %       0.5 %
+    c        40 %       1.0 %
+    d        50 %       1.5 %
 
-(253 requests in all before every account is spent.) ``--clients`` (4)
+The weekly window began a few hours ago, so past 25 % Claude Code reports
+every change (a ``rate_limit_event`` with the utilization, then
+``get_usage``): the gateway's view is one turn old, not a minute.
+(383 requests in all before every account is spent.) ``--clients`` (4)
 clients each run conversations of ``--turns`` (4) turns back to back, a new
 conversation after the last turn, until ``--requests`` (200) answers: a
 steady, bounded load. Two runs, same load, policy ``least_in_flight``:
@@ -45,6 +48,7 @@ import statistics
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,13 +68,14 @@ from tests.support.server import ServerThread  # noqa: E402
 MODEL = "claude-sonnet-4-6"
 KEY = "sk-bench"
 #: account -> (used percent at the start, percent each answer costs)
-ACCOUNTS = {"a": (0.0, 1.0), "b": (10.0, 1.0), "c": (20.0, 2.0), "d": (30.0, 3.0)}
+ACCOUNTS = {"a": (25.0, 0.5), "b": (30.0, 0.5), "c": (40.0, 1.0), "d": (50.0, 1.5)}
+WEEK = 7 * 86400.0
 
 
 @dataclass
 class DrainingQuota(FakeQuota):
-    """A quota every answer of the account draws ``cost`` percent from; an
-    answer it cannot pay for is the vendor's 429 (a limit hit)."""
+    """A weekly window every answer of the account draws ``cost`` percent
+    from; an answer it cannot pay for is the vendor's 429 (a limit hit)."""
 
     cost: float = 1.0
     answered: int = 0
@@ -79,10 +84,10 @@ class DrainingQuota(FakeQuota):
     def anthropic_headers(self) -> dict[str, str]:
         # the fake upstream asks once per /v1/messages request, then refuses when spent
         if not self.spent:
-            if self.five_hour + self.cost > 100:
-                self.five_hour = 100.0
+            if self.seven_day + self.cost > 100:
+                self.seven_day = 100.0
             else:
-                self.five_hour += self.cost
+                self.seven_day += self.cost
                 self.answered += 1
         if self.spent:
             self.refused += 1
@@ -95,8 +100,9 @@ def token(name: str) -> str:
 
 def run(mode: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     with FakeUpstream(models=(MODEL,)) as upstream:
-        quotas = {n: DrainingQuota(five_hour=start, cost=cost)
-                  for n, (start, cost) in ACCOUNTS.items()}
+        began = time.time() - 3 * 3600  # the weekly window began three hours ago
+        quotas = {n: DrainingQuota(seven_day=start, seven_day_reset=float(int(began + WEEK)),
+                                   cost=cost) for n, (start, cost) in ACCOUNTS.items()}
         for name, quota in quotas.items():
             upstream.quota[token(name)] = quota
         workers = tuple(
@@ -121,7 +127,7 @@ def drive(url: str, quotas: dict[str, DrainingQuota], args: argparse.Namespace) 
     served: dict[str, int] = {n: 0 for n in quotas}
 
     def sample() -> None:
-        used = [q.five_hour for q in quotas.values()]
+        used = [q.seven_day for q in quotas.values()]
         spreads.append(max(used) - min(used))
 
     def client(index: int) -> None:
@@ -161,7 +167,7 @@ def drive(url: str, quotas: dict[str, DrainingQuota], args: argparse.Namespace) 
     for t in threads:
         t.join()
     sample()
-    return {"used": {n: q.five_hour for n, q in quotas.items()},
+    return {"used": {n: q.seven_day for n, q in quotas.items()},
             "answered": {n: q.answered for n, q in quotas.items()},
             "served": served, "limit_hits": sum(q.refused for q in quotas.values()),
             "ok": done["ok"], "failed": done["failed"],
