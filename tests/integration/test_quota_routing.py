@@ -69,6 +69,13 @@ class Pool:
         history = [{"role": "user", "content": f"new conversation {self._n}"}]
         return self._turn(f"conversation-{self._n}", history, None)
 
+    def opening(self, worker: str) -> str:
+        """A first turn in the session of ``worker``'s conversation (as Claude
+        Code asks a side question under its session id); who served it."""
+        self._n += 1
+        session, _history = self.held[worker]
+        return self._turn(session, [{"role": "user", "content": f"aside {self._n}"}], "")
+
     def again(self, worker: str) -> str:
         """The next turn of the first conversation ``worker`` took; who served it."""
         return self._turn(*self.held[worker], worker)
@@ -190,6 +197,7 @@ def test_below_its_reserve_an_account_keeps_its_conversations_but_takes_no_new_o
     pool.learn({"claude-a": 45, "claude-b": 30, "claude-c": 20})
     assert [pool.new() for _ in range(3)] == ["claude-b"] * 3
     assert pool.again("claude-a") == "claude-a"  # its conversations go on there
+    assert pool.opening("claude-a") == "claude-a"  # and its session (bound to it) too
     assert pool.in_flight() == {"claude-a": 0, "claude-b": 0, "claude-c": 0}
 
 
