@@ -21,7 +21,7 @@ from app.factory import create_app
 from app.settings import RoutingSettings, ServerSettings, Settings
 from tests.fakes.upstreams import FakeUpstream
 from tests.fakes.vendor_quota import FakeQuota
-from tests.support.cli_accounts import claude_home, fake_claude_worker, wait_for
+from tests.support.cli_accounts import claude_home, fake_claude_worker
 from tests.support.server import ServerThread
 
 pytestmark = pytest.mark.slow
