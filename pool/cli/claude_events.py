@@ -69,9 +69,11 @@ class ClaudeStream:
         the limit (a :class:`RateLimited` with the reset)."""
         if not isinstance(info, dict):
             return []
-        # what the driver compares with the account's last (then asks get_usage)
-        self.rate_info = tuple(str(info.get(k))[:64] for k in (
-            "status", "rateLimitType", "utilization", "resetsAt"))
+        # what the driver compares with the account's last, to ask get_usage; an
+        # event with every window's numbers (unifiedWindows) needs no asking
+        if not isinstance(info.get("unifiedWindows"), dict):
+            self.rate_info = tuple(str(info.get(k))[:64] for k in (
+                "status", "rateLimitType", "utilization", "resetsAt"))
         windows = claude_rate_limit(info, time.time())
         events: list[CliEvent] = [QuotaReport(windows)] if windows else []
         if info.get("status") not in (None, "allowed", "allowed_warning"):

@@ -128,6 +128,14 @@ class CliHost:
         log.info("cli.quota", worker=self.config.name, windows={
             w.name: round(w.used_percent, 1) for w in windows})
 
+    def _spent_until(self) -> float | None:
+        """When the account's spent windows reset, by its quota (a limit whose
+        words give no reset: the vendor's window numbers still do)."""
+        now = time.time()
+        resets = [w.resets_at for w in self.quota.windows
+                  if w.resets_at is not None and w.current(now) and w.used_percent >= 100]
+        return max(resets) if resets else None
+
     def _cooling(self) -> bool:
         return self.cooldown_until is not None and time.time() < self.cooldown_until
 
@@ -358,7 +366,7 @@ class CliHost:
                                            ev.cache_creation_tokens)):
                     usage[i] += value or 0
             elif kind is RateLimited:
-                until = ev.reset_at or time.time() + RATE_LIMIT_DEFAULT
+                until = ev.reset_at or self._spent_until() or time.time() + RATE_LIMIT_DEFAULT
                 if not self._cooling() or until > (self.cooldown_until or 0):
                     self.cooldown_until = until
                 log.warning("cli.rate_limited", worker=self.config.name,

@@ -7,9 +7,10 @@ the year 3000 or a hundred windows give no window (or a clamped one), never
 an exception. Units on the way out: percent 0–100, Unix seconds.
 
 * Claude Code: ``rate_limit_event`` (``rate_limit_info``: ``rateLimitType``,
-  ``utilization`` as a fraction, ``resetsAt``, ``status``) and the answer to
-  the ``get_usage`` control request (``rate_limits.<window>.utilization`` in
-  percent, ``resets_at`` ISO 8601).
+  ``utilization`` as a fraction, ``resetsAt``, ``status``; since 2.1.3xx also
+  ``unifiedWindows.<window>`` with ``utilization`` / ``resetsAt`` / ``status``
+  for every window) and the answer to the ``get_usage`` control request
+  (``rate_limits.<window>.utilization`` in percent, ``resets_at`` ISO 8601).
 * Codex: ``account/rateLimits/updated`` / ``account/rateLimits/read``
   (``primary`` / ``secondary``: ``usedPercent``, ``windowDurationMins``,
   ``resetsAt``; ``limitId``).
@@ -84,24 +85,35 @@ def _found(windows: list[QuotaWindow | None]) -> tuple[QuotaWindow, ...]:
 
 # --- Claude Code ------------------------------------------------------------------------
 
+def _claude_window(name: Any, fraction: Any, resets_at: Any, now: float) -> QuotaWindow | None:
+    used = _num(fraction)
+    return window(name, used * 100.0 if used is not None else None, resets_at=resets_at,
+                  seen_at=now, window_seconds=CLAUDE_WINDOW_SECONDS.get(name)
+                  if isinstance(name, str) else None)
+
+
 def claude_rate_limit(info: Any, now: float) -> tuple[QuotaWindow, ...]:
-    """The window a ``rate_limit_event``'s ``rate_limit_info`` gives numbers for:
-    its ``rateLimitType`` at ``utilization`` × 100 (present with
-    ``allowed_warning``), or at 100 % when ``rejected``. ``allowed`` carries no
+    """The windows a ``rate_limit_event``'s ``rate_limit_info`` gives numbers for:
+    each of ``unifiedWindows`` (2.1.3xx: every window, fractions), and its
+    ``rateLimitType`` at ``utilization`` × 100 (present with ``allowed_warning``)
+    or at 100 % when ``rejected``. An older CLI's ``allowed`` carries no
     utilization: nothing (``get_usage`` says how much)."""
     if not isinstance(info, Mapping):
         return ()
+    found: list[QuotaWindow | None] = []
+    unified = info.get("unifiedWindows")
+    if isinstance(unified, Mapping):
+        for name, numbers in list(unified.items())[:MAX_WINDOWS * 2]:
+            if isinstance(numbers, Mapping):
+                found.append(_claude_window(name, numbers.get("utilization"),
+                                            numbers.get("resetsAt"), now))
     name = info.get("rateLimitType")
-    fraction = _num(info.get("utilization"))
-    if fraction is not None:
-        used: float | None = fraction * 100.0
-    elif info.get("status") == "rejected":
-        used = 100.0
-    else:
-        return ()
-    return _found([window(name, used, resets_at=info.get("resetsAt"), seen_at=now,
-                          window_seconds=CLAUDE_WINDOW_SECONDS.get(name)
-                          if isinstance(name, str) else None)])
+    if not any(w is not None and w.name == name for w in found):
+        fraction = info.get("utilization")
+        if _num(fraction) is None and info.get("status") == "rejected":
+            fraction = 1.0
+        found.append(_claude_window(name, fraction, info.get("resetsAt"), now))
+    return _found(found)
 
 
 def claude_usage(response: Any, now: float) -> tuple[QuotaWindow, ...]:

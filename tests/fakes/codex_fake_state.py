@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import threading
 import uuid
 from pathlib import Path
@@ -152,8 +153,8 @@ def rate_limits(headers: dict[str, str]) -> dict[str, Any] | None:
         used = headers.get(f"x-codex-{slot}-used-percent")
         minutes = headers.get(f"x-codex-{slot}-window-minutes")
         reset = headers.get(f"x-codex-{slot}-reset-at")
-        limits[slot] = None if used is None else {
-            "usedPercent": float(used), "windowDurationMins": int(minutes) if minutes else None,
+        limits[slot] = None if used is None else {  # whole percents, as 0.171.0 sends them
+            "usedPercent": math.floor(float(used) + 0.5), "windowDurationMins": int(minutes) if minutes else None,
             "resetsAt": int(reset) if reset else None}
     return limits
 

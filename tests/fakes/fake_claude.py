@@ -25,8 +25,10 @@ subscription login (``.credentials.json``, no API key) the upstream's
 ``anthropic-ratelimit-unified-*`` headers become a ``rate_limit_event`` line
 whenever the derived info changes (``allowed_warning`` with the window's
 ``utilization`` fraction by the real warning rule, ``rejected`` at the limit,
-else ``allowed`` with no numbers); the control request ``get_usage`` answers
-every window's percent and ISO reset from the last answer's headers.
+else ``allowed``), with every window's numbers in ``unifiedWindows`` as 2.1.332
+sends them (``FAKE_CLAUDE_RATE_EVENTS=2.1.197``: without, as the older one);
+the control request ``get_usage`` answers every window's percent and ISO reset
+from the last answer's headers.
 
 ``auth login``: see fake_claude_login.py (the real prompts, the code read from a pty).
 """
@@ -366,6 +368,7 @@ class Cli:
         if status is None or self.token is None or ENV.get("ANTHROPIC_API_KEY"):
             return False
         windows: dict[str, tuple[float, int]] = {}
+        unified: dict[str, dict] = {}
         warned: tuple[str, float, int] | None = None
         for abbr, name, length, rules in (("5h", "five_hour", 18000, ((0.9, 0.72),)),
                                           ("7d", "seven_day", 604800,
@@ -374,6 +377,8 @@ class Cli:
             if used is None or reset is None:
                 continue
             windows[name] = (float(used), int(reset))
+            unified[name] = {"utilization": float(used), "resetsAt": int(reset),
+                             "status": headers.get(f"{p}{abbr}-status")}
             elapsed = (time.time() - (int(reset) - length)) / length
             if warned is None and (headers.get(f"{p}{abbr}-surpassed-threshold") is not None
                                    or any(float(used) >= u and elapsed <= e for u, e in rules)):
@@ -390,6 +395,8 @@ class Cli:
                 info.update(status="allowed_warning", rateLimitType=warned[0],
                             resetsAt=warned[2], utilization=warned[1])
         info = {k: v for k, v in info.items() if v is not None}
+        if unified and ENV.get("FAKE_CLAUDE_RATE_EVENTS") != "2.1.197":
+            info["unifiedWindows"] = unified
         if info != self.rate_info:
             self.rate_info = info
             emit({"type": "rate_limit_event", "rate_limit_info": info,

@@ -76,13 +76,28 @@ def test_a_warning_from_the_vendor_reaches_worker_quota_right_after_the_turn(cla
     quota = upstream.quota[TOKEN] = FakeQuota(five_hour=97, seven_day=40)
     _ask(srv)
     # the status is polled from the child just after the answer
-    five = wait_for(lambda: _windows(worker).get("five_hour"), timeout=5)
+    found = wait_for(lambda: len(worker.quota.windows) == 2 and _windows(worker), timeout=5)
+    five, seven = found["five_hour"], found["seven_day"]
     assert five["used_percent"] == 97 and five["source"] == VENDOR
     assert five["resets_at"] == quota.five_hour_reset and five["window_seconds"] == 18000
-    [window] = worker.quota.windows
-    assert (window.name, window.used_percent, window.resets_at) == (
-        "five_hour", 97.0, quota.five_hour_reset)
-    assert worker.quota.headroom(window.seen_at) == pytest.approx(3.0)
+    assert (seven["used_percent"], seven["resets_at"], seven["window_seconds"]) == (
+        40, quota.seven_day_reset, 604800)
+    assert worker.quota.headroom(five["seen_at"]) == pytest.approx(3.0)
+    assert worker.quota.tightest(five["seen_at"]).name == "five_hour"
+
+
+def test_every_window_comes_with_each_event_and_changes_show_after_each_turn(claude, upstream):
+    srv, worker = claude
+    quota = upstream.quota[TOKEN] = FakeQuota(five_hour=5, seven_day=10)
+    _ask(srv)  # "allowed": still every window's numbers (unifiedWindows)
+    wait_for(lambda: len(worker.quota.windows) == 2, timeout=5)
+    assert {w.name: w.used_percent for w in worker.quota.windows} == pytest.approx(
+        {"five_hour": 5, "seven_day": 10})
+    quota.five_hour, quota.seven_day = 30, 12
+    _ask(srv, "more")
+    wait_for(lambda: _windows(worker)["five_hour"]["used_percent"] == 30, timeout=5)
+    five = next(w for w in worker.quota.windows if w.name == "five_hour")
+    assert five.prev_percent == pytest.approx(5)  # the earlier sample of the same window
 
 
 def test_the_limit_shows_as_a_spent_window_and_a_cooldown(claude, upstream):
@@ -123,9 +138,17 @@ def _usage_requests(log: Path) -> int:
 
 
 def test_get_usage_gives_a_fresh_accounts_windows_once_a_minute_and_after_a_change(
-        claude, upstream, tmp_path):
-    srv, worker = claude
+        upstream, tmp_path):
     log = tmp_path / "claude.log"
+    # Claude Code 2.1.197's events: no unifiedWindows, numbers only near a limit
+    settings = fake_claude_worker("claude-a", claude_home(tmp_path / "a", TOKEN),
+                                  upstream.anthropic_url, log,
+                                  env={"FAKE_CLAUDE_RATE_EVENTS": "2.1.197"})
+    with _serve(settings) as (srv, worker):
+        _check_get_usage(srv, worker, upstream, log)
+
+
+def _check_get_usage(srv, worker, upstream, log):
     quota = upstream.quota[TOKEN] = FakeQuota(five_hour=50, seven_day=20)
     _ask(srv)  # no warning: the rate_limit_event says "allowed", with no numbers
     found = wait_for(lambda: len(worker.quota.windows) == 2 and _windows(worker), timeout=5)
@@ -157,7 +180,7 @@ def responses():
 
 
 def test_codex_rate_limit_notifications_reach_worker_quota(tmp_path, responses):
-    quota = responses.quota[CODEX_KEY] = FakeQuota(five_hour=97, seven_day=40.5)
+    quota = responses.quota[CODEX_KEY] = FakeQuota(five_hour=97.2, seven_day=40.5)
     with _serve(codex_worker("codex-a", codex_home(tmp_path / "c", CODEX_KEY),
                              responses.url)) as (srv, worker):
         assert worker.quota.windows == ()  # an API-key login: nothing to read before a turn
@@ -166,8 +189,9 @@ def test_codex_rate_limit_notifications_reach_worker_quota(tmp_path, responses):
     primary, secondary = found["primary"], found["secondary"]
     assert (primary["used_percent"], primary["window_seconds"], primary["resets_at"]) == (
         97, 18000, quota.five_hour_reset)
+    # whole percents, rounded half away from zero, as Codex 0.171.0 sends them
     assert (secondary["used_percent"], secondary["window_seconds"], secondary["resets_at"]) == (
-        40.5, 604800, quota.seven_day_reset)
+        41, 604800, quota.seven_day_reset)
     assert primary["source"] == VENDOR
 
 

@@ -16,8 +16,10 @@ from app.worker_settings import WorkerSettings
 
 from pool.cli.claude_events import ClaudeStream
 from pool.cli.counted import CountedQuota, CountedWindow
-from pool.cli.events import QuotaReport, RateLimited, TextChunk, TurnFinished
+from pool.cli.codex_thread import reset_at
+from pool.cli.events import QuotaReport, RateLimited, TextChunk, TurnFailed, TurnFinished
 from pool.cli.quota_events import MAX_WINDOWS, claude_usage, codex_rate_limits, window
+from pool.errors import GatewayError
 from pool.quota import COUNTED, QuotaWindow
 from tests.unit.test_cli_host import ScriptedDriver, _host, _request, _user
 
@@ -39,6 +41,30 @@ def test_a_claude_warning_is_the_window_in_percent_with_its_length():
     [report] = ClaudeStream().feed(_event(status="allowed_warning", resetsAt=RESET,
                                           rateLimitType="seven_day", utilization=0.8))
     assert report.windows[0].window_seconds == 604800
+
+
+def test_claude_2_1_332_events_carry_every_window_in_unified_windows():
+    stream = ClaudeStream()
+    [report] = stream.feed(_event(
+        status="allowed", resetsAt=RESET, rateLimitType="seven_day", isUsingOverage=False,
+        unifiedWindows={"five_hour": {"utilization": 0.05, "resetsAt": RESET, "status": "allowed"},
+                        "seven_day": {"utilization": 0.1, "resetsAt": RESET + 9,
+                                      "status": "allowed"},
+                        "junk": "x", "bad name!": {"utilization": 0.5}}))
+    assert {w.name: (round(w.used_percent, 6), w.resets_at, w.window_seconds)
+            for w in report.windows} == {"five_hour": (5, RESET, 18000),
+                                         "seven_day": (10, RESET + 9, 604800)}
+    assert stream.rate_info is None  # every window came: no get_usage needed for it
+    report, limited = ClaudeStream().feed(_event(
+        status="rejected", resetsAt=RESET, rateLimitType="five_hour",
+        unifiedWindows={"five_hour": {"utilization": 1, "resetsAt": RESET, "status": "rejected"},
+                        "seven_day": {"utilization": 0.4, "resetsAt": RESET}}))
+    assert {w.name: w.used_percent for w in report.windows} == {"five_hour": 100,
+                                                                "seven_day": 40}
+    assert isinstance(limited, RateLimited)
+    many = {f"w{i}": {"utilization": 0.1, "resetsAt": RESET} for i in range(1000)}
+    [report] = ClaudeStream().feed(_event(status="allowed", unifiedWindows=many))
+    assert len(report.windows) == MAX_WINDOWS
 
 
 def test_a_claude_rejection_is_a_spent_window_and_a_rate_limit():
@@ -64,6 +90,9 @@ def test_claude_allowed_without_numbers_reports_nothing_but_is_noticed():
     {"status": "allowed_warning", "rateLimitType": "five_hour", "utilization": float("nan")},
     {"status": "allowed_warning", "rateLimitType": "five_hour", "utilization": True},
     {"status": "allowed_warning", "rateLimitType": None, "utilization": 0.5},
+    {"status": "allowed", "unifiedWindows": "x"},
+    {"status": "allowed", "unifiedWindows": [{"utilization": 0.5}]},
+    {"status": "allowed", "unifiedWindows": {"five_hour": {"utilization": "half"}}},
 ])
 def test_junk_claude_rate_limit_events_give_no_window(info):
     events = ClaudeStream().feed({"type": "rate_limit_event", "rate_limit_info": info})
@@ -191,3 +220,26 @@ def test_quota_windows_are_for_cli_workers_only():
                         quota_windows=[{"name": "five_hour", "seconds": 18000,
                                         "tokens": 2000000}])
     assert ok.quota_windows[0].tokens == 2000000
+
+
+def test_a_limit_without_a_reset_cools_down_until_the_spent_windows_reset():
+    async def go() -> None:
+        spent = QuotaWindow("primary", 100, time.time() + 3000, 18000, seen_at=time.time())
+        fine = QuotaWindow("secondary", 41, time.time() + 90000, 604800, seen_at=time.time())
+        driver = ScriptedDriver([[QuotaReport((spent, fine)),
+                                  RateLimited("You've hit your usage limit."),
+                                  TurnFailed("overloaded", "usage limit", 429)]])
+        host = _host(driver)
+        await host.start()
+        with pytest.raises(GatewayError):
+            [event async for event in host.answer(_request(_user("q")))]
+        assert host.cooldown_until == spent.resets_at  # not the 60 s default
+        await host.aclose()
+
+    asyncio.run(go())
+
+
+def test_codex_0_171_says_try_again_with_a_capital_t():
+    now = time.mktime((2026, 11, 27, 7, 0, 0, 0, 0, -1))
+    at = reset_at("You\u2019ve hit your usage limit. Try again at 10:31 AM.", now)
+    assert at == time.mktime((2026, 11, 27, 10, 31, 0, 0, 0, -1))
