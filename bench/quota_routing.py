@@ -17,9 +17,9 @@ drains faster):
     c        40 %       1.0 %
     d        50 %       1.5 %
 
-The weekly window began a few hours ago, so past 25 % Claude Code reports
-every change (a ``rate_limit_event`` with the utilization, then
-``get_usage``): the gateway's view is one turn old, not a minute.
+Claude Code (2.1.332, and the fake as it) sends every window's numbers in a
+``rate_limit_event`` whenever they change, so the gateway's view of an
+account is about one of its turns old.
 (383 requests in all before every account is spent.) ``--clients`` (4)
 clients each run conversations of ``--turns`` (4) turns back to back, a new
 conversation after the last turn, until ``--requests`` (200) answers: a
