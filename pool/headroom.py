@@ -46,9 +46,11 @@ class QuotaReserveReached(Overloaded):
 
 
 def headroom_of(worker: Worker, now: float) -> float | None:
-    """The left percent of ``worker``'s tightest window; ``None``: unknown."""
+    """The left percent of ``worker``'s tightest window; ``None``: unknown.
+    Rounded: a vendor's fraction times 100 lands a hair off (0.55 → 44.99…)."""
     quota: AccountQuota | None = getattr(worker, "quota", None)
-    return None if quota is None else quota.headroom(now)
+    left = None if quota is None else quota.headroom(now)
+    return None if left is None else round(left, 6)
 
 
 def reserve_of(worker: Worker, model: str, reserves: Mapping[str, float]) -> float:
@@ -112,8 +114,7 @@ class QuotaRouting:
 
 
 def _score(left: float | None) -> int:
-    # the nudge: a vendor's fraction times 100 lands a hair under a whole percent (0.55 → 44.99…)
-    return 100 if left is None else math.floor(left + 1e-6)
+    return 100 if left is None else math.floor(left)
 
 
 def _back_at(worker: Worker, reserve: float, now: float) -> float | None:
@@ -121,7 +122,7 @@ def _back_at(worker: Worker, reserve: float, now: float) -> float | None:
     quota: AccountQuota | None = getattr(worker, "quota", None)
     if quota is None:
         return None
-    low = [w for w in quota.windows if w.current(now) and w.left_percent(now) < reserve]
+    low = [w for w in quota.windows if w.current(now) and round(w.left_percent(now), 6) < reserve]
     if not low or any(w.resets_at is None for w in low):
         return None
     return max(w.resets_at for w in low if w.resets_at is not None)

@@ -56,6 +56,9 @@ def test_the_most_headroom_wins_by_the_tightest_window() -> None:
     # whole percents tie: the policy then chooses by load
     d = used("d", 29.6)
     assert names(QuotaRouting().roomiest([a, c, d], NOW)) == ["c", "d"]
+    # a vendor's fraction times 100 is a hair off a whole percent: still that percent
+    e = used("e", 0.3 * 100)  # 30.000000000000004 used: 69.99999999999999 left
+    assert names(QuotaRouting().roomiest([c, e], NOW)) == ["c", "e"]
 
 
 def test_unknown_counts_as_full_and_all_alike_is_untouched() -> None:
@@ -82,6 +85,9 @@ def test_below_the_reserve_takes_no_new_conversation_but_keeps_its_own() -> None
     rules = QuotaRouting()
     assert names(rules.open_to_new([low, ok], "m", None, NOW)) == ["ok"]
     assert names(rules.open_to_new([low, ok], "m", "low", NOW)) == ["low", "ok"]
+    # exactly at the reserve is not below it, float noise or not
+    at = used("at", 0.55 * 100, reserve=45)  # 44.99999999999999 left
+    assert names(rules.open_to_new([at, ok], "m", None, NOW)) == ["at", "ok"]
     # a reserve of 0 (the default) closes nothing, not even an empty account
     assert names(rules.open_to_new([used("empty", 100), ok], "m", None, NOW)) == ["empty", "ok"]
     # unknown quota is never below a reserve
