@@ -9,13 +9,8 @@ private file the CLI reads once at startup, removed once it answered
 ``initialize``), and the client-chosen model and effort as ``--model=…`` /
 ``--effort=…`` (one argument each, never taken for another option).
 
-Quota: a ``rate_limit_event`` is decoded with the output; it carries numbers
-only near a limit, so after a turn the driver asks the conversation's process
-the control request ``get_usage`` (every window's percent and reset, seeded
-from the last answer's headers) at most once per :data:`USAGE_INTERVAL` per
-account, and at once after a ``rate_limit_event``; in the background, never
-holding up a turn; only for a subscription login (an API key's headers are
-ignored by Claude Code).
+Quota: ``rate_limit_event`` is decoded with the output; the control request
+``get_usage`` is asked after turns as :mod:`pool.cli.claude_usage` decides.
 
 See :mod:`pool.cli.claude_events` for the output and
 :mod:`pool.cli.claude_transcript` for rebuilding a session with ``--resume``.
@@ -46,6 +41,7 @@ from .events import (TERMINAL, CliEvent, CliHealth, ConversationSetup, ToolAnswe
 from .private import private_dir
 from .proc import JsonLineProcess, find_binary, run_probe
 from .prompt_file import PromptFile, remove_stale, safe_value
+from .claude_usage import AUTH_ENV as _AUTH_ENV, UsageAsker
 from .quota_events import claude_usage
 from .scrub import account_secrets
 
@@ -59,10 +55,8 @@ _QUIET_ENV = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDA
               "DISABLE_COST_WARNINGS": "1", "CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY": "1",
               "CLAUDE_CODE_DISABLE_AUTO_MEMORY": "1",
               "MCP_TOOL_TIMEOUT": "100000000"}  # a held client tool call may take long
-_AUTH_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN")
 _SERVER = "gw"
 _PROBE_TIMEOUT = 30.0  # seconds for ``claude --version``
-USAGE_INTERVAL = 60.0  # seconds between two get_usage requests of one account
 _USAGE_TIMEOUT = 15.0  # Claude Code first tries the vendor's usage endpoint (5 s timeout)
 
 
@@ -77,11 +71,16 @@ class ClaudeDriver:
         self.idle_timeout = config.idle_timeout
         self.version: str | None = None
         self._argv0: list[str] = []
-        #: the account's quota windows as Claude Code reports them (set by the host)
-        self.on_quota: Callable[[tuple[QuotaWindow, ...]], None] | None = None
-        self._usage_asked = -USAGE_INTERVAL  # monotonic time of the last get_usage
-        self._rate_info: tuple[str, ...] | None = None  # the account's last rate_limit_event
-        self._asking: set[asyncio.Future[None]] = set()
+        self.usage = UsageAsker(config.home, config.env)  # when get_usage is asked
+
+    @property
+    def on_quota(self) -> Callable[[tuple[QuotaWindow, ...]], None] | None:
+        """Where the account's quota windows from ``get_usage`` go (set by the host)."""
+        return self.usage.on_quota
+
+    @on_quota.setter
+    def on_quota(self, report: Callable[[tuple[QuotaWindow, ...]], None] | None) -> None:
+        self.usage.on_quota = report
 
     @property
     def env(self) -> dict[str, str]:
@@ -169,7 +168,7 @@ class ClaudeDriver:
             raise
         conversation = ClaudeConversation(proc, setup, session_id, self.idle_timeout)
         conversation.on_closed = lambda: forget_session(self.config.home, cwd, session_id)
-        conversation.on_turn_end = self._after_turn
+        conversation.on_turn_end = self.usage.after_turn
         try:
             await conversation.initialize()
         except BaseException:
@@ -178,38 +177,7 @@ class ClaudeDriver:
         return conversation
 
     async def stop(self) -> None:
-        for task in list(self._asking):
-            task.cancel()
-
-    # --- quota ----------------------------------------------------------------------------
-
-    def _subscription(self) -> bool:
-        """A claude.ai login (Claude Code reads the quota headers only for one)."""
-        return (os.path.exists(os.path.join(self.config.home, ".credentials.json"))
-                and not any(self.config.env.get(k) for k in _AUTH_ENV))
-
-    def _after_turn(self, conversation: ClaudeConversation,
-                    rate_info: tuple[str, ...] | None) -> None:
-        """Ask ``conversation``'s process for the account's windows (see the module
-        docstring): in a task of its own, so the turn's answer is not held up. A
-        new process reports the quota it sees first as a change: what counts is a
-        change from the account's last event, whichever process sent it."""
-        changed = rate_info is not None and rate_info != self._rate_info
-        if rate_info is not None:
-            self._rate_info = rate_info
-        now = time.monotonic()
-        if self.on_quota is None or not self._subscription() or (
-                not changed and now - self._usage_asked < USAGE_INTERVAL):
-            return
-        self._usage_asked = now
-        task = asyncio.ensure_future(self._ask_usage(conversation))
-        self._asking.add(task)
-        task.add_done_callback(self._asking.discard)
-
-    async def _ask_usage(self, conversation: ClaudeConversation) -> None:
-        windows = await conversation.usage()
-        if windows and self.on_quota is not None:
-            self.on_quota(windows)
+        self.usage.stop()
 
 
 class ClaudeConversation:

@@ -28,7 +28,9 @@ whenever the derived info changes (``allowed_warning`` with the window's
 else ``allowed``), with every window's numbers in ``unifiedWindows`` as 2.1.332
 sends them (``FAKE_CLAUDE_RATE_EVENTS=2.1.197``: without, as the older one);
 the control request ``get_usage`` answers every window's percent and ISO reset
-from the last answer's headers.
+from the last answer's headers (``FAKE_CLAUDE_USAGE=hang``: never;
+``junk``: with junk). ``FAKE_CLAUDE_FAULT=junk-quota`` prints junk
+``rate_limit_event`` lines before each real one.
 
 ``auth login``: see fake_claude_login.py (the real prompts, the code read from a pty).
 """
@@ -213,6 +215,11 @@ class Cli:
                 waiter.put(None)
         elif subtype == "initialize":
             response = {"commands": [], "output_style": "default"}
+        elif subtype == "get_usage" and ENV.get("FAKE_CLAUDE_USAGE") == "hang":
+            return
+        elif subtype == "get_usage" and ENV.get("FAKE_CLAUDE_USAGE") == "junk":
+            response = {"rate_limits": {"five_hour": {"utilization": "lots"}, "x" * 500: {},
+                                        "seven_day": [1], "w": {"utilization": 1e308 * 10}}}
         elif subtype == "get_usage":
             response = {"subscription_type": "max", "rate_limits_available": True,
                         "rate_limits": {name: {"utilization": round(fraction * 100, 2),
@@ -397,6 +404,12 @@ class Cli:
         info = {k: v for k, v in info.items() if v is not None}
         if unified and ENV.get("FAKE_CLAUDE_RATE_EVENTS") != "2.1.197":
             info["unifiedWindows"] = unified
+        if ENV.get("FAKE_CLAUDE_FAULT") == "junk-quota":
+            for junk in (None, "x", [1], {"status": "allowed_warning", "utilization": "high",
+                                          "rateLimitType": {"a": 1}},
+                         {"status": "rejected", "rateLimitType": "five hour\n", "resetsAt": -5},
+                         {"unifiedWindows": {"z" * 200: {"utilization": 0.5}, "a": 7}}):
+                emit({"type": "rate_limit_event", "rate_limit_info": junk})
         if info != self.rate_info:
             self.rate_info = info
             emit({"type": "rate_limit_event", "rate_limit_info": info,

@@ -168,6 +168,41 @@ def _check_get_usage(srv, worker, upstream, log):
     assert _windows(worker)["seven_day"]["used_percent"] == 20
 
 
+def test_junk_quota_output_neither_breaks_a_turn_nor_poisons_the_quota(upstream, tmp_path):
+    settings = fake_claude_worker("claude-a", claude_home(tmp_path / "a", TOKEN),
+                                  upstream.anthropic_url, tmp_path / "claude.log", env={
+                                      "FAKE_CLAUDE_FAULT": "junk-quota",
+                                      "FAKE_CLAUDE_USAGE": "junk",
+                                      "FAKE_CLAUDE_RATE_EVENTS": "2.1.197"})
+    upstream.quota[TOKEN] = FakeQuota(five_hour=97, seven_day=40)
+    with _serve(settings) as (srv, worker):
+        for text in ("one", "two"):
+            assert _ask(srv, text).content[0].text == f"echo: {text}"
+        time.sleep(0.5)  # the junk get_usage answer came and went
+        assert {w.name: w.used_percent for w in worker.quota.windows} == pytest.approx(
+            {"five_hour": 97})
+        assert worker.process_state.value == "ready"
+
+
+def test_a_get_usage_that_never_answers_holds_up_no_turn(upstream, tmp_path):
+    settings = fake_claude_worker("claude-a", claude_home(tmp_path / "a", TOKEN),
+                                  upstream.anthropic_url, tmp_path / "claude.log",
+                                  env={"FAKE_CLAUDE_USAGE": "hang"})
+    upstream.quota[TOKEN] = FakeQuota(five_hour=20, seven_day=5)
+    with _serve(settings) as (srv, worker):
+        client = anthropic.Anthropic(base_url=srv.url, api_key="sk-team-a", max_retries=0)
+        history = [{"role": "user", "content": "first"}]
+        first = client.messages.create(model=MODEL, max_tokens=64, messages=history)
+        history += [{"role": "assistant", "content": first.content[0].text},
+                    {"role": "user", "content": "second"}]
+        # the same conversation (its process still owes the get_usage answer) takes the turn
+        second = client.messages.create(model=MODEL, max_tokens=64, messages=history)
+        assert second.content[0].text == "echo: second"
+        assert _usage_requests(tmp_path / "claude.log") == 1
+        assert len({e["pid"] for e in read_log(tmp_path / "claude.log") if "argv" in e}) == 1
+        assert {w.name for w in worker.quota.windows} == {"five_hour", "seven_day"}
+
+
 # --- Codex --------------------------------------------------------------------------------
 
 CODEX_KEY = "sk-codex-quota-account"
