@@ -27,6 +27,7 @@ from pool.cli.worker import CliSpec, CliWorker
 from pool.dumpable import undumpable
 from pool.local.worker import LocalSpec, LocalWorker
 from pool.process import ProcessSpec, ProcessWorker
+from pool.headroom import QuotaRouting
 from pool.routing import make_policy
 from pool.supervisor import SupervisorPolicy
 from pool.remote import RemoteSpec, make_remote_worker
@@ -153,7 +154,7 @@ def cli_spec(w: Any, environment: Mapping[str, str] | None = None) -> CliSpec:
         conversation_idle=w.conversation_idle, idle_timeout=w.idle_timeout,
         sandbox=sandbox, workspace_root=w.workspace_root,
         login_timeout=w.login_timeout, login_probe_interval=w.login_probe_interval,
-        proxy=_secret(w.proxy),
+        proxy=_secret(w.proxy), quota_reserve=w.quota_reserve,
         quota_windows=tuple(CountedWindow(q.name, q.seconds, q.tokens) for q in w.quota_windows),
         supervision=SupervisorPolicy(
             ready_timeout=w.ready_timeout or 30.0, health_interval=w.health_interval,
@@ -191,6 +192,7 @@ def create_app(settings: Any) -> Starlette:
                  bindings=stores.bindings, cli_sessions=stores.cli_sessions,
                  redis=stores.link, locks=stores.locks, drains=Drains(stores.drained),
                  cooldown_seconds=settings.routing.cooldown_seconds,
+                 quota=quota_routing(settings),
                  log_requests=server.log_level in ("debug", "info"),
                  stream_grace=server.stream_grace, ping_interval=server.ping_interval,
                  keyring=keys, config_keys=frozenset(secrets),
@@ -411,6 +413,16 @@ async def _remote_swap_checked() -> bool:
 
 async def _unhandled(request: Request, exc: Exception) -> Response:
     return unhandled(exc, _dialect(request))
+
+
+def quota_routing(settings: Any) -> QuotaRouting:
+    """``[routing]``'s quota rules for cli accounts, the reserves keyed by the
+    served model (an alias in the configuration means its model)."""
+    reserves: dict[str, float] = {}
+    for name, percent in settings.routing.quota_reserve.items():
+        model = next((m for w in settings.workers if (m := w.resolve(name)) is not None), name)
+        reserves[model] = percent
+    return QuotaRouting(reserves=reserves, by_headroom=settings.routing.quota_routing)
 
 
 def _build_policies(gw: Gateway, routing: Any) -> None:

@@ -12,6 +12,7 @@ from auth.limits import MemoryLimits
 from pool.admission import AdmissionGuard, Lease
 from pool.cli.history import request_prefix_hash
 from pool.errors import NotFound
+from pool.headroom import QuotaRouting
 from pool.model import ChatRequest
 from pool.pool import Pool
 from pool.worker import Worker
@@ -55,6 +56,7 @@ class Gateway:
     policy: Any = None  # the default routing policy, built by create_app
     policies: dict[str, Any] = field(default_factory=dict)  # model -> its own policy
     cooldown_seconds: float = 5.0
+    quota: QuotaRouting = field(default_factory=QuotaRouting)  # cli accounts' reserves, headroom
     log_requests: bool = True  # an access line per request (log level info or debug)
     keyring: KeyRing = field(default_factory=lambda: KeyRing({}))
     teams: Teams = field(default_factory=lambda: Teams((), MemoryLimits()))
@@ -85,6 +87,9 @@ class Gateway:
             raise self.unknown_model(key, chat.model) from None
         # in flight by the key's id: a new key with an old name holds none of the old one's slots
         key_id = self.keyring.id_of(key)
+        policy = self.policies.get(routed.model, self.policy)
+        by_headroom = False
+        session: tuple[str | None, Any] | None = None  # the session key, once computed
         if any(w.kind == "cli" for w in workers):
             # cli workers keep per-team state (conversations) by the key (the only
             # readers of key_name): its id, so a new key with an old name inherits
@@ -96,7 +101,14 @@ class Gateway:
                 prefix = request_prefix_hash(routed)  # the cli worker holding this conversation
                 if prefix is not None:
                     prefer = await self.cli_sessions.get(prefix)
-        policy = self.policies.get(routed.model, self.policy)
+            held_by = getattr(policy, "held_by", None)
+            if prefer is None and held_by is not None:  # an explicit session's account
+                session = owned_session_key(key_id, routed, headers)
+                prefer = await held_by(routed, session[0])
+            # a new conversation only where the quota allows (pool/headroom.py);
+            # the account holding this one (prefer) keeps it whatever its quota
+            workers = self.quota.open_to_new(workers, routed.model, prefer)
+            by_headroom = self.quota.by_headroom
 
         async def choose(free: Sequence[Worker]) -> Worker:
             if len(free) == 1:  # nothing to decide: skip the session key and the policy
@@ -105,8 +117,10 @@ class Gateway:
                 for worker in free:
                     if worker.name == prefer:
                         return worker
-            session, _source = owned_session_key(key_id, routed, headers)
-            return await policy.choose(routed, session, free)
+            if by_headroom:  # a new placement: the accounts with the most left
+                free = self.quota.roomiest(free)
+            session_key, _source = session or owned_session_key(key_id, routed, headers)
+            return await policy.choose(routed, session_key, free)
 
         teams = self.teams
         if teams.slots is not None and key in teams.policies:  # no Redis for the others

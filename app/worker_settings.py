@@ -94,6 +94,10 @@ class WorkerSettings(BaseModel):
     login_timeout: float = Field(600.0, gt=0)  # a login ends by then, code or not (its locks freed)
     # a refused account is tried again (a one-token turn) after this, doubling up to an hour
     login_probe_interval: float = Field(60.0, gt=0)
+    # cli: the percent of the account's quota (its tightest window) kept back from new
+    # conversations; below it the account serves only those it holds. None: the model's
+    # [routing.quota_reserve], else 0
+    quota_reserve: float | None = Field(None, ge=0, le=100)
     # cli: windows the gateway counts the account's tokens in (CLIs that report no quota)
     quota_windows: tuple[QuotaWindowSettings, ...] = Field((), max_length=8)
     # cli: the account's logged-in files at start-up (a session bundle, docs/accounts.md)
@@ -179,6 +183,8 @@ class WorkerSettings(BaseModel):
             return self
         if not self.models:
             raise ValueError("a worker needs at least one model")
+        if self.quota_reserve is not None and self.kind != "cli":
+            raise ValueError("quota_reserve: only cli workers (accounts) report a quota")
         if self.kind == "cli":
             missing = [f for f in ("cli", "home") if getattr(self, f) is None]
             if missing:

@@ -33,7 +33,6 @@ from ..supervisor import SupervisorPolicy
 from ..worker import Capabilities, WorkerState
 from .counted import CountedQuota, CountedWindow
 from .history import answer_message, conversation_hash, split, system_text
-from .host import DEFAULT_SYSTEM_PROMPT
 from .index import SessionIndex
 from .limits import check_request
 from .sandbox import Sandbox
@@ -75,6 +74,8 @@ class CliSpec:
     proxy: str | None = field(default=None, repr=False)
     # windows the gateway counts the account's tokens in (for CLIs that report no quota)
     quota_windows: tuple[CountedWindow, ...] = ()
+    # percent of the quota kept back from new conversations (pool/headroom.py); None: the model's
+    quota_reserve: float | None = None
 
     @property
     def cwd(self) -> str:
@@ -265,7 +266,8 @@ class CliWorker(ProcessWorker):
     async def stream(self, request: ChatRequest) -> AsyncIterator[Event]:
         check_request(request)
         history, new = split(request)
-        system = system_text(request.messages) or DEFAULT_SYSTEM_PROMPT
+        # the index is read by request_prefix_hash: the client's system text, not the host's default
+        system = system_text(request.messages)
         answer = Accumulator()  # what the client will send back, for the session hash
         finished = False
         tokens = [0, 0]  # the latest input and output counts (counted quota windows)
