@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
+
+import structlog
 
 from auth.keys import KeyRing, TokenGate
 from auth.limits import MemoryLimits
@@ -14,6 +16,7 @@ from pool.cli.history import request_prefix_hash
 from pool.errors import NotFound
 from pool.model import ChatRequest
 from pool.pool import Pool
+from pool.signatures import digest, keep_for, request_digests, signing_account
 from pool.worker import Worker
 from sessions.bindings import MemoryBindingStore
 from sessions.keystore import KeyStore
@@ -21,6 +24,7 @@ from sessions.ledger import UsageLedger
 from sessions.keys import owned_session_key
 from sessions.responses import MemoryResponseStore, ResponseStore
 from sessions.shared import MemoryDrainedSet, MemoryLocks
+from sessions.signatures import MemorySignatureBook
 from sessions.upstream import MemoryUpstreamSessions, SessionIndex
 
 from . import access_log
@@ -30,6 +34,8 @@ from .replicas import Drains
 from .teams import Teams, model_not_found
 
 __all__ = ["Gateway"]
+
+log = structlog.get_logger("poolgate.gateway")
 
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"  # counted, not answered: nothing to charge
 
@@ -51,6 +57,8 @@ class Gateway:
         global_limit=None, per_key_limit=None, max_wait=5.0))
     bindings: Any = field(default_factory=MemoryBindingStore)  # a BindingStore with stats()
     cli_sessions: SessionIndex = field(default_factory=MemoryUpstreamSessions)
+    # which account signed which reasoning (pool/signatures.py)
+    signatures: Any = field(default_factory=MemorySignatureBook)
     policy: Any = None  # the default routing policy, built by create_app
     policies: dict[str, Any] = field(default_factory=dict)  # model -> its own policy
     cooldown_seconds: float = 5.0
@@ -122,7 +130,32 @@ class Gateway:
         policy.placed(routed, lease.worker)
         self.pool.acquire(lease.worker)
         self.metrics.in_flight_started(lease.worker.name)
+        try:
+            routed = await self.vet_reasoning(routed, lease.worker, prefer)
+        except BaseException:
+            self.release(lease)
+            raise
         return lease, routed
+
+    async def vet_reasoning(self, routed: ChatRequest, worker: Worker,
+                            prefer: str | None) -> ChatRequest:
+        """``routed`` without the signed reasoning ``worker``'s account cannot take
+        (:mod:`pool.signatures`); ``prefer``: the worker of the previous turn."""
+        digests = request_digests(routed)
+        if not digests:  # most requests: nothing signed, nothing to look up
+            return routed
+        signers = await self.signatures.signers(list(set(digests.values())))
+        previous = next((w for w in self.pool.workers if w.name == prefer), None)
+        kept, dropped = keep_for(routed, signing_account(worker), digests, signers,
+                                 signing_account(previous) if previous is not None else None)
+        if dropped:
+            log.info("gateway.reasoning_left_behind", worker=worker.name, values=dropped)
+        return kept
+
+    def note_signed(self, worker: Worker, values: Iterable[str] | None) -> None:
+        """``worker``'s answer handed out these signed reasoning values."""
+        if values:
+            self.signatures.note(signing_account(worker), [digest(v) for v in values])
 
     async def admit_key(self, key: str, model: str) -> None:
         """The key's policy for one request: its models (else a 404 naming
