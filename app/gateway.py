@@ -198,6 +198,7 @@ class Gateway:
         return {"in_flight": dict(self.pool.in_flight), "admission": self.admission.stats(),
                 "routing": routing, "prefix": prefix, "bindings": self.bindings.stats(),
                 "responses": self.responses.stats(), "cli_sessions": self.cli_session_stats(),
+                "signatures": self.signatures.stats(),
                 "redis": self.redis.stats() if self.redis is not None else None,
                 "limits": self.limit_stats(),
                 "slots": self.teams.slots.stats() if self.teams.slots is not None else None}

@@ -213,6 +213,10 @@ class RoutingSettings(BaseModel):
     imbalance_abs: int = Field(2, ge=0)
     imbalance_rel: float = Field(1.5, ge=1)
     cooldown_seconds: float = Field(5.0, ge=0)
+    # which account signed which thinking block (so none is sent to another account):
+    # at most max_signatures digests in memory, each kept signature_ttl seconds
+    signature_ttl: float = Field(7 * 86400.0, gt=0)
+    max_signatures: int = Field(200_000, gt=0)
     # the prefix_cache policy: prompts cut in blocks of prefix_block_chars characters;
     # a worker's match counts from prefix_min_match characters; per worker at most
     # prefix_max_blocks blocks, each forgotten prefix_max_age seconds after its last use

@@ -72,6 +72,9 @@ class MemorySignatureBook:
             items.popitem(last=False)
             self._counts["evicted"] += 1
 
+    async def aclose(self) -> None:
+        pass  # nothing in flight
+
     def stats(self) -> dict[str, Any]:
         return {"entries": len(self._items), **self._counts}
 
