@@ -42,7 +42,7 @@ from dataclasses import replace
 from hashlib import blake2b
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
-from .model import ChatRequest, Message, ReasoningPart
+from .model import ChatRequest, Message, ReasoningPart, ToolCallPart
 
 __all__ = ["SignatureBook", "digest", "opaque_value", "request_digests", "keep_for",
            "signing_account"]
@@ -116,12 +116,23 @@ def keep_for(request: ChatRequest, account: str, digests: Mapping[str, str],
         return request, 0
     messages = tuple(_without(m, dropped) if m.role == "assistant" else m
                      for m in request.messages)
+    budget = request.thinking_budget
+    if budget is not None and _lost_tool_thinking(request.messages, dropped):
+        budget = None  # that turn runs without thinking (a cli worker's CLI is told so)
     raw = request.raw
     if request.dialect == "anthropic" and raw:
         raw = _raw_without(raw, dropped)
     elif raw:
         raw = {}  # another dialect's body: translated from the canonical form instead
-    return replace(request, messages=messages, raw=raw), len(dropped)
+    return replace(request, messages=messages, raw=raw, thinking_budget=budget), len(dropped)
+
+
+def _lost_tool_thinking(messages: Sequence[Message], dropped: set[str]) -> bool:
+    """The last assistant turn calls a tool and lost signed reasoning."""
+    last = next((m for m in reversed(messages) if m.role == "assistant"), None)
+    if last is None or not any(type(p) is ToolCallPart for p in last.parts):
+        return False
+    return any(type(p) is ReasoningPart and opaque_value(p) in dropped for p in last.parts)
 
 
 def _without(message: Message, dropped: set[str]) -> Message:

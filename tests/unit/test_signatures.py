@@ -137,3 +137,14 @@ def test_the_book_keeps_digests_never_values():
     book = MemorySignatureBook()
     book.note(A, [digest(SIG_A)])
     assert SIG_A not in repr(book._items)
+
+
+@pytest.mark.parametrize("tool", [False, True])
+def test_a_tool_turn_that_lost_its_thinking_runs_without_a_budget(tool):
+    calls = (ToolCallPart("t1", "f", "{}"),) if tool else ()
+    request = ChatRequest(model="m", dialect="anthropic", thinking_budget=2048, messages=(
+        Message("user", (TextPart("hi"),)),
+        Message("assistant", (ReasoningPart("t", signature=SIG_A), *calls)),
+        Message("user", (TextPart("more"),))))
+    out, _ = keep_for(request, B, request_digests(request), _signers((SIG_A, A)))
+    assert out.thinking_budget == (None if tool else 2048)
