@@ -16,7 +16,8 @@ from pool.cli.history import request_prefix_hash
 from pool.errors import NotFound
 from pool.model import ChatRequest
 from pool.pool import Pool
-from pool.signatures import digest, keep_for, request_digests, signing_account
+from pool.signatures import (digest, keep_for, request_digests, signing_account,
+                             signs_per_account)
 from pool.worker import Worker
 from sessions.bindings import MemoryBindingStore
 from sessions.keystore import KeyStore
@@ -141,6 +142,8 @@ class Gateway:
                             prefer: str | None) -> ChatRequest:
         """``routed`` without the signed reasoning ``worker``'s account cannot take
         (:mod:`pool.signatures`); ``prefer``: the worker of the previous turn."""
+        if not signs_per_account(worker):
+            return routed
         digests = request_digests(routed)
         if not digests:  # most requests: nothing signed, nothing to look up
             return routed
@@ -154,7 +157,7 @@ class Gateway:
 
     def note_signed(self, worker: Worker, values: Iterable[str] | None) -> None:
         """``worker``'s answer handed out these signed reasoning values."""
-        if values:
+        if values and signs_per_account(worker):
             self.signatures.note(signing_account(worker), [digest(v) for v in values])
 
     async def admit_key(self, key: str, model: str) -> None:

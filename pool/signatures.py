@@ -40,12 +40,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 from hashlib import blake2b
-from typing import Any, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from .model import ChatRequest, Message, ReasoningPart, ToolCallPart
 
 __all__ = ["SignatureBook", "digest", "opaque_value", "request_digests", "keep_for",
-           "signing_account"]
+           "signing_account", "signs_per_account"]
 
 
 class SignatureBook(Protocol):
@@ -78,6 +78,15 @@ def signing_account(worker: Any) -> str:
     return getattr(worker, "signing_account", None) or worker.name
 
 
+def signs_per_account(worker: Any) -> bool:
+    """Whether ``worker``'s upstream refuses what another account signed (an
+    Anthropic upstream, a Claude account): only those are sent nothing foreign.
+    Other upstreams are left as they were: an OpenAI chat upstream has no slot
+    for signed reasoning at all (the translators drop it), and a Gemini
+    function-calling turn may need its thought signature back whoever made it."""
+    return bool(getattr(worker, "signs_per_account", False))
+
+
 def request_digests(request: ChatRequest) -> dict[str, str]:
     """Opaque value → digest, for the reasoning in ``request``'s assistant turns
     (empty for the many requests that carry none: no hashing then)."""
@@ -90,10 +99,6 @@ def request_digests(request: ChatRequest) -> dict[str, str]:
                 value = opaque_value(part)
                 if value is not None and value not in found:
                     found[value] = digest(value)
-    if request.dialect == "anthropic":
-        for value in _raw_values(request.raw):
-            if value not in found:
-                found[value] = digest(value)
     return found
 
 
@@ -153,21 +158,6 @@ def _block_value(block: Any) -> str | None:
     field = _SIGNED_BLOCKS.get(block.get("type"))  # type: ignore[arg-type]
     value = block.get(field) if field is not None else None
     return value if type(value) is str and value else None
-
-
-def _raw_values(raw: Mapping[str, Any]) -> Iterable[str]:
-    for message in _raw_messages(raw):
-        content = message.get("content")
-        if message.get("role") == "assistant" and type(content) is list:
-            for block in content:
-                value = _block_value(block)
-                if value is not None:
-                    yield value
-
-
-def _raw_messages(raw: Mapping[str, Any]) -> list[dict[str, Any]]:
-    messages = raw.get("messages")
-    return [m for m in messages if type(m) is dict] if type(messages) is list else []
 
 
 def _raw_without(raw: Mapping[str, Any], dropped: set[str]) -> dict[str, Any]:

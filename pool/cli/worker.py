@@ -132,6 +132,12 @@ class CliWorker(ProcessWorker):
     account: Any = None
 
     @property
+    def signs_per_account(self) -> bool:
+        """Whether this account's signed thinking is refused by any other
+        (Claude's is: pool/signatures.py keeps it home)."""
+        return self.cli_spec.cli == "claude"
+
+    @property
     def process_state(self) -> WorkerState:
         """The process's state, whatever the account's login says."""
         return super().state

@@ -82,6 +82,7 @@ class RemoteWorker:
         self._chat_url = URL(chat_url)  # parsed once, not on every request
         # whose signed reasoning this worker's answers carry (pool/signatures.py): the
         # upstream and the key, so two workers of one account are one signer
+        self.signs_per_account = spec.dialect == "anthropic"  # its thinking signatures
         self.signing_account = "remote:" + blake2b(
             f"{chat_url}\x00{spec.api_key or ''}".encode(), digest_size=12).hexdigest()
         self._health_url = health_url

@@ -109,7 +109,9 @@ def test_an_assistant_turn_of_nothing_but_foreign_thinking_goes_altogether():
         {"role": "assistant", "content": [{"type": "thinking", "thinking": "t",
                                            "signature": SIG_A}]},
         {"role": "user", "content": "more"}]}
-    request = ChatRequest(model="m", dialect="anthropic", raw=raw, messages=())
+    request = ChatRequest(model="m", dialect="anthropic", raw=raw, messages=(
+        Message("user", (TextPart("hi"),)), Message("assistant", (ReasoningPart("t", SIG_A),)),
+        Message("user", (TextPart("more"),))))
     out, _ = keep_for(request, B, request_digests(request), _signers((SIG_A, A)))
     assert [m["role"] for m in out.raw["messages"]] == ["user", "user"]
 
