@@ -138,12 +138,21 @@ def test_a_tool_loop_moves_with_its_thinking_left_behind(moving):
 
 
 @pytest.mark.parametrize("how", ["drained", "rate_limited"])
-def test_a_previous_response_id_chain_moves_and_keeps_going(moving, how):
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_previous_response_id_chain_moves_and_keeps_going(moving, how, stream):
     server, fake, gateway = moving
     client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
-    raw = client.responses.with_raw_response.create(model=MODEL, input="[[think]] hi",
-                                                    reasoning={"effort": "low"})
-    first_worker, first = raw.headers["x-poolgate-worker"], raw.parse()
+    if stream:  # the first turn streamed: its signature is noted as it goes out
+        with client.responses.with_streaming_response.create(
+                model=MODEL, input="[[think]] hi", reasoning={"effort": "low"},
+                stream=True) as raw:
+            first_worker = raw.headers["x-poolgate-worker"]
+            events = list(raw.parse())
+        first = events[-1].response
+    else:
+        raw = client.responses.with_raw_response.create(model=MODEL, input="[[think]] hi",
+                                                        reasoning={"effort": "low"})
+        first_worker, first = raw.headers["x-poolgate-worker"], raw.parse()
     reasoning = next(item for item in first.output if item.type == "reasoning")
     assert ACCOUNTS and reasoning.encrypted_content.endswith(
         signature_for(reasoning.summary[0].text, ACCOUNTS[first_worker]))
