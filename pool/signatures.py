@@ -113,7 +113,7 @@ def keep_for(request: ChatRequest, account: str, digests: Mapping[str, str],
         signer != account for signer in signers.values())
 
     def foreign(value: str) -> bool:
-        signer = signers.get(digests.get(value) or digest(value))
+        signer = signers.get(digests[value])
         return signer != account if signer is not None else moving
 
     dropped = {v for v in digests if foreign(v)}

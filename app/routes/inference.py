@@ -164,7 +164,7 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, dialect: Mo
         completion = await until_disconnect(request.receive, answer)
         if type(completion) is bytes:  # forwarded as the upstream's body
             record_body(record, relay)
-            gw.note_signed(worker, relay.signed if hasattr(relay, "signed") else None)
+            gw.note_signed(worker, getattr(relay, "signed", None))
             return BodyResponse(completion, worker.name)
         gw.note_signed(worker, [v for p in completion.parts if type(p) is ReasoningPart
                                 if (v := opaque_value(p))])
