@@ -150,3 +150,27 @@ def test_a_tool_turn_that_lost_its_thinking_runs_without_a_budget(tool):
         Message("user", (TextPart("more"),))))
     out, _ = keep_for(request, B, request_digests(request), _signers((SIG_A, A)))
     assert out.thinking_budget == (None if tool else 2048)
+
+
+def test_a_claude_accounts_signer_is_its_account_not_its_worker_name(tmp_path):
+    """Replicas on other hosts run other accounts under the same worker names
+    (and share their notes through Redis): the signer is the account."""
+    from pool.cli.worker import CliSpec, CliWorker
+
+    def worker(account: str | None, key: str | None = None) -> CliWorker:
+        env = {"ANTHROPIC_API_KEY": key} if key else {}
+        made = CliWorker(CliSpec(name="claude-a", cli="claude", models=("m",),
+                                 home=str(tmp_path / "home"), env=env))
+        if account is not None:
+            made._status = {"account": account}  # what the child reports
+        return made
+
+    one, other, same = worker("a@example.com"), worker("b@example.com"), worker("a@example.com")
+    assert one.signs_per_account
+    assert one.signing_account == same.signing_account != other.signing_account
+    assert "a@example.com" not in one.signing_account
+    assert worker(None, key="sk-ant-1").signing_account != worker(None, key="sk-ant-2").signing_account
+    assert worker(None).signing_account == "cli:claude-a"  # nothing known yet
+    before = one.signing_account
+    one._status = {}  # a restart forgets the status
+    assert one.signing_account == before
