@@ -47,6 +47,18 @@ def moving() -> Iterator[Any]:
             yield server, fake, app.state.gateway
 
 
+@pytest.fixture
+def ant(moving) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(base_url=moving[0].url, api_key=KEY, max_retries=0) as client:
+        yield client
+
+
+@pytest.fixture
+def oai(moving) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=moving[0].url + "/v1", api_key=KEY, max_retries=0) as client:
+        yield client
+
+
 def _other(name: str) -> str:
     return next(n for n in ACCOUNTS if n != name)
 
@@ -71,9 +83,9 @@ def _idle(gateway: Any) -> None:
 
 @pytest.mark.parametrize("how", ["drained", "rate_limited"])
 @pytest.mark.parametrize("stream", [False, True])
-def test_an_anthropic_conversation_moves_and_keeps_going(moving, how, stream):
+def test_an_anthropic_conversation_moves_and_keeps_going(moving, ant, how, stream):
     server, fake, gateway = moving
-    client = anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0)
+    client = ant
     session = {"x-session-id": f"conv-{how}-{stream}"}
     think = {"type": "enabled", "budget_tokens": 1024}
     asked = [{"role": "user", "content": "[[think]] hello there"}]
@@ -112,12 +124,12 @@ def test_an_anthropic_conversation_moves_and_keeps_going(moving, how, stream):
     _idle(gateway)
 
 
-def test_a_tool_loop_moves_with_its_thinking_left_behind(moving):
+def test_a_tool_loop_moves_with_its_thinking_left_behind(moving, ant):
     """The signed thinking of a tool-use turn is what Anthropic demands back
     with thinking on; on another account it cannot go, so that one turn runs
     without thinking (as the API allows) rather than failing."""
     server, fake, gateway = moving
-    client = anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0)
+    client = ant
     think = {"type": "enabled", "budget_tokens": 1024}
     asked = [{"role": "user", "content": '[[think]] weather? [[tool:get_weather {"city": "Rome"}]]'}]
     raw = client.messages.with_raw_response.create(model=MODEL, max_tokens=2048, thinking=think,
@@ -139,9 +151,9 @@ def test_a_tool_loop_moves_with_its_thinking_left_behind(moving):
 
 @pytest.mark.parametrize("how", ["drained", "rate_limited"])
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_previous_response_id_chain_moves_and_keeps_going(moving, how, stream):
+def test_a_previous_response_id_chain_moves_and_keeps_going(moving, oai, how, stream):
     server, fake, gateway = moving
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+    client = oai
     if stream:  # the first turn streamed: its signature is noted as it goes out
         with client.responses.with_streaming_response.create(
                 model=MODEL, input="[[think]] hi", reasoning={"effort": "low"},
@@ -174,4 +186,26 @@ def test_a_previous_response_id_chain_moves_and_keeps_going(moving, how, stream)
     own = next(item for item in second.output if item.type == "reasoning")
     assert [b["signature"] for b in _thinking_sent(fake)] == [
         own.encrypted_content.split(":", 1)[1]]
+    _idle(gateway)
+
+
+def test_a_responses_tool_loop_moves_with_its_thinking_left_behind(moving, oai):
+    """The translated path: the stored reasoning item of the tool-use turn is
+    left behind, and that one turn runs without thinking on the new account."""
+    server, fake, gateway = moving
+    client = oai
+    tool = {"type": "function", "name": "get_weather", "description": "Weather for a city",
+            "parameters": WEATHER["input_schema"]}
+    raw = client.responses.with_raw_response.create(
+        model=MODEL, tools=[tool], reasoning={"effort": "low"},
+        input='[[think]] weather? [[tool:get_weather {"city": "Rome"}]]')
+    first_worker, first = raw.headers["x-poolgate-worker"], raw.parse()
+    call = next(item for item in first.output if item.type == "function_call")
+    _account_out(server, fake, first_worker, "rate_limited")
+    raw = client.responses.with_raw_response.create(
+        model=MODEL, tools=[tool], reasoning={"effort": "low"}, previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "Hot"}])
+    assert raw.headers["x-poolgate-worker"] == _other(first_worker)
+    assert raw.parse().output_text == "tool said: Hot"
+    assert _thinking_sent(fake) == [] and "thinking" not in fake.last.body
     _idle(gateway)
