@@ -22,6 +22,7 @@ from pool.pool import Pool
 from pool.local.defaults import find_default_model
 from pool.childenv import child_environment, proxy_environment
 from pool.cli.sandbox import resolve_sandbox
+from pool.cli.counted import CountedWindow
 from pool.cli.worker import CliSpec, CliWorker
 from pool.dumpable import undumpable
 from pool.local.worker import LocalSpec, LocalWorker
@@ -152,6 +153,7 @@ def cli_spec(w: Any, environment: Mapping[str, str] | None = None) -> CliSpec:
         sandbox=sandbox, workspace_root=w.workspace_root,
         login_timeout=w.login_timeout, login_probe_interval=w.login_probe_interval,
         proxy=_secret(w.proxy),
+        quota_windows=tuple(CountedWindow(q.name, q.seconds, q.tokens) for q in w.quota_windows),
         supervision=SupervisorPolicy(
             ready_timeout=w.ready_timeout or 30.0, health_interval=w.health_interval,
             health_timeout=w.health_timeout, backoff_initial=w.backoff_initial,

@@ -27,10 +27,12 @@ from ..childenv import child_environment
 from ..egress import proxy_reachable
 from ..errors import GatewayError
 from ..accumulate import Accumulator
-from ..model import ChatRequest, Event, Finish
+from ..model import ChatRequest, Event, Finish, Usage
 from ..process import ProcessSpec, ProcessWorker
+from ..quota import AccountQuota
 from ..supervisor import SupervisorPolicy
 from ..worker import Capabilities, WorkerState
+from .counted import CountedQuota, CountedWindow
 from .history import answer_message, conversation_hash, split, system_text
 from .host import DEFAULT_SYSTEM_PROMPT
 from .index import SessionIndex
@@ -72,6 +74,8 @@ class CliSpec:
     supervision: SupervisorPolicy = field(default_factory=SupervisorPolicy)
     # the account's egress proxy (its variables are in env); checked on the health interval
     proxy: str | None = field(default=None, repr=False)
+    # windows the gateway counts the account's tokens in (for CLIs that report no quota)
+    quota_windows: tuple[CountedWindow, ...] = ()
 
     @property
     def cwd(self) -> str:
@@ -125,6 +129,8 @@ class CliWorker(ProcessWorker):
         self._tasks: set[asyncio.Future[None]] = set()
         self._proxy_down = False
         self._signer: str | None = None  # the account that signs (see signing_account)
+        self._quota = AccountQuota()
+        self._counted = CountedQuota(spec.quota_windows)
 
     # --- status -------------------------------------------------------------------------
 
@@ -185,6 +191,20 @@ class CliWorker(ProcessWorker):
         until = self._status.get("cooldown_until")
         return until if until is not None and until > time.time() else None
 
+    @property
+    def quota(self) -> AccountQuota:
+        """The account's usage windows as the child last reported them (the
+        vendor's numbers), else as counted against ``quota_windows``; empty when
+        nothing is known. The numbers are the account's, not the process's: a
+        new incarnation that knows nothing yet leaves the last ones standing."""
+        return self._quota if self._quota.windows else self._counted.quota()
+
+    def _take_status(self, status: Any) -> None:
+        self._status = dict(status)
+        reported = AccountQuota.from_json(self._status.get("quota"))
+        if reported.windows:
+            self._quota = self._quota.merged(reported.windows)
+
     def info(self) -> dict[str, Any]:
         status = self._status
         return {**super().info(), "cli": self.cli_spec.cli, "version": status.get("version"),
@@ -192,6 +212,7 @@ class CliWorker(ProcessWorker):
                 "conversations": status.get("conversations", 0),
                 "held_tool_calls": status.get("held_tool_calls", 0),
                 "cooldown_until": self.cooldown_until, "mode": self.cli_spec.mode,
+                "quota": self.quota.to_json(time.time()),
                 "sandbox": self.cli_spec.sandbox.kind,
                 "account_state": self.account.state.value if self.account is not None else None}
 
@@ -211,7 +232,7 @@ class CliWorker(ProcessWorker):
             return
         with contextlib.suppress(GatewayError):
             status = await child.call("status", None, timeout=self.spec.health_timeout)
-            self._status = dict(status)  # type: ignore[call-overload]
+            self._take_status(status)
 
     async def start(self) -> bool:
         ready = await super().start()
@@ -233,7 +254,7 @@ class CliWorker(ProcessWorker):
         with contextlib.suppress(GatewayError):
             status = await child.call("probe_login", {"model": self.models[0]},
                                       timeout=self.spec.health_timeout + 120.0)
-            self._status = dict(status)  # type: ignore[call-overload]
+            self._take_status(status)
 
     async def aclose(self) -> None:
         if self._poller is not None:
@@ -266,16 +287,22 @@ class CliWorker(ProcessWorker):
         system = system_text(request.messages) or DEFAULT_SYSTEM_PROMPT
         answer = Accumulator()  # what the client will send back, for the session hash
         finished = False
+        tokens = [0, 0]  # the latest input and output counts (counted quota windows)
         try:
             async for event in super().stream(request):
                 answer.feed(event)
                 if type(event) is Finish:
                     finished = True
+                elif type(event) is Usage:
+                    tokens = [event.input_tokens if event.input_tokens is not None else tokens[0],
+                              event.output_tokens if event.output_tokens is not None
+                              else tokens[1]]
                 yield event
         except GatewayError as exc:
             self._note_failure(exc)
             raise
         finally:
+            self._counted.add(sum(tokens))
             self._soon(self.refresh())
             if self.sessions is not None:
                 if history:

@@ -46,6 +46,11 @@ What it answers is scripted by the text of the last user message:
 * ``[[no-stream]]``: a stream request answered with the JSON body, as some
   servers do.
 
+``fake.quota[credential] = FakeQuota(five_hour=97, seven_day=40)``
+(tests/fakes/vendor_quota.py): the answers for that bearer token or API key
+carry the subscription's ``anthropic-ratelimit-unified-*`` headers (the
+Responses route: ``x-codex-*``), and a spent window is the vendor's 429.
+
 ``fake.answers`` holds the bytes of each answer's body as sent (for a stream,
 its frames joined).
 
@@ -71,6 +76,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from .vendor_quota import FakeQuota
 from .scripted import (
     Script, anthropic_body, anthropic_frames, make_plan, openai_body, openai_frames,
     reasoning_for, rough_tokens, script_anthropic, script_openai, signature_for,
@@ -137,15 +143,16 @@ class _Frames(Response):
     """SSE frames sent one ASGI message each, with the scripted failures."""
 
     def __init__(self, fake: FakeUpstream, frames: list[bytes], script: Script,
-                 dialect: str = "openai") -> None:
+                 dialect: str = "openai", headers: dict[str, str] | None = None) -> None:
         self.fake, self.frames, self.script, self.dialect = fake, frames, script, dialect
+        self.extra = [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
         self.background = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         s = self.script
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
-                                (b"cache-control", b"no-cache")]})
+                                (b"cache-control", b"no-cache"), *self.extra]})
         sent: list[bytes] = []
         self.fake.answers.append(b"")
         slot = len(self.fake.answers) - 1
@@ -228,6 +235,8 @@ class FakeUpstream:
         # refuse thinking as the real API does (_thinking_refused); off by default:
         # recorded fixtures carry other servers' signatures
         self.check_thinking = False
+        # per credential (bearer token or API key): the subscription's quota headers
+        self.quota: dict[str, FakeQuota] = {}
         self.port = 0
         self._ids = itertools.count(1)
         self._server: uvicorn.Server | None = None
@@ -336,6 +345,11 @@ class FakeUpstream:
             return True
         return dialect == "anthropic" and request.headers.get("x-api-key") == self.api_key
 
+    def quota_of(self, request: Request) -> FakeQuota | None:
+        """The quota of the credential ``request`` carries, if the test set one."""
+        bearer = (request.headers.get("authorization") or "").removeprefix("Bearer ")
+        return self.quota.get(bearer) or self.quota.get(request.headers.get("x-api-key") or "")
+
     async def _chat(self, request: Request) -> Response:
         body = await self._receive(request)
         if not self._authorised(request, "openai"):
@@ -369,10 +383,18 @@ class FakeUpstream:
                    if self.check_thinking else None)
         if refused is not None:
             return error_response(400, "anthropic", refused)
-        return await self._answer(script_anthropic(body), body, "anthropic", request, key)
+        quota = self.quota_of(request)
+        headers = quota.anthropic_headers() if quota is not None else {}
+        if quota is not None and quota.spent:  # the subscription's limit: the real 429
+            return JSONResponse({"type": "error", "error": {
+                "type": "rate_limit_error", "message": "Number of request tokens has exceeded "
+                "your rate limit"}}, status_code=429, headers=headers)
+        return await self._answer(script_anthropic(body), body, "anthropic", request, headers,
+                                  key)
 
     async def _answer(self, script: Script, body: dict[str, Any], dialect: str,
-                      request: Request, key: str | None = None) -> Response:
+                      request: Request, headers: dict[str, str] | None = None,
+                      key: str | None = None) -> Response:
         if script.sleep:
             # sleep, but notice a client that leaves meanwhile (counted in disconnects)
             deadline = time.monotonic() + script.sleep
@@ -394,11 +416,11 @@ class FakeUpstream:
         rid = f"msg_fake{n}"
         if (body.get("stream") and not script.no_stream) or self.always_stream:
             return _Frames(self, anthropic_frames(plan, body, rid, self._sign(key)), script,
-                           dialect)
-        return self._body(anthropic_body(plan, body, rid, self._sign(key)))
+                           dialect, headers)
+        return self._body(anthropic_body(plan, body, rid, self._sign(key)), headers)
 
-    def _body(self, content: Any) -> Response:
-        response = JSONResponse(content)
+    def _body(self, content: Any, headers: dict[str, str] | None = None) -> Response:
+        response = JSONResponse(content, headers=headers)
         self.answers.append(bytes(response.body))
         return response
 
