@@ -208,15 +208,15 @@ class RoutingSettings(BaseModel):
     default_model: str | None = None
     binding_ttl: float = Field(3600.0, gt=0)
     max_bindings: int = Field(100_000, gt=0)
+    # which account signed which thinking block (so none is sent to another account):
+    # at most max_signatures digests in memory, each kept signature_ttl seconds
+    signature_ttl: float = Field(7 * 86400.0, gt=0)
+    max_signatures: int = Field(100_000, gt=0)
     # an implicit session (content hash, `user`) leaves a worker holding more than
     # imbalance_abs requests more than the least loaded AND imbalance_rel times as many
     imbalance_abs: int = Field(2, ge=0)
     imbalance_rel: float = Field(1.5, ge=1)
     cooldown_seconds: float = Field(5.0, ge=0)
-    # which account signed which thinking block (so none is sent to another account):
-    # at most max_signatures digests in memory, each kept signature_ttl seconds
-    signature_ttl: float = Field(7 * 86400.0, gt=0)
-    max_signatures: int = Field(200_000, gt=0)
     # the prefix_cache policy: prompts cut in blocks of prefix_block_chars characters;
     # a worker's match counts from prefix_min_match characters; per worker at most
     # prefix_max_blocks blocks, each forgotten prefix_max_age seconds after its last use
