@@ -190,6 +190,7 @@ def create_app(settings: Any) -> Starlette:
                                           per_key_limit=server.max_in_flight_per_key or None,
                                           max_wait=server.queue_timeout),
                  bindings=stores.bindings, cli_sessions=stores.cli_sessions,
+                 signatures=stores.signatures,
                  redis=stores.link, locks=stores.locks, drains=Drains(stores.drained),
                  cooldown_seconds=settings.routing.cooldown_seconds,
                  quota=quota_routing(settings),
@@ -339,6 +340,7 @@ async def _start_redis(gw: Gateway, stack: contextlib.AsyncExitStack) -> None:
     link = gw.redis
     stack.push_async_callback(link.aclose)
     stack.push_async_callback(gw.teams.limits.aclose)  # leases back, charges sent; then close
+    stack.push_async_callback(gw.signatures.aclose)  # the notes still being written
     if not await link.ping():
         log.warning("gateway.redis_unreachable")
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
+
+import structlog
 
 from auth.keys import KeyRing, TokenGate
 from auth.limits import MemoryLimits
@@ -15,6 +17,8 @@ from pool.errors import NotFound
 from pool.headroom import QuotaRouting
 from pool.model import ChatRequest
 from pool.pool import Pool
+from pool.signatures import (digest, keep_for, request_digests, signing_account,
+                             signs_per_account)
 from pool.worker import Worker
 from sessions.bindings import MemoryBindingStore
 from sessions.keystore import KeyStore
@@ -22,6 +26,7 @@ from sessions.ledger import UsageLedger
 from sessions.keys import owned_session_key
 from sessions.responses import MemoryResponseStore, ResponseStore
 from sessions.shared import MemoryDrainedSet, MemoryLocks
+from sessions.signatures import MemorySignatureBook
 from sessions.upstream import MemoryUpstreamSessions, SessionIndex
 
 from . import access_log
@@ -32,6 +37,8 @@ from .replicas import Drains
 from .teams import Teams, model_not_found
 
 __all__ = ["Gateway"]
+
+log = structlog.get_logger("poolgate.gateway")
 
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"  # counted, not answered: nothing to charge
 
@@ -53,6 +60,8 @@ class Gateway:
         global_limit=None, per_key_limit=None, max_wait=5.0))
     bindings: Any = field(default_factory=MemoryBindingStore)  # a BindingStore with stats()
     cli_sessions: SessionIndex = field(default_factory=MemoryUpstreamSessions)
+    # which account signed which reasoning (pool/signatures.py)
+    signatures: Any = field(default_factory=MemorySignatureBook)
     policy: Any = None  # the default routing policy, built by create_app
     policies: dict[str, Any] = field(default_factory=dict)  # model -> its own policy
     cooldown_seconds: float = 5.0
@@ -137,7 +146,34 @@ class Gateway:
         policy.placed(routed, lease.worker)
         self.pool.acquire(lease.worker)
         self.metrics.in_flight_started(lease.worker.name)
+        try:
+            routed = await self.vet_reasoning(routed, lease.worker, prefer)
+        except BaseException:
+            self.release(lease)
+            raise
         return lease, routed
+
+    async def vet_reasoning(self, routed: ChatRequest, worker: Worker,
+                            prefer: str | None) -> ChatRequest:
+        """``routed`` without the signed reasoning ``worker``'s account cannot take
+        (:mod:`pool.signatures`); ``prefer``: the worker of the previous turn."""
+        if not signs_per_account(worker):
+            return routed
+        digests = request_digests(routed)
+        if not digests:  # most requests: nothing signed, nothing to look up
+            return routed
+        signers = await self.signatures.signers(list(set(digests.values())))
+        previous = next((w for w in self.pool.workers if w.name == prefer), None)
+        kept, dropped = keep_for(routed, signing_account(worker), digests, signers,
+                                 signing_account(previous) if previous is not None else None)
+        if dropped:
+            log.info("gateway.reasoning_left_behind", worker=worker.name, values=dropped)
+        return kept
+
+    def note_signed(self, worker: Worker, values: Iterable[str] | None) -> None:
+        """``worker``'s answer handed out these signed reasoning values."""
+        if values and signs_per_account(worker):
+            self.signatures.note(signing_account(worker), [digest(v) for v in values])
 
     async def admit_key(self, key: str, model: str) -> None:
         """The key's policy for one request: its models (else a 404 naming
@@ -180,6 +216,7 @@ class Gateway:
         return {"in_flight": dict(self.pool.in_flight), "admission": self.admission.stats(),
                 "routing": routing, "prefix": prefix, "bindings": self.bindings.stats(),
                 "responses": self.responses.stats(), "cli_sessions": self.cli_session_stats(),
+                "signatures": self.signatures.stats(),
                 "redis": self.redis.stats() if self.redis is not None else None,
                 "limits": self.limit_stats(),
                 "slots": self.teams.slots.stats() if self.teams.slots is not None else None}

@@ -208,6 +208,10 @@ class RoutingSettings(BaseModel):
     default_model: str | None = None
     binding_ttl: float = Field(3600.0, gt=0)
     max_bindings: int = Field(100_000, gt=0)
+    # which account signed which thinking block (so none is sent to another account):
+    # at most max_signatures digests in memory, each kept signature_ttl seconds
+    signature_ttl: float = Field(7 * 86400.0, gt=0)
+    max_signatures: int = Field(100_000, gt=0)
     # an implicit session (content hash, `user`) leaves a worker holding more than
     # imbalance_abs requests more than the least loaded AND imbalance_rel times as many
     imbalance_abs: int = Field(2, ge=0)

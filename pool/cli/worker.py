@@ -16,6 +16,7 @@ import contextlib
 import os
 import sys
 import time
+from hashlib import blake2b
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping
 
@@ -128,6 +129,7 @@ class CliWorker(ProcessWorker):
         self._poller: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Future[None]] = set()
         self._proxy_down = False
+        self._signer: str | None = None  # the account that signs (see signing_account)
         self._quota = AccountQuota()
         self._counted = CountedQuota(spec.quota_windows)
 
@@ -137,6 +139,23 @@ class CliWorker(ProcessWorker):
     login_override: str | None = None
     #: the account's state machine (pool/cli/account.py), set by the gateway
     account: Any = None
+
+    @property
+    def signs_per_account(self) -> bool:
+        """Whether this account's signed thinking is refused by any other
+        (Claude's is: pool/signatures.py keeps it home)."""
+        return self.cli_spec.cli == "claude"
+
+    @property
+    def signing_account(self) -> str:
+        """Who signs this worker's thinking: the account the CLI reports (its
+        e-mail, hashed), else its API key (hashed), else the worker's name.
+        Not the name alone: replicas on other hosts run other accounts under
+        the same worker names, and share what they noted through Redis."""
+        who = self._status.get("account") or self.cli_spec.env.get("ANTHROPIC_API_KEY")
+        if who:  # kept: a restart forgets the status, not whose account this is
+            self._signer = "cli:" + blake2b(str(who).encode(), digest_size=12).hexdigest()
+        return self._signer or f"cli:{self.name}"
 
     @property
     def process_state(self) -> WorkerState:

@@ -329,6 +329,8 @@ class Cli:
         body = {"model": self.model, "max_tokens": int(ENV.get("CLAUDE_CODE_MAX_OUTPUT_TOKENS", "32000")),
                 "stream": True, "system": [{"type": "text", "text": system}],
                 "messages": self.messages, "metadata": {"user_id": self.session_id}}
+        if ENV.get("MAX_THINKING_TOKENS"):  # as the real CLI: extended thinking with that budget
+            body["thinking"] = {"type": "enabled", "budget_tokens": int(ENV["MAX_THINKING_TOKENS"])}
         tools = self.tools()
         if self.opts.get("--tools") != "" and not tools:
             tools = [{"name": "Read", "description": "Read a file", "input_schema": {"type": "object"}}]

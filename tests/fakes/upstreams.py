@@ -12,6 +12,15 @@ uvicorn in a background thread on ``127.0.0.1`` with an ephemeral port::
         fake.peers          # the client (host, port) of each request
         fake.disconnects    # clients that went away while the fake held a stream
         fake.check_thinking = True  # 400s for thinking the real API refuses
+        fake.limit("sk-b", 30)      # that key's account is at its limit for 30 s
+
+``FakeUpstream(api_keys=("sk-a", "sk-b"))`` takes either key, as one vendor
+serving two accounts: each key's thinking signatures are its own
+(:func:`signature_for` with the key), and with ``check_thinking`` a block
+signed for another key is refused as the real API does ("Invalid
+`signature` in `thinking` block"). A limited key gets 429
+``rate_limit_error`` with ``retry-after`` and
+``anthropic-ratelimit-unified-reset`` until its reset.
 
 What it answers is scripted by the text of the last user message:
 
@@ -169,10 +178,10 @@ class _Frames(Response):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def _thinking_refused(body: dict[str, Any]) -> str | None:
+def _thinking_refused(body: dict[str, Any], key: str | None = None) -> str | None:
     """What the real API says of the thinking in ``body``, or ``None`` when
     it takes it: a thinking block whose signature is not the one this fake
-    gave its text (:func:`signature_for`) is refused; with thinking on, so is
+    gave its text for ``key`` (:func:`signature_for`) is refused; with thinking on, so is
     ``top_k``, a ``temperature`` but 1 or a ``top_p`` under 0.95, and a last
     assistant message that uses a tool without starting with thinking."""
     messages = body["messages"]
@@ -184,7 +193,7 @@ def _thinking_refused(body: dict[str, Any]) -> str | None:
             continue
         for j, block in enumerate(content):
             if isinstance(block, dict) and block.get("type") == "thinking" and (
-                    block.get("signature") != signature_for(str(block.get("thinking")))):
+                    block.get("signature") != signature_for(str(block.get("thinking")), key)):
                 return f"messages.{i}.content.{j}: Invalid `signature` in `thinking` block"
     thinking = body.get("thinking")
     if not isinstance(thinking, dict) or thinking.get("type") != "enabled":
@@ -210,9 +219,12 @@ class FakeUpstream:
     """See the module docstring. ``api_key``: when set, requests must carry it
     (OpenAI ``Authorization: Bearer``; Anthropic ``x-api-key`` or Bearer)."""
 
-    def __init__(self, *, api_key: str | None = None,
+    def __init__(self, *, api_key: str | None = None, api_keys: tuple[str, ...] = (),
                  models: tuple[str, ...] = ("fake-model",)) -> None:
-        self.api_key = api_key
+        self.api_key = api_key or (api_keys[0] if api_keys else None)
+        # several accounts: each key signs its own thinking (signature_for(text, key))
+        self.api_keys = api_keys
+        self.limited: dict[str, float] = {}  # key -> Unix time its rate limit resets
         self.models = models
         self.requests: list[Received] = []
         self.peers: list[tuple[str, int] | None] = []  # client address of each request
@@ -289,6 +301,23 @@ class FakeUpstream:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def limit(self, key: str, seconds: float) -> None:
+        """Put ``key``'s account at its rate limit for ``seconds`` (0: lift it)."""
+        if seconds > 0:
+            self.limited[key] = time.time() + seconds
+        else:
+            self.limited.pop(key, None)
+
+    def _key(self, request: Request) -> str | None:
+        return request.headers.get("x-api-key") or (
+            request.headers.get("authorization") or "").removeprefix("Bearer ") or None
+
+    def _sign(self, key: str | None) -> Any:
+        """How thinking is signed for a request with ``key``."""
+        if not self.api_keys:
+            return signature_for
+        return lambda text: signature_for(text, key)
+
     async def wait_disconnects(self, count: int, timeout: float = 5.0) -> bool:
         """True once ``disconnects`` reached ``count`` (polled: the server runs
         in another thread)."""
@@ -310,6 +339,8 @@ class FakeUpstream:
     def _authorised(self, request: Request, dialect: str) -> bool:
         if self.api_key is None:
             return True
+        if self.api_keys:
+            return self._key(request) in self.api_keys
         if request.headers.get("authorization") == f"Bearer {self.api_key}":
             return True
         return dialect == "anthropic" and request.headers.get("x-api-key") == self.api_key
@@ -339,7 +370,17 @@ class FakeUpstream:
             return error_response(400, "anthropic", "max_tokens: Field required")
         if not isinstance(body.get("messages"), list):
             return error_response(400, "anthropic", "messages: Field required")
-        refused = _thinking_refused(body) if self.check_thinking else None
+        key = self._key(request)
+        reset = self.limited.get(key or "")
+        if reset is not None and reset > time.time():
+            response = error_response(429, "anthropic", "This request would exceed your "
+                                      "account's rate limit. Please try again later.")
+            response.headers["retry-after"] = str(max(1, round(reset - time.time())))
+            response.headers["anthropic-ratelimit-unified-status"] = "rejected"
+            response.headers["anthropic-ratelimit-unified-reset"] = str(int(reset))
+            return response
+        refused = (_thinking_refused(body, key if self.api_keys else None)
+                   if self.check_thinking else None)
         if refused is not None:
             return error_response(400, "anthropic", refused)
         quota = self.quota_of(request)
@@ -348,10 +389,12 @@ class FakeUpstream:
             return JSONResponse({"type": "error", "error": {
                 "type": "rate_limit_error", "message": "Number of request tokens has exceeded "
                 "your rate limit"}}, status_code=429, headers=headers)
-        return await self._answer(script_anthropic(body), body, "anthropic", request, headers)
+        return await self._answer(script_anthropic(body), body, "anthropic", request, headers,
+                                  key)
 
     async def _answer(self, script: Script, body: dict[str, Any], dialect: str,
-                      request: Request, headers: dict[str, str] | None = None) -> Response:
+                      request: Request, headers: dict[str, str] | None = None,
+                      key: str | None = None) -> Response:
         if script.sleep:
             # sleep, but notice a client that leaves meanwhile (counted in disconnects)
             deadline = time.monotonic() + script.sleep
@@ -372,8 +415,9 @@ class FakeUpstream:
         plan = make_plan(script, body, id_prefix="toolu_")
         rid = f"msg_fake{n}"
         if (body.get("stream") and not script.no_stream) or self.always_stream:
-            return _Frames(self, anthropic_frames(plan, body, rid), script, dialect, headers)
-        return self._body(anthropic_body(plan, body, rid), headers)
+            return _Frames(self, anthropic_frames(plan, body, rid, self._sign(key)), script,
+                           dialect, headers)
+        return self._body(anthropic_body(plan, body, rid, self._sign(key)), headers)
 
     def _body(self, content: Any, headers: dict[str, str] | None = None) -> Response:
         response = JSONResponse(content, headers=headers)
