@@ -79,11 +79,15 @@ class _Receiver:
     def __init__(self, settings: AlertSettings, queue_size: int) -> None:
         self.settings = settings
         self.queue: asyncio.Queue[Alert] = asyncio.Queue(queue_size)
-        self.sent: dict[tuple[str, str], str] = {}  # (event, subject) -> its once token
+        # (event, subject or "subject\x1fpart") -> its once token
+        self.sent: dict[tuple[str, str], str] = {}
         self.task: asyncio.Task[None] | None = None
 
-    def wants(self, event: str, percent: float | None) -> bool:
+    def wants(self, event: str, percent: float | None,
+              when: Callable[[AlertSettings], bool] | None) -> bool:
         if event not in self.settings.events:
+            return False
+        if when is not None and not when(self.settings):
             return False
         return percent is None or percent >= self.settings.budget_warn_percent
 
@@ -115,20 +119,25 @@ class Alerts:
 
     def notify(self, event: str, subject_kind: str, subject: str, state: str, *, once: str,
                details: Mapping[str, Any] | None = None, percent: float | None = None,
-               shared: bool = False) -> None:
+               when: Callable[[AlertSettings], bool] | None = None,
+               part: str = "", shared: bool = False) -> None:
         """Queue ``event`` for every receiver that wants it and was not told of
         it with the same ``once`` token already; ``percent`` is checked against
-        each receiver's ``budget_warn_percent``. ``shared``: every replica may
+        each receiver's ``budget_warn_percent``, ``when`` (if given) against its
+        settings. ``part`` tells apart what of one subject is deduplicated
+        separately (an account's quota windows). ``shared``: every replica may
         notice it (state kept in Redis); only the one that claims it sends it."""
         alert: Alert | None = None
+        sent_key = (event, f"{subject}\x1f{part}" if part else subject)
         for receiver in self.receivers:
-            if not receiver.wants(event, percent) or receiver.sent.get((event, subject)) == once:
+            if not receiver.wants(event, percent, when) or receiver.sent.get(sent_key) == once:
                 continue
             alert = alert or Alert(event, subject_kind, subject, state, self._clock(),
-                                   details or {}, shared=once if shared else None)
+                                   details or {},
+                                   shared=(f"{part}:{once}" if part else once) if shared else None)
             try:
                 receiver.queue.put_nowait(alert)
-                receiver.sent[(event, subject)] = once
+                receiver.sent[sent_key] = once
             except asyncio.QueueFull:  # not marked sent: the next notice tries again
                 self.dropped.labels(event).inc()
                 log.warning("alerts.dropped", alert_event=event, subject=subject,

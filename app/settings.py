@@ -210,11 +210,21 @@ class RoutingSettings(BaseModel):
     default_model: str | None = None
     binding_ttl: float = Field(3600.0, gt=0)
     max_bindings: int = Field(100_000, gt=0)
+    # which account signed which thinking block (so none is sent to another account):
+    # at most max_signatures digests in memory, each kept signature_ttl seconds
+    signature_ttl: float = Field(7 * 86400.0, gt=0)
+    max_signatures: int = Field(100_000, gt=0)
     # an implicit session (content hash, `user`) leaves a worker holding more than
     # imbalance_abs requests more than the least loaded AND imbalance_rel times as many
     imbalance_abs: int = Field(2, ge=0)
     imbalance_rel: float = Field(1.5, ge=1)
     cooldown_seconds: float = Field(5.0, ge=0)
+    # cli accounts (docs/accounts.md, "Routing by quota"): a new conversation goes to the
+    # account with the most headroom (false: the policy alone chooses); quota_reserve maps
+    # a model (or alias) to the percent of each account's quota kept back from new
+    # conversations (a worker's own quota_reserve wins)
+    quota_routing: bool = True
+    quota_reserve: dict[str, float] = Field(default_factory=dict)
     # the prefix_cache policy: prompts cut in blocks of prefix_block_chars characters;
     # a worker's match counts from prefix_min_match characters; per worker at most
     # prefix_max_blocks blocks, each forgotten prefix_max_age seconds after its last use
@@ -222,6 +232,16 @@ class RoutingSettings(BaseModel):
     prefix_min_match: int = Field(256, ge=1)
     prefix_max_blocks: int = Field(20_000, ge=1)
     prefix_max_age: float = Field(600.0, gt=0)
+
+
+    @field_validator("quota_reserve")
+    @classmethod
+    def _check_quota_reserve(cls, reserves: dict[str, float]) -> dict[str, float]:
+        for model, percent in reserves.items():
+            if not 0 <= percent <= 100:
+                raise ValueError(f"quota_reserve[{model!r}] must be a percent from 0 to 100, "
+                                 f"not {percent:g}")
+        return reserves
 
 
 class ResponsesSettings(BaseModel):
@@ -301,6 +321,11 @@ class Settings(BaseSettings):
                 default in w.models or default in w.aliases for w in self.workers):
             raise ValueError(f"routing.default_model {default!r} is not a model or alias any "
                              "worker serves")
+        served = self.model_names()
+        unknown = sorted(m for m in self.routing.quota_reserve if self.workers and m not in served)
+        if unknown:
+            raise ValueError(f"routing.quota_reserve names {', '.join(map(repr, unknown))}, "
+                             "which no worker serves")
         return self
 
     def model_names(self) -> frozenset[str]:

@@ -9,6 +9,9 @@ private file the CLI reads once at startup, removed once it answered
 ``initialize``), and the client-chosen model and effort as ``--model=…`` /
 ``--effort=…`` (one argument each, never taken for another option).
 
+Quota: ``rate_limit_event`` is decoded with the output; the control request
+``get_usage`` is asked after turns as :mod:`pool.cli.claude_usage` decides.
+
 See :mod:`pool.cli.claude_events` for the output and
 :mod:`pool.cli.claude_transcript` for rebuilding a session with ``--resume``.
 """
@@ -20,6 +23,7 @@ import contextlib
 import itertools
 import os
 import re
+import time
 import uuid
 from typing import Any, AsyncIterator, Callable, Sequence
 
@@ -31,11 +35,14 @@ from .claude_transcript import (MCP_PREFIX, content_blocks, forget_session, forg
                                 write_transcript)
 from ..errors import BadRequest
 from .driver import DriverConfig, DriverError, credentials_stamp
+from ..quota import QuotaWindow
 from .events import (TERMINAL, CliEvent, CliHealth, ConversationSetup, ToolAnswer, Turn,
-                     TurnFailed)
+                     TurnFailed, TurnFinished)
 from .private import private_dir
 from .proc import JsonLineProcess, find_binary, run_probe
 from .prompt_file import PromptFile, remove_stale, safe_value
+from .claude_usage import AUTH_ENV as _AUTH_ENV, UsageAsker
+from .quota_events import claude_usage
 from .scrub import account_secrets
 
 __all__ = ["ClaudeDriver", "ClaudeConversation"]
@@ -48,9 +55,9 @@ _QUIET_ENV = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDA
               "DISABLE_COST_WARNINGS": "1", "CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY": "1",
               "CLAUDE_CODE_DISABLE_AUTO_MEMORY": "1",
               "MCP_TOOL_TIMEOUT": "100000000"}  # a held client tool call may take long
-_AUTH_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN")
 _SERVER = "gw"
 _PROBE_TIMEOUT = 30.0  # seconds for ``claude --version``
+_USAGE_TIMEOUT = 15.0  # Claude Code first tries the vendor's usage endpoint (5 s timeout)
 
 
 class ClaudeDriver:
@@ -64,6 +71,16 @@ class ClaudeDriver:
         self.idle_timeout = config.idle_timeout
         self.version: str | None = None
         self._argv0: list[str] = []
+        self.usage = UsageAsker(config.home, config.env)  # when get_usage is asked
+
+    @property
+    def on_quota(self) -> Callable[[tuple[QuotaWindow, ...]], None] | None:
+        """Where the account's quota windows from ``get_usage`` go (set by the host)."""
+        return self.usage.on_quota
+
+    @on_quota.setter
+    def on_quota(self, report: Callable[[tuple[QuotaWindow, ...]], None] | None) -> None:
+        self.usage.on_quota = report
 
     @property
     def env(self) -> dict[str, str]:
@@ -151,6 +168,7 @@ class ClaudeDriver:
             raise
         conversation = ClaudeConversation(proc, setup, session_id, self.idle_timeout)
         conversation.on_closed = lambda: forget_session(self.config.home, cwd, session_id)
+        conversation.on_turn_end = self.usage.after_turn
         try:
             await conversation.initialize()
         except BaseException:
@@ -159,7 +177,7 @@ class ClaudeDriver:
         return conversation
 
     async def stop(self) -> None:
-        return None
+        self.usage.stop()
 
 
 class ClaudeConversation:
@@ -179,6 +197,10 @@ class ClaudeConversation:
         self._answers: dict[str, ToolAnswer] = {}        # answered before the CLI asked
         self._reader = asyncio.ensure_future(self._read())
         self.on_closed: Callable[[], None] | None = None  # deletes the session's transcript
+        #: called when a turn ended (not paused on a client tool), with the gist of the
+        #: rate_limit_event that came during it, if any (the driver may ask get_usage)
+        self.on_turn_end: Callable[[ClaudeConversation, tuple[str, ...] | None], None] | None \
+            = None
 
     @property
     def session_id(self) -> str | None:
@@ -236,9 +258,13 @@ class ClaudeConversation:
                 self.proc.proc.kill()
                 yield TurnFailed("timeout", f"claude said nothing for {self.idle_timeout:g} s")
                 return
-            yield event
             if isinstance(event, TERMINAL):
+                if self.on_turn_end is not None and isinstance(event, (TurnFinished, TurnFailed)):
+                    info, self._parser.rate_info = self._parser.rate_info, None
+                    self.on_turn_end(self, info)
+                yield event
                 return
+            yield event
 
     async def _read(self) -> None:
         try:
@@ -260,6 +286,19 @@ class ClaudeConversation:
                 if not future.done():
                     future.set_exception(BrokenPipeError("claude exited"))
             self._events.put_nowait(TurnFailed("upstream", self.proc.why_exited()))
+
+    async def usage(self) -> tuple[QuotaWindow, ...]:
+        """The account's windows by the control request ``get_usage`` (nothing when
+        the process cannot answer it: it exited, it is too old, it timed out)."""
+        try:
+            response = await self._control({"subtype": "get_usage"}, timeout=_USAGE_TIMEOUT)
+        except (OSError, TimeoutError) as exc:  # the process exited, or was too slow
+            log.info("cli.claude_usage_unanswered", error=type(exc).__name__)
+            return ()
+        if response.get("subtype") != "success":
+            log.info("cli.claude_usage_refused", error=str(response.get("error"))[:200])
+            return ()
+        return claude_usage(response.get("response"), time.time())
 
     async def _control(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
         request_id = f"gw_{next(self._ids)}"

@@ -19,8 +19,8 @@ from typing import Any, Iterable, Sequence
 
 import orjson
 
-from ..model import (ExecutedToolPart, ImagePart, Message, TextPart, ToolCallPart, ToolResultPart,
-                     executed_text)
+from ..model import (ExecutedToolPart, ImagePart, Message, ReasoningPart, TextPart, ToolCallPart,
+                     ToolResultPart, executed_text)
 from .history import tool_result_text
 from .private import private_dir, remove_quietly, write_private
 
@@ -53,10 +53,23 @@ def forget_sessions(home: str, cwd: str) -> None:
 
 
 def content_blocks(message: Message, client_tools: frozenset[str]) -> list[dict[str, Any]]:
-    """A canonical message as Anthropic content blocks, client tools under their MCP names."""
+    """A canonical message as Anthropic content blocks, client tools under their MCP names.
+
+    Signed thinking (and redacted thinking) goes in as it came: the gateway
+    sends a worker only what its own account signed (or what it cannot tell
+    apart, see :mod:`pool.signatures`), and Anthropic wants the thinking that
+    opened a tool-use turn back while thinking is on. Unsigned reasoning (a
+    Chat Completions client's) and OpenAI's encrypted reasoning have no form
+    the API takes: left out."""
     blocks: list[dict[str, Any]] = []
     for part in message.parts:
-        if isinstance(part, TextPart):
+        if isinstance(part, ReasoningPart):
+            if part.redacted_data is not None:
+                blocks.append({"type": "redacted_thinking", "data": part.redacted_data})
+            elif part.signature is not None:
+                blocks.append({"type": "thinking", "thinking": part.text,
+                               "signature": part.signature})
+        elif isinstance(part, TextPart):
             if part.text:
                 blocks.append({"type": "text", "text": part.text})
         elif isinstance(part, ExecutedToolPart):  # already ran: the model sees what it did

@@ -20,6 +20,18 @@ first text delta, ``hang`` reads a user message and never answers,
 a 429 result (a 429 from the upstream does the same), ``leak-token`` prints
 its bearer token on stderr at the first user message and exits 1.
 
+Quota, as the real one reads it (docs/cli-workers.md, "Quota"): with a
+subscription login (``.credentials.json``, no API key) the upstream's
+``anthropic-ratelimit-unified-*`` headers become a ``rate_limit_event`` line
+whenever the derived info changes (``allowed_warning`` with the window's
+``utilization`` fraction by the real warning rule, ``rejected`` at the limit,
+else ``allowed``), with every window's numbers in ``unifiedWindows`` as 2.1.332
+sends them (``FAKE_CLAUDE_RATE_EVENTS=2.1.197``: without, as the older one);
+the control request ``get_usage`` answers every window's percent and ISO reset
+from the last answer's headers (``FAKE_CLAUDE_USAGE=hang``: never;
+``junk``: with junk). ``FAKE_CLAUDE_FAULT=junk-quota`` prints junk
+``rate_limit_event`` lines before each real one.
+
 ``auth login``: see fake_claude_login.py (the real prompts, the code read from a pty).
 """
 
@@ -134,6 +146,8 @@ class Cli:
         mcp = opts.get("--mcp-config")
         self.mcp = json.loads(mcp)["mcpServers"] if mcp else {}
         self.token = self.credentials()
+        self.rate_info: dict | None = None  # the last rate_limit_info emitted
+        self.windows: dict[str, tuple[float, int]] = {}  # name -> (fraction, reset) from headers
 
     # --- state on disk ---
 
@@ -201,6 +215,16 @@ class Cli:
                 waiter.put(None)
         elif subtype == "initialize":
             response = {"commands": [], "output_style": "default"}
+        elif subtype == "get_usage" and ENV.get("FAKE_CLAUDE_USAGE") == "hang":
+            return
+        elif subtype == "get_usage" and ENV.get("FAKE_CLAUDE_USAGE") == "junk":
+            response = {"rate_limits": {"five_hour": {"utilization": "lots"}, "x" * 500: {},
+                                        "seven_day": [1], "w": {"utilization": 1e308 * 10}}}
+        elif subtype == "get_usage":
+            response = {"subscription_type": "max", "rate_limits_available": True,
+                        "rate_limits": {name: {"utilization": round(fraction * 100, 2),
+                                               "resets_at": _iso(reset)}
+                                        for name, (fraction, reset) in self.windows.items()}}
         emit({"type": "control_response", "response": {
             "subtype": "success", "request_id": msg["request_id"], "response": response}})
 
@@ -305,6 +329,8 @@ class Cli:
         body = {"model": self.model, "max_tokens": int(ENV.get("CLAUDE_CODE_MAX_OUTPUT_TOKENS", "32000")),
                 "stream": True, "system": [{"type": "text", "text": system}],
                 "messages": self.messages, "metadata": {"user_id": self.session_id}}
+        if ENV.get("MAX_THINKING_TOKENS"):  # as the real CLI: extended thinking with that budget
+            body["thinking"] = {"type": "enabled", "budget_tokens": int(ENV["MAX_THINKING_TOKENS"])}
         tools = self.tools()
         if self.opts.get("--tools") != "" and not tools:
             tools = [{"name": "Read", "description": "Read a file", "input_schema": {"type": "object"}}]
@@ -328,7 +354,7 @@ class Cli:
                 response = _opener(base).open(request, timeout=600)
             except urllib.error.HTTPError as exc:
                 if exc.code == 429:
-                    return self.limited()
+                    return (429, {}) if self.read_quota(exc.headers) else self.limited()
                 if attempt > 10 or exc.code not in (401, 500, 529):
                     return exc.code, {}
                 emit({"type": "system", "subtype": "api_retry", "attempt": attempt, "max_retries": 10,
@@ -339,8 +365,58 @@ class Cli:
                 continue
             except urllib.error.URLError:  # the upstream (or the proxy) cannot be reached
                 return 503, {}
+            self.read_quota(response.headers)
             return self.relay(response, usage)
         return 500, {}
+
+    def read_quota(self, headers) -> bool:
+        """A subscription's ``rate_limit_event``, when the derived info changed;
+        False when the answer says nothing of the quota (or an API key is used)."""
+        p = "anthropic-ratelimit-unified-"
+        status = headers.get(p + "status")
+        if status is None or self.token is None or ENV.get("ANTHROPIC_API_KEY"):
+            return False
+        windows: dict[str, tuple[float, int]] = {}
+        unified: dict[str, dict] = {}
+        warned: tuple[str, float, int] | None = None
+        for abbr, name, length, rules in (("5h", "five_hour", 18000, ((0.9, 0.72),)),
+                                          ("7d", "seven_day", 604800,
+                                           ((0.75, 0.6), (0.5, 0.35), (0.25, 0.15)))):
+            used, reset = headers.get(f"{p}{abbr}-utilization"), headers.get(f"{p}{abbr}-reset")
+            if used is None or reset is None:
+                continue
+            windows[name] = (float(used), int(reset))
+            unified[name] = {"utilization": float(used), "resetsAt": int(reset),
+                             "status": headers.get(f"{p}{abbr}-status")}
+            elapsed = (time.time() - (int(reset) - length)) / length
+            if warned is None and (headers.get(f"{p}{abbr}-surpassed-threshold") is not None
+                                   or any(float(used) >= u and elapsed <= e for u, e in rules)):
+                warned = (name, float(used), int(reset))
+        self.windows = windows
+        info: dict = {"status": status, "resetsAt": int(headers.get(p + "reset") or 0),
+                      "rateLimitType": headers.get(p + "representative-claim"),
+                      "overageStatus": headers.get(p + "overage-status"),
+                      "overageDisabledReason": headers.get(p + "overage-disabled-reason"),
+                      "isUsingOverage": False}
+        if status != "rejected":
+            info["status"] = "allowed"
+            if warned is not None:
+                info.update(status="allowed_warning", rateLimitType=warned[0],
+                            resetsAt=warned[2], utilization=warned[1])
+        info = {k: v for k, v in info.items() if v is not None}
+        if unified and ENV.get("FAKE_CLAUDE_RATE_EVENTS") != "2.1.197":
+            info["unifiedWindows"] = unified
+        if ENV.get("FAKE_CLAUDE_FAULT") == "junk-quota":
+            for junk in (None, "x", [1], {"status": "allowed_warning", "utilization": "high",
+                                          "rateLimitType": {"a": 1}},
+                         {"status": "rejected", "rateLimitType": "five hour\n", "resetsAt": -5},
+                         {"unifiedWindows": {"z" * 200: {"utilization": 0.5}, "a": 7}}):
+                emit({"type": "rate_limit_event", "rate_limit_info": junk})
+        if info != self.rate_info:
+            self.rate_info = info
+            emit({"type": "rate_limit_event", "rate_limit_info": info,
+                  "uuid": str(uuid.uuid4()), "session_id": self.session_id})
+        return True
 
     def limited(self) -> tuple[object, dict]:
         """A subscription's limit: reported once with its reset time, not retried."""
@@ -433,6 +509,10 @@ class Cli:
         else:
             text = f"API Error: {status}"
         self.result(True, "success", text, usage, turns, api_error_status=status)
+
+
+def _iso(unix: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(unix))
 
 
 def main() -> int:
