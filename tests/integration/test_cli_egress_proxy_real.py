@@ -117,6 +117,7 @@ def _gemini_through(tmp_path: Path, gemini_bin: str, upstream: GeminiCliUpstream
         assert upstream.generations() and upstream_host in proxy.targets()
         assert proxy.refused == []
         proxy.stop()
+        time.sleep(1.0)  # a background call (quota, experiments) tunnelled before the stop lands
         seen = len(upstream.requests)
         with pytest.raises(openai.APIError) as failed:
             client.chat.completions.create(
