@@ -77,9 +77,6 @@ def test_a_rebuilt_transcript_sends_its_signed_thinking_as_it_was(served):
         "type": "thinking", "thinking": THOUGHT, "signature": signature_for(THOUGHT)}
 
 
-@pytest.mark.xfail(strict=True, reason="found, not fixed here: resuming a transcript that ends "
-                   "in a tool call, Claude Code 2.1.332 records that call as interrupted and the "
-                   "client's tool result reaches the model as '(no content)'")
 def test_a_rebuilt_tool_turn_gets_the_clients_tool_result(served):
     client, upstream = served
     answer = client.messages.create(
