@@ -1,6 +1,6 @@
 """What the fake ``claude`` does with a session it resumes (``--resume``), as
 Claude Code 2.1.332 does (seen on the real binary against a fake upstream,
-docs/cli-workers.md, "Rebuilding a conversation"):
+docs/cli-workers.md, "Claude Code"):
 
 * only the ``user`` and ``assistant`` rows are messages (attachments, queue
   operations and the like are not);

@@ -118,6 +118,7 @@ def test_a_rebuilt_tool_turn_gets_the_clients_tool_result(served, thinking):
     if thinking:
         assert sent["messages"][1]["content"][0]["signature"] == signature_for(THOUGHT)
     assert _results(sent) == {"toolu_01": "Sunny 21C"}
+    assert [t["name"] for t in sent["tools"]] == ["mcp__gw__get_weather"]  # it may call again
     assert sent["messages"][-1]["content"][-1]["text"] == "Continue from where you left off."
     _nothing_made_up(sent)
     assert answer.content[-1].text.startswith("tool said: Sunny 21C")
