@@ -38,6 +38,7 @@ WEATHER_OPENAI = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city", "parameters": SCHEMA}}]
 THOUGHT = reasoning_for("weather")
 THINK = {"type": "enabled", "budget_tokens": 1024}
+PIXEL = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
 
 
 @pytest.fixture
@@ -194,3 +195,31 @@ def test_openai_responses_tool_loop_sent_to_a_fresh_session_keeps_its_thinking(s
     assert sent["messages"][1]["content"][0]["thinking"] == reasoning.summary[0].text
     _nothing_made_up(sent)
     assert "--resume" in spawns(log)[-1]["argv"]
+
+
+
+def test_results_with_an_image_rebuild_the_held_conversation_and_reach_the_model(served, upstream):
+    """An image after the results cannot go through the held call (MCP takes
+    text): the CLI holding it is let go and the conversation rebuilt, results
+    and image in the session."""
+    url, http, log = served
+    asked = [{"role": "user", "content": 'weather? [[tool:mcp__gw__get_weather {"city": "Nice"}]]'}]
+    with anthropic.Anthropic(base_url=url, api_key=KEYS["team-a"], max_retries=0) as client:
+        first = client.messages.create(model=MODEL, max_tokens=4096, tools=[WEATHER],
+                                       messages=asked)
+        [use] = [b for b in first.content if b.type == "tool_use"]
+        answer = client.messages.create(model=MODEL, max_tokens=4096, tools=[WEATHER], messages=[
+            *asked, {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": use.id, "content": "Windy 18C"},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                             "data": PIXEL}}]}])
+    assert answer.content[-1].text == "tool said: Windy 18C"
+    sent = upstream.last.body
+    assert _results(sent) == {use.id: "Windy 18C"}
+    assert {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                        "data": PIXEL}} in _blocks(sent["messages"][-1])
+    _nothing_made_up(sent)
+    assert len(spawns(log)) == 2 and "--resume" in spawns(log)[1]["argv"]
+    assert _sessions(http, {"hits": 0, "misses": 1, "rebuilds": 1}) == {
+        "hits": 0, "misses": 1, "rebuilds": 1}
