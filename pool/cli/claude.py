@@ -12,8 +12,9 @@ private file the CLI reads once at startup, removed once it answered
 Quota: ``rate_limit_event`` is decoded with the output; the control request
 ``get_usage`` is asked after turns as :mod:`pool.cli.claude_usage` decides.
 
-See :mod:`pool.cli.claude_events` for the output and
-:mod:`pool.cli.claude_transcript` for rebuilding a session with ``--resume``.
+See :mod:`pool.cli.claude_events` for the output,
+:mod:`pool.cli.claude_transcript` for rebuilding a session with ``--resume``
+and :mod:`pool.cli.claude_resume` for one that ends in the model's tool calls.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ import orjson
 import structlog
 
 from .claude_events import ClaudeStream
+from .claude_resume import ResultsFirst, ends_in_tool_calls
 from .claude_transcript import (MCP_PREFIX, content_blocks, forget_session, forget_sessions,
                                 write_transcript)
 from ..errors import BadRequest
+from ..model import Message
 from .driver import DriverConfig, DriverError, credentials_stamp
 from ..quota import QuotaWindow
 from .events import (TERMINAL, CliEvent, CliHealth, ConversationSetup, ToolAnswer, Turn,
@@ -117,10 +120,16 @@ class ClaudeDriver:
         """The account's secret values (scrubbed from what the CLI prints)."""
         return account_secrets(self.config.home, self.config.env)
 
-    async def open(self, setup: ConversationSetup) -> ClaudeConversation:
+    async def open(self, setup: ConversationSetup) -> ClaudeConversation | ResultsFirst:
         for param, value in (("model", setup.model), ("reasoning_effort", setup.effort)):
             if value is not None and not safe_value(value, 128):
                 raise BadRequest(f"{param}: not a value the claude CLI takes", param=param)
+        if ends_in_tool_calls(setup.history):  # started by the client's results (claude_resume)
+            return ResultsFirst(lambda results: self._open(setup, results))
+        return await self._open(setup)
+
+    async def _open(self, setup: ConversationSetup,
+                    results: tuple[Message, ...] = ()) -> ClaudeConversation:
         session_id = str(uuid.uuid4())
         argv = [*self._argv0, "-p", "--input-format", "stream-json", "--output-format",
                 "stream-json", "--verbose", "--include-partial-messages", f"--model={setup.model}"]
@@ -134,13 +143,13 @@ class ClaudeDriver:
                 prompt = PromptFile(self.config.home, setup.system)
                 argv += ["--append-system-prompt-file", prompt.path]
         try:
-            return await self._spawn(setup, session_id, argv)
+            return await self._spawn(setup, session_id, argv, results)
         finally:
             if prompt is not None:  # read at startup: gone once the CLI answered initialize
                 prompt.remove()
 
-    async def _spawn(self, setup: ConversationSetup, session_id: str,
-                     argv: list[str]) -> ClaudeConversation:
+    async def _spawn(self, setup: ConversationSetup, session_id: str, argv: list[str],
+                     results: tuple[Message, ...]) -> ClaudeConversation:
         if setup.tools:
             argv += ["--mcp-config", orjson.dumps(
                 {"mcpServers": {_SERVER: {"type": "sdk", "name": _SERVER}}}).decode(),
@@ -149,12 +158,14 @@ class ClaudeDriver:
             argv.append(f"--effort={setup.effort}")
         cwd = setup.workspace or self.config.cwd
         if setup.history:
-            write_transcript(self.config.home, cwd, session_id, setup.model,
-                             setup.history, (t.name for t in setup.tools), self.version)
+            write_transcript(self.config.home, cwd, session_id, setup.model, (
+                *setup.history, *results), (t.name for t in setup.tools), self.version)
             argv += ["--resume", session_id]
         else:
             argv += ["--session-id", session_id]
         env = self.env
+        if results:  # the session ends with them: the CLI runs that turn by itself at start
+            env["CLAUDE_CODE_RESUME_INTERRUPTED_TURN"] = "1"
         if setup.max_tokens:
             env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(setup.max_tokens)
         if setup.thinking_budget:
@@ -220,6 +231,10 @@ class ClaudeConversation:
         content: Any = (blocks[0]["text"] if len(blocks) == 1 and blocks[0]["type"] == "text"
                         else blocks)
         self.proc.send({"type": "user", "message": {"role": "user", "content": content}})
+        return self._step()
+
+    def resumed_turn(self) -> AsyncIterator[CliEvent]:
+        """The turn the CLI runs by itself at start (a session ending in tool results)."""
         return self._step()
 
     def answer_tools(self, answers: Sequence[ToolAnswer]) -> AsyncIterator[CliEvent]:

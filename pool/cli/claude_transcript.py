@@ -89,6 +89,17 @@ def content_blocks(message: Message, client_tools: frozenset[str]) -> list[dict[
     return blocks
 
 
+def _recorded(block: dict[str, Any]) -> dict[str, Any]:
+    """A block as Claude Code records it: a tool result's text as a text block
+    (the CLI adds its reminders as blocks of their own, the client's text stays
+    one), no ``is_error`` unless it is one."""
+    if block["type"] != "tool_result":
+        return block
+    recorded = {"tool_use_id": block["tool_use_id"], "type": "tool_result",
+                "content": [{"type": "text", "text": block["content"]}] if block["content"] else ""}
+    return {**recorded, "is_error": True} if block["is_error"] else recorded
+
+
 def _image_source(part: ImagePart) -> dict[str, Any]:
     if part.data is not None:
         return {"type": "base64", "media_type": part.media_type or "image/png", "data": part.data}
@@ -115,7 +126,7 @@ def write_transcript(home: str, cwd: str, session_id: str, model: str,
                     "tool_use" if any(b["type"] == "tool_use" for b in content) else "end_turn",
                 "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
         else:
-            body = {"role": "user", "content": content}
+            body = {"role": "user", "content": [_recorded(b) for b in content]}
         lines.append(orjson.dumps({
             "parentUuid": parent, "isSidechain": False, "userType": "external", "cwd": cwd,
             "sessionId": session_id, "version": version or "2.1.197",

@@ -9,7 +9,8 @@ line per content block, ``user`` tool results, ``result`` with the turn's
 usage; control ``initialize`` and ``interrupt``; the in-band SDK MCP server of
 ``--mcp-config`` (``mcp_message`` initialize, tools/list, a held tools/call);
 ``--session-id`` / ``--resume`` with ``$CLAUDE_CONFIG_DIR/projects/<cwd>/<sid>.jsonl``
-(an unknown session fails as the real one does); the not-logged-in pair when
+(an unknown session fails as the real one does; what a resume does to a
+session that ends in a tool call: fake_claude_resume.py); the not-logged-in pair when
 there is neither ``.credentials.json`` nor an API key; a 401 from the upstream
 as ``system/api_retry`` lines, ten of them, a second apart, as with an API key.
 
@@ -49,6 +50,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+
+import fake_claude_resume as resume  # the same directory
 
 VERSION = "2.1.197"
 MCP_PREFIX = "mcp__gw__"
@@ -137,6 +140,7 @@ class Cli:
         self.project = os.path.join(self.home, "projects", re.sub(r"[^A-Za-z0-9]", "-", os.getcwd()))
         self.messages: list[dict] = []
         self.last_uuid: str | None = None
+        self.resume_turn = False  # the resumed session is an interrupted turn, run at start
         self.inbox: queue.Queue = queue.Queue()
         self.pending: dict[str, queue.Queue] = {}
         self.interrupted = threading.Event()
@@ -165,10 +169,14 @@ class Cli:
                 records = [json.loads(line) for line in fh if line.strip()]
         except OSError:
             return False
-        for record in records:
-            message = record["message"]
-            self.messages.append({"role": message["role"], "content": message["content"]})
-            self.last_uuid = record["uuid"]
+        self.messages = resume.messages_of(records)
+        self.last_uuid = next((r["uuid"] for r in reversed(records) if r.get("uuid")), None)
+        interrupted = resume.interrupted_results(self.messages)
+        if interrupted:
+            self.save({"role": "user", "content": interrupted})
+        self.resume_turn = resume.resumes_interrupted_turn(self.messages, ENV)
+        if not self.resume_turn and resume.ends_unanswered(self.messages):
+            self.save({"role": "assistant", "content": [{"type": "text", "text": resume.NO_RESPONSE}]})
         return True
 
     def save(self, message: dict) -> None:
@@ -259,7 +267,8 @@ class Cli:
                                            "input_schema": tool.get("inputSchema", {})})
         return self.mcp_tools
 
-    def turn(self, user: dict) -> None:
+    def turn(self, user: dict | None) -> None:
+        """One turn: of a prompt from stdin, or (None) the interrupted turn resumed."""
         self.interrupted.clear()
         emit({"type": "system", "subtype": "init", "session_id": self.session_id, "model": self.model,
               "tools": [t["name"] for t in self.tools()], "cwd": os.getcwd(),
@@ -269,7 +278,11 @@ class Cli:
         if self.token is None and not ENV.get("ANTHROPIC_API_KEY"):
             self.not_logged_in()
             return
-        self.save({"role": "user", "content": user["message"]["content"]})
+        if user is None:
+            self.save({"role": "user", "content": [{"type": "text", "text": resume.CONTINUE}]})
+        else:
+            self.save({"role": "user", "content": resume.prompt_content(
+                user["message"]["content"], self.messages)})
         usage = {"input_tokens": 0, "output_tokens": 0}
         texts: list[str] = []
         for step in range(1, 50):
@@ -328,7 +341,7 @@ class Cli:
                 "\n" + self.opts["--append-system-prompt"] if "--append-system-prompt" in self.opts else "")
         body = {"model": self.model, "max_tokens": int(ENV.get("CLAUDE_CODE_MAX_OUTPUT_TOKENS", "32000")),
                 "stream": True, "system": [{"type": "text", "text": system}],
-                "messages": self.messages, "metadata": {"user_id": self.session_id}}
+                "messages": resume.merged(self.messages), "metadata": {"user_id": self.session_id}}
         if ENV.get("MAX_THINKING_TOKENS"):  # as the real CLI: extended thinking with that budget
             body["thinking"] = {"type": "enabled", "budget_tokens": int(ENV["MAX_THINKING_TOKENS"])}
         tools = self.tools()
@@ -535,6 +548,8 @@ def main() -> int:
         sys.stderr.write(f"No conversation found with session ID: {cli.session_id}\n")
         return 1
     threading.Thread(target=cli.read_stdin, daemon=True).start()
+    if cli.resume_turn:
+        cli.turn(None)
     while (msg := cli.inbox.get()) is not None:
         if ENV.get("FAKE_CLAUDE_FAULT") == "hang":
             time.sleep(3600)
