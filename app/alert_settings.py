@@ -24,6 +24,10 @@ EVENTS: Mapping[str, str] = {
     "worker_crash_looping": "a worker's process keeps failing (crash_loop_threshold)",
     "key_over_budget": "a key's daily or monthly token budget is used up (once per budget window)",
     "key_near_budget": "a key used budget_warn_percent of a budget (once per budget window)",
+    "account_quota_low": "a quota window of a cli account has less than quota_warn_percent "
+                         "left (once per window until it resets)",
+    "account_quota_forecast": "a quota window of a cli account is forecast to run out within "
+                              "forecast_warn_minutes (once per window until it resets)",
 }
 
 
@@ -38,6 +42,8 @@ class AlertSettings(BaseModel):
     secret_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     secret: SecretStr | None = None  # resolved from secret_env; never in a body or a log
     budget_warn_percent: float = Field(80.0, gt=0, lt=100)  # key_near_budget fires at this
+    quota_warn_percent: float = Field(20.0, gt=0, lt=100)   # account_quota_low: left below this
+    forecast_warn_minutes: float = Field(60.0, gt=0, le=10080)  # account_quota_forecast: within
     timeout: float = Field(5.0, gt=0, le=60)            # one POST, seconds
     retry_initial: float = Field(1.0, gt=0, le=60)      # first backoff, doubled per attempt
     retry_max: float = Field(60.0, gt=0, le=3600)       # backoff ceiling

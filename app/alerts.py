@@ -55,6 +55,7 @@ class Alert:
     time: float
     details: Mapping[str, Any] = field(default_factory=dict)
     id: str = field(default_factory=lambda: secrets.token_hex(12))
+    shared: str | None = None  # its once token, when every replica may notice it (claims)
 
     def body(self) -> bytes:
         return orjson.dumps({
@@ -78,11 +79,15 @@ class _Receiver:
     def __init__(self, settings: AlertSettings, queue_size: int) -> None:
         self.settings = settings
         self.queue: asyncio.Queue[Alert] = asyncio.Queue(queue_size)
-        self.sent: dict[tuple[str, str], str] = {}  # (event, subject) -> its once token
+        # (event, subject or "subject\x1fpart") -> its once token
+        self.sent: dict[tuple[str, str], str] = {}
         self.task: asyncio.Task[None] | None = None
 
-    def wants(self, event: str, percent: float | None) -> bool:
+    def wants(self, event: str, percent: float | None,
+              when: Callable[[AlertSettings], bool] | None) -> bool:
         if event not in self.settings.events:
+            return False
+        if when is not None and not when(self.settings):
             return False
         return percent is None or percent >= self.settings.budget_warn_percent
 
@@ -95,6 +100,8 @@ class Alerts:
         self.receivers = [_Receiver(s, queue_size) for s in settings]
         self._clock = clock
         self._client: aiohttp.ClientSession | None = None
+        # sessions.alert_claims.RedisAlertClaims with Redis: a shared alert is sent by one replica
+        self.claims: Any = None
         self.sent = Counter("poolgate_alerts_sent", "Alerts a receiver accepted (2xx).",
                             ["event"], registry=registry)
         self.failed = Counter("poolgate_alerts_failed",
@@ -111,19 +118,26 @@ class Alerts:
         return any(event in r.settings.events for r in self.receivers)
 
     def notify(self, event: str, subject_kind: str, subject: str, state: str, *, once: str,
-               details: Mapping[str, Any] | None = None, percent: float | None = None) -> None:
+               details: Mapping[str, Any] | None = None, percent: float | None = None,
+               when: Callable[[AlertSettings], bool] | None = None,
+               part: str = "", shared: bool = False) -> None:
         """Queue ``event`` for every receiver that wants it and was not told of
         it with the same ``once`` token already; ``percent`` is checked against
-        each receiver's ``budget_warn_percent``."""
+        each receiver's ``budget_warn_percent``, ``when`` (if given) against its
+        settings. ``part`` tells apart what of one subject is deduplicated
+        separately (an account's quota windows). ``shared``: every replica may
+        notice it (state kept in Redis); only the one that claims it sends it."""
         alert: Alert | None = None
+        sent_key = (event, f"{subject}\x1f{part}" if part else subject)
         for receiver in self.receivers:
-            if not receiver.wants(event, percent) or receiver.sent.get((event, subject)) == once:
+            if not receiver.wants(event, percent, when) or receiver.sent.get(sent_key) == once:
                 continue
             alert = alert or Alert(event, subject_kind, subject, state, self._clock(),
-                                   details or {})
+                                   details or {},
+                                   shared=(f"{part}:{once}" if part else once) if shared else None)
             try:
                 receiver.queue.put_nowait(alert)
-                receiver.sent[(event, subject)] = once
+                receiver.sent[sent_key] = once
             except asyncio.QueueFull:  # not marked sent: the next notice tries again
                 self.dropped.labels(event).inc()
                 log.warning("alerts.dropped", alert_event=event, subject=subject,
@@ -160,11 +174,21 @@ class Alerts:
         while True:
             alert = await receiver.queue.get()
             try:
+                if not await self._claimed(receiver, alert):
+                    continue  # another replica sends it
                 delivered = await self._post(receiver.settings, alert)
             except Exception as exc:  # a bug here must not end the receiver's task
                 log.error("alerts.send_bug", alert_event=alert.event, error=type(exc).__name__)
                 delivered = False
             (self.sent if delivered else self.failed).labels(alert.event).inc()
+
+    async def _claimed(self, receiver: _Receiver, alert: Alert) -> bool:
+        """Whether this replica sends ``alert`` to ``receiver``: always, unless it
+        is shared and another replica claimed it first (per receiver, by its URL's hash)."""
+        if alert.shared is None or self.claims is None:
+            return True
+        url = hashlib.sha256(receiver.settings.url.encode()).hexdigest()[:16]
+        return bool(await self.claims.claim(f"{url}:{alert.event}:{alert.subject}:{alert.shared}"))
 
     async def _post(self, settings: AlertSettings, alert: Alert) -> bool:
         """Whether the receiver took ``alert``, after up to ``max_attempts`` tries."""

@@ -22,18 +22,22 @@ from pool.pool import Pool
 from pool.local.defaults import find_default_model
 from pool.childenv import child_environment, proxy_environment
 from pool.cli.sandbox import resolve_sandbox
+from pool.cli.counted import CountedWindow
 from pool.cli.worker import CliSpec, CliWorker
 from pool.dumpable import undumpable
 from pool.local.worker import LocalSpec, LocalWorker
 from pool.process import ProcessSpec, ProcessWorker
+from pool.headroom import QuotaRouting
 from pool.routing import make_policy
 from pool.supervisor import SupervisorPolicy
 from pool.remote import RemoteSpec, make_remote_worker
 from pool.remote.lean_check import self_test as lean_self_test
 from pool.remote.policy import PassPolicy
+from sessions.alert_claims import RedisAlertClaims
 
 from .accounts import Accounts
 from .alerts import AccountAlerts, Alerts
+from .quota_alerts import QuotaAlerts
 from .gateway import Gateway
 from .hot import GatewayApp, HotRoute, hot_table, unhandled
 from .logins import Logins
@@ -151,7 +155,8 @@ def cli_spec(w: Any, environment: Mapping[str, str] | None = None) -> CliSpec:
         conversation_idle=w.conversation_idle, idle_timeout=w.idle_timeout,
         sandbox=sandbox, workspace_root=w.workspace_root,
         login_timeout=w.login_timeout, login_probe_interval=w.login_probe_interval,
-        proxy=_secret(w.proxy),
+        proxy=_secret(w.proxy), quota_reserve=w.quota_reserve,
+        quota_windows=tuple(CountedWindow(q.name, q.seconds, q.tokens) for q in w.quota_windows),
         supervision=SupervisorPolicy(
             ready_timeout=w.ready_timeout or 30.0, health_interval=w.health_interval,
             health_timeout=w.health_timeout, backoff_initial=w.backoff_initial,
@@ -186,8 +191,10 @@ def create_app(settings: Any) -> Starlette:
                                           per_key_limit=server.max_in_flight_per_key or None,
                                           max_wait=server.queue_timeout),
                  bindings=stores.bindings, cli_sessions=stores.cli_sessions,
+                 signatures=stores.signatures,
                  redis=stores.link, locks=stores.locks, drains=Drains(stores.drained),
                  cooldown_seconds=settings.routing.cooldown_seconds,
+                 quota=quota_routing(settings),
                  log_requests=server.log_level in ("debug", "info"),
                  stream_grace=server.stream_grace, ping_interval=server.ping_interval,
                  keyring=keys, config_keys=frozenset(secrets),
@@ -200,6 +207,8 @@ def create_app(settings: Any) -> Starlette:
     gw.accounts = Accounts.from_settings(settings)
     gw.logins = Logins(gw.accounts, gw.metrics.registry, settings.environment, locks=gw.locks)
     alerts = Alerts(settings.alerts, gw.metrics.registry)
+    if stores.link is not None:  # budgets are shared: one replica sends their alerts
+        alerts.claims = RedisAlertClaims(stores.link)
     gw.logins.alerts = gw.teams.alerts = alerts
 
     @contextlib.asynccontextmanager
@@ -232,6 +241,10 @@ def create_app(settings: Any) -> Starlette:
                 stack.push_async_callback(alerts.aclose)
                 crashes = asyncio.ensure_future(alerts.watch_workers(lambda: gw.pool.workers))
                 stack.callback(crashes.cancel)
+                quota_alerts = QuotaAlerts(alerts)
+                if quota_alerts.wanted():
+                    quota = asyncio.ensure_future(quota_alerts.watch(lambda: gw.pool.workers))
+                    stack.callback(quota.cancel)
             await _open_runtime_workers(gw, settings, stores.workers, stack)
             probes = asyncio.ensure_future(gw.pool.probe_forever(server.health_interval))
             stack.callback(probes.cancel)
@@ -283,6 +296,7 @@ def create_app(settings: Any) -> Starlette:
         Route("/internal/session/export", account_routes.session_export, methods=["POST"]),
         Route("/internal/workers/{name}/{action}", ops.worker_action, methods=["POST"]),
         Route("/internal/stats", ops.internal_stats, methods=["GET"]),
+        Route("/internal/accounts", account_routes.list_accounts, methods=["GET"]),
         Route("/internal/usage", key_routes.usage, methods=["GET"]),
         Route("/internal/keys", key_routes.list_keys, methods=["GET"]),
         Route("/internal/keys", key_routes.create_key, methods=["POST"]),
@@ -329,6 +343,7 @@ async def _start_redis(gw: Gateway, stack: contextlib.AsyncExitStack) -> None:
     link = gw.redis
     stack.push_async_callback(link.aclose)
     stack.push_async_callback(gw.teams.limits.aclose)  # leases back, charges sent; then close
+    stack.push_async_callback(gw.signatures.aclose)  # the notes still being written
     if not await link.ping():
         log.warning("gateway.redis_unreachable")
 
@@ -403,6 +418,16 @@ async def _remote_swap_checked() -> bool:
 
 async def _unhandled(request: Request, exc: Exception) -> Response:
     return unhandled(exc, _dialect(request))
+
+
+def quota_routing(settings: Any) -> QuotaRouting:
+    """``[routing]``'s quota rules for cli accounts, the reserves keyed by the
+    served model (an alias in the configuration means its model)."""
+    reserves: dict[str, float] = {}
+    for name, percent in settings.routing.quota_reserve.items():
+        model = next((m for w in settings.workers if (m := w.resolve(name)) is not None), name)
+        reserves[model] = percent
+    return QuotaRouting(reserves=reserves, by_headroom=settings.routing.quota_routing)
 
 
 def _build_policies(gw: Gateway, routing: Any) -> None:

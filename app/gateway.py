@@ -5,15 +5,20 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
+
+import structlog
 
 from auth.keys import KeyRing, TokenGate
 from auth.limits import MemoryLimits
 from pool.admission import AdmissionGuard, Lease
 from pool.cli.history import request_prefix_hash
 from pool.errors import NotFound
+from pool.headroom import QuotaRouting
 from pool.model import ChatRequest
 from pool.pool import Pool
+from pool.signatures import (digest, keep_for, request_digests, signing_account,
+                             signs_per_account)
 from pool.worker import Worker
 from sessions.bindings import MemoryBindingStore
 from sessions.keystore import KeyStore
@@ -21,15 +26,19 @@ from sessions.ledger import UsageLedger
 from sessions.keys import owned_session_key
 from sessions.responses import MemoryResponseStore, ResponseStore
 from sessions.shared import MemoryDrainedSet, MemoryLocks
+from sessions.signatures import MemorySignatureBook
 from sessions.upstream import MemoryUpstreamSessions, SessionIndex
 
 from . import access_log
 from .observability import current_request
 from .record import RequestRecord
+from .quota_view import quota_metrics
 from .replicas import Drains
 from .teams import Teams, model_not_found
 
 __all__ = ["Gateway"]
+
+log = structlog.get_logger("poolgate.gateway")
 
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"  # counted, not answered: nothing to charge
 
@@ -51,9 +60,12 @@ class Gateway:
         global_limit=None, per_key_limit=None, max_wait=5.0))
     bindings: Any = field(default_factory=MemoryBindingStore)  # a BindingStore with stats()
     cli_sessions: SessionIndex = field(default_factory=MemoryUpstreamSessions)
+    # which account signed which reasoning (pool/signatures.py)
+    signatures: Any = field(default_factory=MemorySignatureBook)
     policy: Any = None  # the default routing policy, built by create_app
     policies: dict[str, Any] = field(default_factory=dict)  # model -> its own policy
     cooldown_seconds: float = 5.0
+    quota: QuotaRouting = field(default_factory=QuotaRouting)  # cli accounts' reserves, headroom
     log_requests: bool = True  # an access line per request (log level info or debug)
     keyring: KeyRing = field(default_factory=lambda: KeyRing({}))
     teams: Teams = field(default_factory=lambda: Teams((), MemoryLimits()))
@@ -84,6 +96,9 @@ class Gateway:
             raise self.unknown_model(key, chat.model) from None
         # in flight by the key's id: a new key with an old name holds none of the old one's slots
         key_id = self.keyring.id_of(key)
+        policy = self.policies.get(routed.model, self.policy)
+        by_headroom = False
+        session: tuple[str | None, Any] | None = None  # the session key, once computed
         if any(w.kind == "cli" for w in workers):
             # cli workers keep per-team state (conversations) by the key (the only
             # readers of key_name): its id, so a new key with an old name inherits
@@ -95,7 +110,14 @@ class Gateway:
                 prefix = request_prefix_hash(routed)  # the cli worker holding this conversation
                 if prefix is not None:
                     prefer = await self.cli_sessions.get(prefix)
-        policy = self.policies.get(routed.model, self.policy)
+            held_by = getattr(policy, "held_by", None)
+            if prefer is None and held_by is not None:  # an explicit session's account
+                session = owned_session_key(key_id, routed, headers)
+                prefer = await held_by(routed, session[0])
+            # a new conversation only where the quota allows (pool/headroom.py);
+            # the account holding this one (prefer) keeps it whatever its quota
+            workers = self.quota.open_to_new(workers, routed.model, prefer)
+            by_headroom = self.quota.by_headroom
 
         async def choose(free: Sequence[Worker]) -> Worker:
             if len(free) == 1:  # nothing to decide: skip the session key and the policy
@@ -104,8 +126,10 @@ class Gateway:
                 for worker in free:
                     if worker.name == prefer:
                         return worker
-            session, _source = owned_session_key(key_id, routed, headers)
-            return await policy.choose(routed, session, free)
+            if by_headroom:  # a new placement: the accounts with the most left
+                free = self.quota.roomiest(free)
+            session_key, _source = session or owned_session_key(key_id, routed, headers)
+            return await policy.choose(routed, session_key, free)
 
         teams = self.teams
         if teams.slots is not None and key in teams.policies:  # no Redis for the others
@@ -122,7 +146,34 @@ class Gateway:
         policy.placed(routed, lease.worker)
         self.pool.acquire(lease.worker)
         self.metrics.in_flight_started(lease.worker.name)
+        try:
+            routed = await self.vet_reasoning(routed, lease.worker, prefer)
+        except BaseException:
+            self.release(lease)
+            raise
         return lease, routed
+
+    async def vet_reasoning(self, routed: ChatRequest, worker: Worker,
+                            prefer: str | None) -> ChatRequest:
+        """``routed`` without the signed reasoning ``worker``'s account cannot take
+        (:mod:`pool.signatures`); ``prefer``: the worker of the previous turn."""
+        if not signs_per_account(worker):
+            return routed
+        digests = request_digests(routed)
+        if not digests:  # most requests: nothing signed, nothing to look up
+            return routed
+        signers = await self.signatures.signers(list(set(digests.values())))
+        previous = next((w for w in self.pool.workers if w.name == prefer), None)
+        kept, dropped = keep_for(routed, signing_account(worker), digests, signers,
+                                 signing_account(previous) if previous is not None else None)
+        if dropped:
+            log.info("gateway.reasoning_left_behind", worker=worker.name, values=dropped)
+        return kept
+
+    def note_signed(self, worker: Worker, values: Iterable[str] | None) -> None:
+        """``worker``'s answer handed out these signed reasoning values."""
+        if values and signs_per_account(worker):
+            self.signatures.note(signing_account(worker), [digest(v) for v in values])
 
     async def admit_key(self, key: str, model: str) -> None:
         """The key's policy for one request: its models (else a 404 naming
@@ -165,6 +216,7 @@ class Gateway:
         return {"in_flight": dict(self.pool.in_flight), "admission": self.admission.stats(),
                 "routing": routing, "prefix": prefix, "bindings": self.bindings.stats(),
                 "responses": self.responses.stats(), "cli_sessions": self.cli_session_stats(),
+                "signatures": self.signatures.stats(),
                 "redis": self.redis.stats() if self.redis is not None else None,
                 "limits": self.limit_stats(),
                 "slots": self.teams.slots.stats() if self.teams.slots is not None else None}
@@ -194,7 +246,8 @@ class Gateway:
         return {"workers": workers, "admission": stats["admission"],
                 "routing": stats["routing"], "prefix": stats["prefix"],
                 "bindings": stats["bindings"], "cli_sessions": stats["cli_sessions"],
-                "redis": self.redis_state(), "ledger": self.ledger_state()}
+                "redis": self.redis_state(), "ledger": self.ledger_state(),
+                "quota": quota_metrics(self.pool.workers, time.time())}
 
     def ledger_state(self) -> dict[str, Any] | None:
         """The usage ledger's backlog (rows not yet in the database) and failures."""

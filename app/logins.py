@@ -301,7 +301,8 @@ class Logins:
                        verification_url=challenge.verification_url,
                        state="browser" if record.auto else "waiting_for_code")
             if record.auto:
-                await self._browser(account, challenge, cli_login)
+                # the browser leaves through the account's egress proxy, as its CLI does
+                await self._browser(account, challenge, cli_login, worker.cli_spec.proxy)
             else:
                 code = await self._pasted[worker.name].get()
                 record.set(state="confirming")
@@ -313,13 +314,15 @@ class Logins:
         record.set(state="confirming")
         await self._confirm(worker)
 
-    async def _browser(self, account: Any, challenge: Any, cli_login: Any) -> None:
+    async def _browser(self, account: Any, challenge: Any, cli_login: Any,
+                       proxy: str | None) -> None:
         login = account.login
         recipe = load_recipe(login.recipe)
         credentials = Credentials(
             login.username.get_secret_value(), login.password.get_secret_value(),
             login.totp_secret.get_secret_value() if login.totp_secret else None)
-        result = await auto_login(recipe, challenge.url, credentials, timeout=login.timeout)
+        result = await auto_login(recipe, challenge.url, credentials, timeout=login.timeout,
+                                  proxy=proxy)
         if challenge.wants_code:
             if not result.code:
                 raise LoginFailed("the recipe found no code to paste (see its [code] table)",

@@ -88,6 +88,7 @@ class PoolCollector:
         yield GaugeMetricFamily("poolgate_session_bindings", "Session bindings held.",
                                 value=snap["bindings"].get("items", 0))
         yield from _cli_sessions(snap.get("cli_sessions"))
+        yield from _quota(snap.get("quota"))
 
 
 def _ledger(ledger: dict[str, Any] | None) -> Iterator[Metric]:
@@ -123,3 +124,40 @@ def _cli_sessions(cli: dict[str, Any] | None) -> Iterator[Metric]:
     yield GaugeMetricFamily("poolgate_cli_session_entries",
                             "Upstream sessions the gateway's index knows.",
                             value=cli["index"].get("entries", 0))
+
+
+def _quota(accounts: list[dict[str, Any]] | None) -> Iterator[Metric]:
+    """cli accounts' quota (``app.quota_view.quota_metrics``): per window the used
+    percent, its reset and when it was last seen; per account the headroom and
+    the seconds until the forecast says it runs out (absent when none does)."""
+    if not accounts:
+        return
+    used = GaugeMetricFamily("poolgate_account_quota_used_percent",
+                             "Percent of a cli account's quota window used (0 once it reset).",
+                             labels=["worker", "window", "source"])
+    resets = GaugeMetricFamily("poolgate_account_quota_reset_timestamp_seconds",
+                               "When a cli account's quota window resets (Unix time).",
+                               labels=["worker", "window"])
+    seen = GaugeMetricFamily("poolgate_account_quota_seen_timestamp_seconds",
+                             "When a cli account's quota window was last reported (Unix time).",
+                             labels=["worker", "window"])
+    headroom = GaugeMetricFamily("poolgate_account_quota_headroom_percent",
+                                 "Percent left in a cli account's tightest quota window.",
+                                 labels=["worker"])
+    forecast = GaugeMetricFamily("poolgate_account_quota_forecast_seconds",
+                                 "Seconds until a cli account runs out at its current rate "
+                                 "(absent when no window is forecast to run out before it "
+                                 "resets).", labels=["worker"])
+    for account in accounts:
+        name = account["worker"]
+        for window in account["windows"]:
+            used.add_metric([name, window["window"], window["source"]], window["used_percent"])
+            if window["resets_at"] is not None:
+                resets.add_metric([name, window["window"]], window["resets_at"])
+            if window["seen_at"]:
+                seen.add_metric([name, window["window"]], window["seen_at"])
+        if account["headroom"] is not None:
+            headroom.add_metric([name], account["headroom"])
+        if account["forecast_seconds"] is not None:
+            forecast.add_metric([name], account["forecast_seconds"])
+    yield from (used, resets, seen, headroom, forecast)

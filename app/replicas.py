@@ -34,6 +34,7 @@ from sessions.redis_link import RedisDown, RedisLink
 from sessions.redis_slots import RedisSlots
 from sessions.redis_responses import RedisResponseStore
 from sessions.responses import MemoryResponseStore
+from sessions.signatures import MemorySignatureBook, RedisSignatureBook
 from sessions.shared import (DrainedSet, Locks, MemoryDrainedSet, MemoryLocks, RedisDrainedSet,
                              RedisLocks)
 from sessions.upstream import MemoryUpstreamSessions
@@ -56,6 +57,7 @@ class Stores:
     workers: WorkerRegistrations  # remote workers registered at run time
     link: RedisLink | None = None
     slots: RedisSlots | None = None  # keys' in-flight slots across replicas (Redis only)
+    signatures: Any = None  # which account signed which reasoning (pool/signatures.py)
 
 
 def build_stores(settings: Any) -> Stores:
@@ -70,7 +72,9 @@ def build_stores(settings: Any) -> Stores:
             cli_sessions=MemoryUpstreamSessions(max_entries=cli.max_entries,
                                                 max_age=cli.max_age_seconds),
             limits=MemoryLimits(), locks=MemoryLocks(), drained=MemoryDrainedSet(),
-            workers=MemoryWorkerRegistrations())
+            workers=MemoryWorkerRegistrations(),
+            signatures=MemorySignatureBook(max_entries=routing.max_signatures,
+                                           ttl=routing.signature_ttl))
     link = RedisLink(server.redis_url, timeout=server.redis_timeout, prefix=server.redis_prefix)
     replica = server.replica_id or default_replica_id()
     limits = RedisLimits(link, MemoryLimits())
@@ -82,7 +86,9 @@ def build_stores(settings: Any) -> Stores:
                                            max_age=cli.max_age_seconds),
         limits=limits, locks=RedisLocks(link), drained=RedisDrainedSet(link),
         workers=RedisWorkerRegistrations(link, signing_key(_secret(server.admin_token))),
-        link=link, slots=RedisSlots(link, limits.replica))
+        link=link, slots=RedisSlots(link, limits.replica),
+        signatures=RedisSignatureBook(link, max_entries=routing.max_signatures,
+                                      ttl=routing.signature_ttl))
 
 
 def _secret(value: Any) -> str | None:

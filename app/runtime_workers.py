@@ -26,7 +26,7 @@ from pool.worker import Worker, WorkerState
 from sessions.redis_link import RedisDown
 from sessions.workers import RegistrationsLost, WorkerRegistrations
 
-from .settings import REGISTRABLE, ConfigError, WorkerSettings, registered_worker
+from .settings import ConfigError, WorkerSettings, registered_worker, registration_of
 
 __all__ = ["RuntimeWorkers"]
 
@@ -76,7 +76,7 @@ class RuntimeWorkers:
             raise Conflict(f"A worker named '{name}' is already registered.", param="name",
                            code="worker_exists")
         self._check_joining(settings)
-        registration = settings.model_dump(mode="json", include=set(REGISTRABLE - {"kind"}))
+        registration = registration_of(settings)
         if not await self.store.add(name, registration):
             raise Conflict(f"A worker named '{name}' is already registered.", param="name",
                            code="worker_exists")

@@ -14,6 +14,7 @@ import re
 import tomllib
 from collections.abc import Collection, Mapping
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import orjson
 from pydantic import (
@@ -39,6 +40,7 @@ __all__ = [
     "CliSessionSettings", "SamplingDefaultsSettings", "DEFAULT_LOCAL_MODEL", "DEFAULT_WORKER",
     "EMBEDDED_SAMPLING", "default_model_name",
     "load_settings", "check_config", "is_loopback_host", "registered_worker", "REGISTRABLE",
+    "registration_of",
 ]
 
 CONFIG_ENV = "POOLGATE_CONFIG"
@@ -210,11 +212,21 @@ class RoutingSettings(BaseModel):
     default_model: str | None = None
     binding_ttl: float = Field(3600.0, gt=0)
     max_bindings: int = Field(100_000, gt=0)
+    # which account signed which thinking block (so none is sent to another account):
+    # at most max_signatures digests in memory, each kept signature_ttl seconds
+    signature_ttl: float = Field(7 * 86400.0, gt=0)
+    max_signatures: int = Field(100_000, gt=0)
     # an implicit session (content hash, `user`) leaves a worker holding more than
     # imbalance_abs requests more than the least loaded AND imbalance_rel times as many
     imbalance_abs: int = Field(2, ge=0)
     imbalance_rel: float = Field(1.5, ge=1)
     cooldown_seconds: float = Field(5.0, ge=0)
+    # cli accounts (docs/accounts.md, "Routing by quota"): a new conversation goes to the
+    # account with the most headroom (false: the policy alone chooses); quota_reserve maps
+    # a model (or alias) to the percent of each account's quota kept back from new
+    # conversations (a worker's own quota_reserve wins)
+    quota_routing: bool = True
+    quota_reserve: dict[str, float] = Field(default_factory=dict)
     # the prefix_cache policy: prompts cut in blocks of prefix_block_chars characters;
     # a worker's match counts from prefix_min_match characters; per worker at most
     # prefix_max_blocks blocks, each forgotten prefix_max_age seconds after its last use
@@ -222,6 +234,16 @@ class RoutingSettings(BaseModel):
     prefix_min_match: int = Field(256, ge=1)
     prefix_max_blocks: int = Field(20_000, ge=1)
     prefix_max_age: float = Field(600.0, gt=0)
+
+
+    @field_validator("quota_reserve")
+    @classmethod
+    def _check_quota_reserve(cls, reserves: dict[str, float]) -> dict[str, float]:
+        for model, percent in reserves.items():
+            if not 0 <= percent <= 100:
+                raise ValueError(f"quota_reserve[{model!r}] must be a percent from 0 to 100, "
+                                 f"not {percent:g}")
+        return reserves
 
 
 class ResponsesSettings(BaseModel):
@@ -301,6 +323,11 @@ class Settings(BaseSettings):
                 default in w.models or default in w.aliases for w in self.workers):
             raise ValueError(f"routing.default_model {default!r} is not a model or alias any "
                              "worker serves")
+        served = self.model_names()
+        unknown = sorted(m for m in self.routing.quota_reserve if self.workers and m not in served)
+        if unknown:
+            raise ValueError(f"routing.quota_reserve names {', '.join(map(repr, unknown))}, "
+                             "which no worker serves")
         return self
 
     def model_names(self) -> frozenset[str]:
@@ -347,7 +374,7 @@ def load_settings(config_path: str | None, environ: Mapping[str, str], overrides
 REGISTRABLE = frozenset({
     "name", "kind", "dialect", "url", "models", "aliases", "api_key_env", "connect_timeout",
     "first_byte_timeout", "idle_timeout", "max_connections", "max_in_flight", "pass_fields",
-    "pass_betas", "server_tools", "image_urls", "image_max_bytes",
+    "pass_betas", "server_tools", "image_urls", "image_max_bytes", "proxy", "proxy_env",
 })
 
 
@@ -372,13 +399,26 @@ def registered_worker(data: Mapping[str, Any], environ: Mapping[str, str],
         worker = WorkerSettings.model_validate({**data, "kind": "remote"})
     except ValidationError as exc:
         raise ConfigError([_format_error(err) for err in exc.errors()]) from None
-    env = worker.api_key_env
-    if env is not None and env not in secret_envs:
-        raise ConfigError([f"api_key_env: {env} is not listed in server.runtime_secret_envs "
-                           "(the variables a worker registered at run time may name)"])
-    if env is not None and not environ.get(env):
-        raise ConfigError([f"api_key_env: environment variable {env} is not set"])
+    if worker.proxy is not None and urlsplit(worker.proxy.get_secret_value()).password:
+        raise ConfigError(["proxy: a proxy password never goes in a request body; put the URL "
+                           "in an environment variable listed in server.runtime_secret_envs "
+                           "and name it in proxy_env"])
+    for field, env in (("api_key_env", worker.api_key_env), ("proxy_env", worker.proxy_env)):
+        if env is not None and env not in secret_envs:
+            raise ConfigError([f"{field}: {env} is not listed in server.runtime_secret_envs "
+                               "(the variables a worker registered at run time may name)"])
+        if env is not None and not environ.get(env):
+            raise ConfigError([f"{field}: environment variable {env} is not set"])
     return _resolve_worker(worker, environ)
+
+
+def registration_of(worker: WorkerSettings) -> dict[str, Any]:
+    """What the registration store keeps of a worker registered at run time:
+    its settings as sent (an environment variable's name, never its value)."""
+    registration = worker.model_dump(mode="json", include=set(REGISTRABLE - {"kind", "proxy"}))
+    if worker.proxy_env is None and worker.proxy is not None:
+        registration["proxy"] = worker.proxy.get_secret_value()  # checked: no password in it
+    return registration
 
 
 def check_config(path: str, environ: Mapping[str, str]) -> list[str]:

@@ -22,7 +22,7 @@ import structlog
 
 from pool.board import Board, Entry, board
 from pool.errors import GatewayError, InternalError, UpstreamUnavailable
-from pool.model import Event, Finish, Start, Usage
+from pool.model import Event, Finish, ReasoningEnd, Start, Usage
 
 from .disconnect import DisconnectWatch
 from .watch import watch
@@ -50,7 +50,7 @@ class StreamOutcome:
     """What became of a stream, for the access log and metrics."""
 
     __slots__ = ("usage_in", "usage_out", "usage_cached", "finish", "error", "disconnected",
-                 "first_token_at", "content_events")
+                 "first_token_at", "content_events", "signed")
 
     def __init__(self) -> None:
         self.usage_in: int | None = None
@@ -63,6 +63,15 @@ class StreamOutcome:
         # events with content sent to the client: what a stream cut before
         # the worker reported usage is charged (about a token each)
         self.content_events = 0
+        # the signed reasoning values handed out (noted against the worker's account)
+        self.signed: list[str] | None = None
+
+    def sign(self, event: ReasoningEnd) -> None:
+        value = event.redacted_data or event.signature or event.encrypted_content
+        if value:
+            if self.signed is None:
+                self.signed = []
+            self.signed.append(value)
 
 
 class EventStreamResponse:
@@ -229,6 +238,8 @@ class EventStreamResponse:
                 self._account(event)
             elif t is not Start:  # the stream's start is no content (nor its first token)
                 content += 1
+                if t is ReasoningEnd:
+                    outcome.sign(event)
         if content:
             outcome.content_events += content
             if outcome.first_token_at is None:
@@ -256,6 +267,8 @@ class EventStreamResponse:
             outcome.content_events += 1
             if outcome.first_token_at is None:
                 outcome.first_token_at = time.perf_counter()
+            if t is ReasoningEnd:
+                outcome.sign(event)
         return self.encoder.feed(event)
 
     def _relayed(self, relay: Any) -> None:
@@ -267,6 +280,7 @@ class EventStreamResponse:
         outcome.usage_cached = usage.cached_tokens
         outcome.finish = relay.finish
         outcome.content_events = relay.content_events
+        outcome.signed = getattr(relay, "signed", None)
 
     def _client_gone(self) -> None:
         if self._pumping and self._task is not None:

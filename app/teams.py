@@ -170,7 +170,7 @@ class Teams:
                     # once per budget window, however many requests it refuses
                     self.alerts.notify(
                         "key_over_budget", "key", key, "over_budget",
-                        once=f"{refusal.limit}:{refusal.resets_at:.0f}",
+                        once=f"{refusal.limit}:{refusal.resets_at:.0f}", shared=True,
                         details={"budget": _BUDGET_NAMES[refusal.limit],
                                  "budget_tokens": refusal.budget,
                                  "resets_at": _iso(refusal.resets_at)})
@@ -211,8 +211,9 @@ class Teams:
                 self._near_budget(policy)
 
     def _near_budget(self, policy: KeyPolicy) -> None:
-        """``key_near_budget`` once per budget window, from the counters this
-        replica keeps (a store that keeps none, Redis, tells only over budget)."""
+        """``key_near_budget`` once per budget window (across replicas: ``shared``),
+        from the budget counters the store keeps here (with Redis: the shared
+        totals it last heard, plus this replica's charges since)."""
         used = getattr(self.limits, "budget_used", None)
         if used is None:
             return
@@ -224,6 +225,6 @@ class Teams:
             if budget:
                 self.alerts.notify(
                     "key_near_budget", "key", policy.name, "near_budget",
-                    once=f"{limit}:{window}", percent=100.0 * spent / budget,
+                    once=f"{limit}:{window}", percent=100.0 * spent / budget, shared=True,
                     details={"budget": _BUDGET_NAMES[limit], "budget_tokens": budget,
                              "used_tokens": spent})

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 
 from .account_settings import LoginSettings
 
-__all__ = ["SamplingDefaultsSettings", "WorkerSettings", "default_model_name", "check_homes", "check_proxy_url", "DEFAULT_LOCAL_MODEL",
+__all__ = ["SamplingDefaultsSettings", "QuotaWindowSettings", "WorkerSettings", "default_model_name", "check_homes", "check_proxy_url", "DEFAULT_LOCAL_MODEL",
            "EMBEDDED_SAMPLING", "DEFAULT_WORKER"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -30,6 +30,18 @@ class SamplingDefaultsSettings(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0)
     max_tokens: int | None = Field(None, gt=0)
+
+
+class QuotaWindowSettings(BaseModel):
+    """One of a cli worker's ``quota_windows``: the gateway counts the account's
+    tokens in a window of ``seconds`` against ``tokens`` (for a CLI that reports
+    no quota of its own; docs/cli-workers.md, "Quota")."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+    seconds: float = Field(gt=0, le=400 * 86400)
+    tokens: int = Field(gt=0)
 
 
 class WorkerSettings(BaseModel):
@@ -82,6 +94,12 @@ class WorkerSettings(BaseModel):
     login_timeout: float = Field(600.0, gt=0)  # a login ends by then, code or not (its locks freed)
     # a refused account is tried again (a one-token turn) after this, doubling up to an hour
     login_probe_interval: float = Field(60.0, gt=0)
+    # cli: the percent of the account's quota (its tightest window) kept back from new
+    # conversations; below it the account serves only those it holds. None: the model's
+    # [routing.quota_reserve], else 0
+    quota_reserve: float | None = Field(None, ge=0, le=100)
+    # cli: windows the gateway counts the account's tokens in (CLIs that report no quota)
+    quota_windows: tuple[QuotaWindowSettings, ...] = Field((), max_length=8)
     # cli: the account's logged-in files at start-up (a session bundle, docs/accounts.md)
     bundle: str | None = None  # a bundle file (tar.gz)
     bundle_env: str | None = None  # an environment variable holding a bundle, base64
@@ -165,6 +183,8 @@ class WorkerSettings(BaseModel):
             return self
         if not self.models:
             raise ValueError("a worker needs at least one model")
+        if self.quota_reserve is not None and self.kind != "cli":
+            raise ValueError("quota_reserve: only cli workers (accounts) report a quota")
         if self.kind == "cli":
             missing = [f for f in ("cli", "home") if getattr(self, f) is None]
             if missing:
@@ -188,6 +208,15 @@ class WorkerSettings(BaseModel):
             raise ValueError("proxy: give the proxy URL or proxy_env, not both")
         if self.proxy is not None:
             check_proxy_url(self.proxy.get_secret_value(), self.kind)
+        return self
+
+    @model_validator(mode="after")
+    def _check_quota_windows(self) -> WorkerSettings:
+        if self.quota_windows and self.kind != "cli":
+            raise ValueError("quota_windows: only a cli worker counts its account's tokens")
+        names = [w.name for w in self.quota_windows]
+        if len(set(names)) != len(names):
+            raise ValueError("quota_windows: each window needs a name of its own")
         return self
 
     @model_validator(mode="after")

@@ -21,7 +21,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .recipes import Recipe, Step
 
@@ -106,8 +106,14 @@ class BrowserMissing(AutoLoginError):
 
 async def auto_login(recipe: Recipe, url: str, credentials: Credentials, *,
                      timeout: float = 120.0, step_timeout: float = 30.0,
-                     executable: str = CHROMIUM) -> LoginResult:
-    """Open ``url`` and follow ``recipe``; the final URL and the code to paste."""
+                     executable: str = CHROMIUM, proxy: str | None = None) -> LoginResult:
+    """Open ``url`` and follow ``recipe``; the final URL and the code to paste.
+
+    ``proxy`` (the account's egress proxy, ``http://[user:pass@]host:port``):
+    every request of the browser to another host goes through it, or fails;
+    none goes direct. Loopback does not: it is this host (a CLI's callback
+    listener, Codex's on 127.0.0.1:1455), which the proxy's host cannot reach,
+    and an authorization code must not travel there."""
     from playwright.async_api import Error as PlaywrightError, async_playwright
     from playwright.async_api import TimeoutError as PlaywrightTimeout
 
@@ -116,7 +122,8 @@ async def auto_login(recipe: Recipe, url: str, credentials: Credentials, *,
         async with async_playwright() as pw:
             try:
                 browser = await pw.chromium.launch(
-                    executable_path=executable, headless=True, env={"HOME": home})
+                    executable_path=executable, headless=True, env={"HOME": home},
+                    proxy=_playwright_proxy(proxy))
             except PlaywrightError as exc:
                 raise BrowserMissing(f"cannot start Chromium at {executable} "
                                      f"({_first_line(str(exc))})") from None
@@ -147,6 +154,24 @@ async def auto_login(recipe: Recipe, url: str, credentials: Credentials, *,
             finally:
                 with contextlib.suppress(Exception):
                     await browser.close()
+
+
+def _playwright_proxy(url: str | None) -> dict[str, str] | None:
+    """Playwright's ``proxy`` option: the server without its credentials, which
+    go apart (Chromium answers the proxy's 407 with them); never logged."""
+    if url is None:
+        return None
+    parts = urlsplit(url)
+    server = f"{parts.scheme}://{parts.hostname}:{parts.port}"
+    if ":" in (parts.hostname or ""):
+        server = f"{parts.scheme}://[{parts.hostname}]:{parts.port}"
+    # naming loopback here keeps Playwright from adding "<-loopback>" (it proxies
+    # loopback by default); Chromium's own rule then sends 127/8, ::1, localhost direct
+    option = {"server": server, "bypass": "localhost,127.0.0.1,[::1]"}
+    if parts.username is not None:
+        option["username"] = unquote(parts.username)
+        option["password"] = unquote(parts.password or "")
+    return option
 
 
 async def _run_step(page: Any, step: Step, recipe: Recipe, credentials: Credentials) -> None:

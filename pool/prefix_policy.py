@@ -78,6 +78,10 @@ class PrefixCacheAware:
             self._hits += 1
         return best
 
+    async def held_by(self, request: ChatRequest, session: str | None) -> str | None:
+        """As affinity's: sessions, explicit and of cli workers, are bound there."""
+        return await self._affinity.held_by(request, session)
+
     def _forget_restarted(self, workers: Sequence[Worker]) -> None:
         """A restarted worker's engine starts with an empty cache: forget what it held."""
         seen = self._restarts

@@ -247,6 +247,13 @@ class SessionAffinity:
             self._rebinds += 1
         return worker
 
+    async def held_by(self, request: ChatRequest, session: str | None) -> str | None:
+        """The worker an explicit ``session`` is bound to for ``request``'s model
+        (``None``: unbound, no session, or a guess: an implicit session)."""
+        if session is None or self.implicit(session):
+            return None
+        return await self._store.get(binding_key(request.model, session))
+
     def _lighter(self, session: str, home: Worker, workers: Sequence[Worker]) -> Worker | None:
         """The least loaded worker when ``home`` is too busy for an implicit session to wait."""
         if self._in_flight is None or not self.implicit(session):

@@ -291,6 +291,11 @@ class RedisLimits:
         except RedisDown:
             self._fell_back("charge")  # counted locally already (see ``charge``)
 
+    def budget_used(self, key: str) -> tuple[int, int]:
+        """Today's and this month's tokens of ``key`` as this replica knows them:
+        the totals Redis last returned (every replica's) and its own charges since."""
+        return self.local.budget_used(key)
+
     async def seed(self, key: str, day_tokens: int, month_tokens: int) -> None:
         await self.local.seed(key, day_tokens, month_tokens)
         self._drop_lease(key)

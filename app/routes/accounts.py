@@ -1,5 +1,8 @@
 """Operators' endpoints for cli accounts (admin token; the ``/internal/*`` error envelope).
 
+- ``GET /internal/accounts``: every cli account of this replica, its state and
+  its quota (docs/accounts.md#quota)
+
 - ``GET /internal/workers/{name}/bundle``: the session bundle, ``application/gzip``
 - ``PUT /internal/workers/{name}/bundle``: import one (raw tar.gz, or JSON ``{"bundle_b64"}``)
 - ``POST /internal/workers/{name}/login`` (``{"auto": true|false}``),
@@ -13,6 +16,7 @@
 from __future__ import annotations
 
 import base64
+import time
 from typing import Any, Awaitable, Callable
 
 from starlette.requests import Request
@@ -24,9 +28,10 @@ from sessions.bundles import MAX_BYTES
 from ..accounts import decode_b64
 from ..gateway import Gateway
 from ..http import error_response, json_response, read_json
+from ..quota_view import account_entry
 from .ops import admin_denied
 
-__all__ = ["get_bundle", "put_bundle", "session_export", "start_login", "cancel_login",
+__all__ = ["list_accounts", "get_bundle", "put_bundle", "session_export", "start_login", "cancel_login",
            "login_status",
            "login_code", "login_screenshot", "auto_login_start", "auto_login_status"]
 
@@ -64,6 +69,16 @@ async def _raw_body(request: Request, limit: int) -> bytes:
             raise PayloadTooLarge(f"A bundle is at most {limit} bytes.", param="bundle")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+@admin
+async def list_accounts(request: Request, gw: Gateway) -> Response:
+    """One entry per cli worker of this replica (each replica runs its own CLI
+    processes, as ``/internal/workers`` lists its own workers)."""
+    now = time.time()
+    return json_response({"accounts": [account_entry(w, now) for w in gw.pool.workers
+                                       if w.kind == "cli"],
+                          "time": now})
 
 
 # --- bundles ------------------------------------------------------------------------------

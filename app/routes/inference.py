@@ -18,7 +18,8 @@ from starlette.responses import Response
 
 from pool.accumulate import fold_answer
 from pool.errors import GatewayError, UpstreamUnavailable
-from pool.model import ChatRequest, Completion, Event
+from pool.model import ChatRequest, Completion, Event, ReasoningPart
+from pool.signatures import opaque_value
 from pool.tokens import estimate_tokens
 
 from ..gateway import Gateway
@@ -43,7 +44,8 @@ ID_PREFIX = {"openai_chat": "chatcmpl-", "anthropic": "msg_", "openai_responses"
 
 Finalize = Callable[[dict[str, Any], str], Awaitable[None]]
 
-# Failures worth one more try on another worker, when no byte reached the client yet.
+# Failures worth one more try on another worker, when no byte reached the client yet
+# (and an upstream's rate limit: another account may have room).
 RETRYABLE = frozenset({"upstream", "timeout", "overloaded"})
 
 
@@ -115,9 +117,16 @@ async def _with_retry(gw: Gateway, request: Request, chat: ChatRequest, record: 
             gw.metrics_upstream_error(worker.name, exc.kind)
             tried.append(worker.name)
             exc.worker = worker.name  # type: ignore[attr-defined]
-            if exc.kind not in RETRYABLE or isinstance(exc, ClientGone) or len(tried) > 1:
+            limited = exc.kind == "rate_limit"
+            if limited:
+                # the upstream account is at its limit: nothing new for it until the reset
+                # it gave, and this request goes to another account (when one can take it)
+                gw.pool.cool_down(worker.name, exc.retry_after or gw.cooldown_seconds)
+            if (exc.kind not in RETRYABLE and not limited) or isinstance(exc, ClientGone) \
+                    or len(tried) > 1:
                 raise
-            gw.pool.cool_down(worker.name, gw.cooldown_seconds)
+            if not limited:
+                gw.pool.cool_down(worker.name, gw.cooldown_seconds)
             failure = exc
             log.info("request.retry", failed_worker=worker.name, error=exc.kind)
 
@@ -155,7 +164,10 @@ async def _attempt(gw: Gateway, request: Request, chat: ChatRequest, dialect: Mo
         completion = await until_disconnect(request.receive, answer)
         if type(completion) is bytes:  # forwarded as the upstream's body
             record_body(record, relay)
+            gw.note_signed(worker, getattr(relay, "signed", None))
             return BodyResponse(completion, worker.name)
+        gw.note_signed(worker, [v for p in completion.parts if type(p) is ReasoningPart
+                                if (v := opaque_value(p))])
         usage = completion.usage
         record.tokens_in = usage.input_tokens
         record.tokens_out = usage.output_tokens
@@ -201,6 +213,7 @@ class _StreamEnd:
     def done(self, outcome: StreamOutcome) -> None:
         self.gw.release(self.lease)
         _record_stream(self.record, outcome, self.gw, self.estimate)
+        self.gw.note_signed(self.lease.worker, outcome.signed)
 
 
 @lru_cache(maxsize=1024)

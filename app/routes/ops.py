@@ -16,6 +16,7 @@ from pool.worker import WorkerState
 
 from ..gateway import Gateway
 from ..http import error_response, json_response
+from ..quota_view import account_quota, quota_block
 
 __all__ = ["root", "healthz", "readyz", "metrics", "internal_workers", "worker_action", "worker_info",
            "worker_engine", "internal_stats", "admin_denied"]
@@ -91,19 +92,21 @@ def worker_info(gw: Gateway, w: Any, now: float) -> dict[str, Any]:
             "in_flight": gw.in_flight(w.name), "capacity": getattr(w, "capacity", None),
             "models": list(w.models), "aliases": dict(w.aliases),
             "probe_seconds": gw.pool.probe_seconds.get(w.name),
-            **_engine_info(w), **_cli_info(w)}
+            **_engine_info(w), **_cli_info(w, now)}
 
 
 _CLI_FIELDS = ("cli", "version", "account", "login", "conversations", "held_tool_calls",
                "cooldown_until", "mode", "sandbox", "account_state")
 
 
-def _cli_info(w: Any) -> dict[str, Any]:
-    """A cli worker's account: CLI, version, account, login state, conversations, cooldown."""
-    if w.kind != "cli":
+def _cli_info(w: Any, now: float) -> dict[str, Any]:
+    """A cli worker's account: CLI, version, account, login state, conversations,
+    cooldown, and its quota (as ``GET /internal/accounts`` shows it)."""
+    quota = account_quota(w)
+    if quota is None:  # not a cli worker
         return {}
     info = w.info()
-    return {name: info.get(name) for name in _CLI_FIELDS}
+    return {**{name: info.get(name) for name in _CLI_FIELDS}, "quota": quota_block(quota, now)}
 
 
 def _engine_info(w: Any) -> dict[str, Any]:

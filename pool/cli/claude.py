@@ -9,8 +9,12 @@ private file the CLI reads once at startup, removed once it answered
 ``initialize``), and the client-chosen model and effort as ``--model=…`` /
 ``--effort=…`` (one argument each, never taken for another option).
 
-See :mod:`pool.cli.claude_events` for the output and
-:mod:`pool.cli.claude_transcript` for rebuilding a session with ``--resume``.
+Quota: ``rate_limit_event`` is decoded with the output; the control request
+``get_usage`` is asked after turns as :mod:`pool.cli.claude_usage` decides.
+
+See :mod:`pool.cli.claude_events` for the output,
+:mod:`pool.cli.claude_transcript` for rebuilding a session with ``--resume``
+and :mod:`pool.cli.claude_resume` for one that ends in the model's tool calls.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import contextlib
 import itertools
 import os
 import re
+import time
 import uuid
 from typing import Any, AsyncIterator, Callable, Sequence
 
@@ -27,15 +32,20 @@ import orjson
 import structlog
 
 from .claude_events import ClaudeStream
+from .claude_resume import ResultsFirst, ends_in_tool_calls
 from .claude_transcript import (MCP_PREFIX, content_blocks, forget_session, forget_sessions,
                                 write_transcript)
 from ..errors import BadRequest
+from ..model import Message
 from .driver import DriverConfig, DriverError, credentials_stamp
+from ..quota import QuotaWindow
 from .events import (TERMINAL, CliEvent, CliHealth, ConversationSetup, ToolAnswer, Turn,
-                     TurnFailed)
+                     TurnFailed, TurnFinished)
 from .private import private_dir
 from .proc import JsonLineProcess, find_binary, run_probe
 from .prompt_file import PromptFile, remove_stale, safe_value
+from .claude_usage import AUTH_ENV as _AUTH_ENV, UsageAsker
+from .quota_events import claude_usage
 from .scrub import account_secrets
 
 __all__ = ["ClaudeDriver", "ClaudeConversation"]
@@ -48,9 +58,9 @@ _QUIET_ENV = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDA
               "DISABLE_COST_WARNINGS": "1", "CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY": "1",
               "CLAUDE_CODE_DISABLE_AUTO_MEMORY": "1",
               "MCP_TOOL_TIMEOUT": "100000000"}  # a held client tool call may take long
-_AUTH_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN")
 _SERVER = "gw"
 _PROBE_TIMEOUT = 30.0  # seconds for ``claude --version``
+_USAGE_TIMEOUT = 15.0  # Claude Code first tries the vendor's usage endpoint (5 s timeout)
 
 
 class ClaudeDriver:
@@ -64,6 +74,16 @@ class ClaudeDriver:
         self.idle_timeout = config.idle_timeout
         self.version: str | None = None
         self._argv0: list[str] = []
+        self.usage = UsageAsker(config.home, config.env)  # when get_usage is asked
+
+    @property
+    def on_quota(self) -> Callable[[tuple[QuotaWindow, ...]], None] | None:
+        """Where the account's quota windows from ``get_usage`` go (set by the host)."""
+        return self.usage.on_quota
+
+    @on_quota.setter
+    def on_quota(self, report: Callable[[tuple[QuotaWindow, ...]], None] | None) -> None:
+        self.usage.on_quota = report
 
     @property
     def env(self) -> dict[str, str]:
@@ -100,10 +120,16 @@ class ClaudeDriver:
         """The account's secret values (scrubbed from what the CLI prints)."""
         return account_secrets(self.config.home, self.config.env)
 
-    async def open(self, setup: ConversationSetup) -> ClaudeConversation:
+    async def open(self, setup: ConversationSetup) -> ClaudeConversation | ResultsFirst:
         for param, value in (("model", setup.model), ("reasoning_effort", setup.effort)):
             if value is not None and not safe_value(value, 128):
                 raise BadRequest(f"{param}: not a value the claude CLI takes", param=param)
+        if ends_in_tool_calls(setup.history):  # started by the client's results (claude_resume)
+            return ResultsFirst(lambda results: self._open(setup, results))
+        return await self._open(setup)
+
+    async def _open(self, setup: ConversationSetup,
+                    results: tuple[Message, ...] = ()) -> ClaudeConversation:
         session_id = str(uuid.uuid4())
         argv = [*self._argv0, "-p", "--input-format", "stream-json", "--output-format",
                 "stream-json", "--verbose", "--include-partial-messages", f"--model={setup.model}"]
@@ -117,13 +143,13 @@ class ClaudeDriver:
                 prompt = PromptFile(self.config.home, setup.system)
                 argv += ["--append-system-prompt-file", prompt.path]
         try:
-            return await self._spawn(setup, session_id, argv)
+            return await self._spawn(setup, session_id, argv, results)
         finally:
             if prompt is not None:  # read at startup: gone once the CLI answered initialize
                 prompt.remove()
 
-    async def _spawn(self, setup: ConversationSetup, session_id: str,
-                     argv: list[str]) -> ClaudeConversation:
+    async def _spawn(self, setup: ConversationSetup, session_id: str, argv: list[str],
+                     results: tuple[Message, ...]) -> ClaudeConversation:
         if setup.tools:
             argv += ["--mcp-config", orjson.dumps(
                 {"mcpServers": {_SERVER: {"type": "sdk", "name": _SERVER}}}).decode(),
@@ -132,12 +158,14 @@ class ClaudeDriver:
             argv.append(f"--effort={setup.effort}")
         cwd = setup.workspace or self.config.cwd
         if setup.history:
-            write_transcript(self.config.home, cwd, session_id, setup.model,
-                             setup.history, (t.name for t in setup.tools), self.version)
+            write_transcript(self.config.home, cwd, session_id, setup.model, (
+                *setup.history, *results), (t.name for t in setup.tools), self.version)
             argv += ["--resume", session_id]
         else:
             argv += ["--session-id", session_id]
         env = self.env
+        if results:  # the session ends with them: the CLI runs that turn by itself at start
+            env["CLAUDE_CODE_RESUME_INTERRUPTED_TURN"] = "1"
         if setup.max_tokens:
             env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(setup.max_tokens)
         if setup.thinking_budget:
@@ -151,6 +179,7 @@ class ClaudeDriver:
             raise
         conversation = ClaudeConversation(proc, setup, session_id, self.idle_timeout)
         conversation.on_closed = lambda: forget_session(self.config.home, cwd, session_id)
+        conversation.on_turn_end = self.usage.after_turn
         try:
             await conversation.initialize()
         except BaseException:
@@ -159,7 +188,7 @@ class ClaudeDriver:
         return conversation
 
     async def stop(self) -> None:
-        return None
+        self.usage.stop()
 
 
 class ClaudeConversation:
@@ -179,6 +208,10 @@ class ClaudeConversation:
         self._answers: dict[str, ToolAnswer] = {}        # answered before the CLI asked
         self._reader = asyncio.ensure_future(self._read())
         self.on_closed: Callable[[], None] | None = None  # deletes the session's transcript
+        #: called when a turn ended (not paused on a client tool), with the gist of the
+        #: rate_limit_event that came during it, if any (the driver may ask get_usage)
+        self.on_turn_end: Callable[[ClaudeConversation, tuple[str, ...] | None], None] | None \
+            = None
 
     @property
     def session_id(self) -> str | None:
@@ -198,6 +231,10 @@ class ClaudeConversation:
         content: Any = (blocks[0]["text"] if len(blocks) == 1 and blocks[0]["type"] == "text"
                         else blocks)
         self.proc.send({"type": "user", "message": {"role": "user", "content": content}})
+        return self._step()
+
+    def resumed_turn(self) -> AsyncIterator[CliEvent]:
+        """The turn the CLI runs by itself at start (a session ending in tool results)."""
         return self._step()
 
     def answer_tools(self, answers: Sequence[ToolAnswer]) -> AsyncIterator[CliEvent]:
@@ -236,9 +273,13 @@ class ClaudeConversation:
                 self.proc.proc.kill()
                 yield TurnFailed("timeout", f"claude said nothing for {self.idle_timeout:g} s")
                 return
-            yield event
             if isinstance(event, TERMINAL):
+                if self.on_turn_end is not None and isinstance(event, (TurnFinished, TurnFailed)):
+                    info, self._parser.rate_info = self._parser.rate_info, None
+                    self.on_turn_end(self, info)
+                yield event
                 return
+            yield event
 
     async def _read(self) -> None:
         try:
@@ -260,6 +301,19 @@ class ClaudeConversation:
                 if not future.done():
                     future.set_exception(BrokenPipeError("claude exited"))
             self._events.put_nowait(TurnFailed("upstream", self.proc.why_exited()))
+
+    async def usage(self) -> tuple[QuotaWindow, ...]:
+        """The account's windows by the control request ``get_usage`` (nothing when
+        the process cannot answer it: it exited, it is too old, it timed out)."""
+        try:
+            response = await self._control({"subtype": "get_usage"}, timeout=_USAGE_TIMEOUT)
+        except (OSError, TimeoutError) as exc:  # the process exited, or was too slow
+            log.info("cli.claude_usage_unanswered", error=type(exc).__name__)
+            return ()
+        if response.get("subtype") != "success":
+            log.info("cli.claude_usage_refused", error=str(response.get("error"))[:200])
+            return ()
+        return claude_usage(response.get("response"), time.time())
 
     async def _control(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
         request_id = f"gw_{next(self._ids)}"

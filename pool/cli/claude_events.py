@@ -10,13 +10,15 @@ on a client tool counts its own tokens; ``result.usage`` is the fallback.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import orjson
 
 from .claude_transcript import MCP_PREFIX
-from .events import (CliEvent, LoginRequired, PendingToolCall, RateLimited, Retrying,
-                     SessionStarted, TextChunk, ThinkingChunk, ToolExecuted, ToolOutput,
+from .quota_events import claude_rate_limit
+from .events import (CliEvent, LoginRequired, PendingToolCall, QuotaReport, RateLimited,
+                     Retrying, SessionStarted, TextChunk, ThinkingChunk, ToolExecuted, ToolOutput,
                      ToolsPending, TurnFailed, TurnFinished, TurnUsage)
 
 __all__ = ["ClaudeStream"]
@@ -32,6 +34,8 @@ class ClaudeStream:
         self._client_ids: set[str] = set()  # their results are the client's, not the CLI's
         self._usage_seen = False
         self._logged_out = False
+        #: the last rate_limit_event's gist since the driver last looked (None: none came)
+        self.rate_info: tuple[str, ...] | None = None
 
     def new_turn(self) -> None:
         self._usage_seen = False
@@ -53,17 +57,31 @@ class ClaudeStream:
         if kind == "user" and not obj.get("parent_tool_use_id"):
             return self._tool_outputs(obj)
         if kind == "rate_limit_event":
-            info = obj.get("rate_limit_info") or {}
-            if info.get("status") not in (None, "allowed", "allowed_warning"):
-                reset = info.get("resetsAt")
-                return [RateLimited("the account's rate limit was reached",
-                                    reset_at=float(reset) if isinstance(reset, int | float) else None)]
-            return []
+            return self._rate_limit(obj.get("rate_limit_info"))
         if kind == "result":
             return self._result(obj)
         return []
 
     # --- pieces ---------------------------------------------------------------------------
+
+    def _rate_limit(self, info: Any) -> list[CliEvent]:
+        """The window's numbers (a :class:`QuotaReport`) and, when ``rejected``,
+        the limit (a :class:`RateLimited` with the reset)."""
+        if not isinstance(info, dict):
+            return []
+        # what the driver compares with the account's last, to ask get_usage; an
+        # event with every window's numbers (unifiedWindows) needs no asking
+        if not isinstance(info.get("unifiedWindows"), dict):
+            self.rate_info = tuple(str(info.get(k))[:64] for k in (
+                "status", "rateLimitType", "utilization", "resetsAt"))
+        windows = claude_rate_limit(info, time.time())
+        events: list[CliEvent] = [QuotaReport(windows)] if windows else []
+        if info.get("status") not in (None, "allowed", "allowed_warning"):
+            reset = info.get("resetsAt")
+            events.append(RateLimited("the account's rate limit was reached", reset_at=float(reset)
+                                      if isinstance(reset, int | float)
+                                      and not isinstance(reset, bool) else None))
+        return events
 
     def _system(self, obj: dict[str, Any]) -> list[CliEvent]:
         subtype = obj.get("subtype")

@@ -19,8 +19,8 @@ from typing import Any, Iterable, Sequence
 
 import orjson
 
-from ..model import (ExecutedToolPart, ImagePart, Message, TextPart, ToolCallPart, ToolResultPart,
-                     executed_text)
+from ..model import (ExecutedToolPart, ImagePart, Message, ReasoningPart, TextPart, ToolCallPart,
+                     ToolResultPart, executed_text)
 from .history import tool_result_text
 from .private import private_dir, remove_quietly, write_private
 
@@ -53,10 +53,23 @@ def forget_sessions(home: str, cwd: str) -> None:
 
 
 def content_blocks(message: Message, client_tools: frozenset[str]) -> list[dict[str, Any]]:
-    """A canonical message as Anthropic content blocks, client tools under their MCP names."""
+    """A canonical message as Anthropic content blocks, client tools under their MCP names.
+
+    Signed thinking (and redacted thinking) goes in as it came: the gateway
+    sends a worker only what its own account signed (or what it cannot tell
+    apart, see :mod:`pool.signatures`), and Anthropic wants the thinking that
+    opened a tool-use turn back while thinking is on. Unsigned reasoning (a
+    Chat Completions client's) and OpenAI's encrypted reasoning have no form
+    the API takes: left out."""
     blocks: list[dict[str, Any]] = []
     for part in message.parts:
-        if isinstance(part, TextPart):
+        if isinstance(part, ReasoningPart):
+            if part.redacted_data is not None:
+                blocks.append({"type": "redacted_thinking", "data": part.redacted_data})
+            elif part.signature is not None:
+                blocks.append({"type": "thinking", "thinking": part.text,
+                               "signature": part.signature})
+        elif isinstance(part, TextPart):
             if part.text:
                 blocks.append({"type": "text", "text": part.text})
         elif isinstance(part, ExecutedToolPart):  # already ran: the model sees what it did
@@ -74,6 +87,17 @@ def content_blocks(message: Message, client_tools: frozenset[str]) -> list[dict[
         elif isinstance(part, ImagePart):
             blocks.append({"type": "image", "source": _image_source(part)})
     return blocks
+
+
+def _recorded(block: dict[str, Any]) -> dict[str, Any]:
+    """A block as Claude Code records it: a tool result's text as a text block
+    (the CLI adds its reminders as blocks of their own, the client's text stays
+    one), no ``is_error`` unless it is one."""
+    if block["type"] != "tool_result":
+        return block
+    recorded = {"tool_use_id": block["tool_use_id"], "type": "tool_result",
+                "content": [{"type": "text", "text": block["content"]}] if block["content"] else ""}
+    return {**recorded, "is_error": True} if block["is_error"] else recorded
 
 
 def _image_source(part: ImagePart) -> dict[str, Any]:
@@ -102,7 +126,7 @@ def write_transcript(home: str, cwd: str, session_id: str, model: str,
                     "tool_use" if any(b["type"] == "tool_use" for b in content) else "end_turn",
                 "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
         else:
-            body = {"role": "user", "content": content}
+            body = {"role": "user", "content": [_recorded(b) for b in content]}
         lines.append(orjson.dumps({
             "parentUuid": parent, "isSidechain": False, "userType": "external", "cwd": cwd,
             "sessionId": session_id, "version": version or "2.1.197",

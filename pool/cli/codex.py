@@ -19,6 +19,12 @@ A conversation rebuilt from a stateless history is a new thread plus
 
 Login state: ``account/read`` (``account: null`` when ``auth.json`` holds no
 credentials), and the first 401 of a turn (see :mod:`pool.cli.codex_thread`).
+
+Quota: every ``account/rateLimits/updated`` notification (after each upstream
+answer that carried the ``x-codex-*`` headers, any login) is reported through
+``on_quota``; a ChatGPT login is also asked ``account/rateLimits/read`` once
+per credentials (at start and after a login), in the background. An API-key
+login's answer to that is the error −32600, which is no failure.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import asyncio
 import os
 import re
 import signal
+import time
 from typing import Any, Callable
 
 import structlog
@@ -38,9 +45,11 @@ from .codex_config import (
 from .codex_rpc import CodexRpc, RpcClosed, RpcError
 from .codex_thread import CodexThread
 from .driver import DriverConfig, DriverError, credentials_stamp
+from ..quota import QuotaWindow
 from .events import CliHealth, ConversationSetup
 from .private import private_dir
 from .proc import JsonLineProcess, find_binary
+from .quota_events import codex_rate_limits
 from .scrub import account_secrets
 
 __all__ = ["CodexDriver"]
@@ -66,7 +75,8 @@ class CodexDriver:
         self.process: JsonLineProcess | None = None
         self._rpc: CodexRpc | None = None
         self._threads: dict[str, CodexThread] = {}
-        self._closing: set[asyncio.Future[None]] = set()  # unsubscribes of orphaned threads
+        # background requests: unsubscribes of orphaned threads, rateLimits/read
+        self._closing: set[asyncio.Future[None]] = set()
         self._watchers: list[asyncio.Task[None]] = []
         self._stopping = False
         self.version: str | None = None
@@ -74,6 +84,9 @@ class CodexDriver:
         #: worker child sets it to end itself, so the supervisor restarts the account
         #: (every conversation lived in that one process)
         self.on_process_exit: Callable[[], None] | None = None
+        #: the account's quota windows as Codex reports them (set by the host)
+        self.on_quota: Callable[[tuple[QuotaWindow, ...]], None] | None = None
+        self._limits_read: str | None = None  # the credentials stamp rateLimits/read was for
 
     @property
     def rpc(self) -> CodexRpc:
@@ -102,6 +115,7 @@ class CodexDriver:
         proc = self.process.proc
         assert proc.stdout is not None and proc.stdin is not None
         self._rpc = CodexRpc(proc.stdout, proc.stdin)
+        self._rpc.on_account = self._on_account
         try:
             info = await self.rpc.request("initialize", {
                 "clientInfo": CLIENT_INFO, "capabilities": {"experimentalApi": True}},
@@ -168,8 +182,40 @@ class CodexDriver:
         detail["auth"] = account.get("type")
         if account.get("planType"):
             detail["plan"] = account["planType"]
+        if account.get("type") == "chatgpt" and detail["credentials"] != self._limits_read:
+            self._limits_read = detail["credentials"]  # once per login
+            self._background(self._read_limits())
         return CliHealth(login="ready", version=self.version, account=account.get("email"),
                          detail=detail)
+
+    # --- quota ---------------------------------------------------------------------------
+
+    def _on_account(self, method: str, params: Any) -> None:
+        if method == "account/rateLimits/updated":
+            self._report(codex_rate_limits(params, time.time()))
+
+    def _report(self, windows: tuple[QuotaWindow, ...]) -> None:
+        if windows and self.on_quota is not None:
+            self.on_quota(windows)
+
+    async def _read_limits(self) -> None:
+        """``account/rateLimits/read``: a ChatGPT login's windows before any turn."""
+        try:
+            answer = await self.rpc.request("account/rateLimits/read", None,
+                                            timeout=_HEALTH_TIMEOUT * 3)
+        except RpcError as exc:  # -32600: not a ChatGPT login after all; nothing to read
+            log.info("codex.rate_limits_unreadable", worker=self.config.name, code=exc.code)
+            return
+        except (RpcClosed, TimeoutError, DriverError) as exc:
+            log.info("codex.rate_limits_unreadable", worker=self.config.name,
+                     error=type(exc).__name__)
+            return
+        self._report(codex_rate_limits(answer, time.time()))
+
+    def _background(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def stop(self) -> None:
         self._stopping = True
@@ -234,9 +280,7 @@ class CodexDriver:
         """Unsubscribe a thread no conversation owns, in a task of its own (the
         request that opened it may be cancelled)."""
         self.forget(thread_id)
-        task = asyncio.ensure_future(self._unsubscribe(thread_id))
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+        self._background(self._unsubscribe(thread_id))
 
     async def _unsubscribe(self, thread_id: str) -> None:
         if self._rpc is None or self._rpc.closed.is_set():

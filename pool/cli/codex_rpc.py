@@ -9,8 +9,9 @@ from 0 independently of ours.
 :class:`CodexRpc` owns the reader task. Replies resolve the caller's future;
 everything that names a thread (``params.threadId``, or ``params.thread.id``)
 goes to that thread's queue, in order, so several threads can run turns in
-one process at once; the rest (``account/updated``, ``configWarning``…) is
-dropped. Server requests for a thread nobody listens to are refused at once,
+one process at once; the rest (``account/rateLimits/updated``,
+``account/updated``, ``configWarning``…) goes to ``on_account`` when set, else
+is dropped. Server requests for a thread nobody listens to are refused at once,
 so the server never waits on us. When the process's stdout ends, every
 pending call fails with :class:`RpcClosed` and every queue gets ``None``.
 """
@@ -21,7 +22,7 @@ import asyncio
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 import structlog
@@ -85,6 +86,8 @@ class CodexRpc:
         self._calls: dict[int, tuple[str, asyncio.Future[Any]]] = {}
         self._routes: dict[str, asyncio.Queue[Inbound | None]] = {}
         self._write_lock = asyncio.Lock()
+        #: notifications of no thread (``account/rateLimits/updated``): ``(method, params)``
+        self.on_account: Callable[[str, Any], None] | None = None
         self.closed = asyncio.Event()
         self._task = asyncio.create_task(self._read(), name="codex-rpc-reader")
 
@@ -178,6 +181,12 @@ class CodexRpc:
                 queue.put_nowait(ServerRequest(message["id"], method, params))
         elif queue is not None:
             queue.put_nowait(Notification(method, params))
+        elif self.on_account is not None and _thread_of(params) is None:
+            try:
+                self.on_account(str(method), params)
+            except Exception as exc:  # noqa: BLE001 - a bad notification must not stop reading
+                log.warning("codex.rpc.account_note_failed", method=str(method)[:80],
+                            error=type(exc).__name__)
 
     def _resolve(self, message: dict[str, Any]) -> None:
         entry = self._calls.get(message.get("id"))  # type: ignore[arg-type]

@@ -52,7 +52,8 @@ log = structlog.get_logger(__name__)
 
 _RECONNECT = re.compile(r"(\d+)/(\d+)")
 _URL_TAIL = re.compile(r",? url: \S+$")
-_TRY_AGAIN = re.compile(r"try again at (\d{1,2}):(\d{2})\s*([AaPp][Mm])")
+# 0.169.0: "… or try again at 7:38 AM."; 0.171.0: "… Try again at 10:31 AM."
+_TRY_AGAIN = re.compile(r"try again at (\d{1,2}):(\d{2})\s*([AaPp][Mm])", re.IGNORECASE)
 _THINKING = ("item/reasoning/summaryTextDelta", "item/reasoning/textDelta")
 _RATE_INFOS = ("usageLimitExceeded", "rateLimitExceeded")
 

@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Union
 
 from ..model import Message, Tool
+from ..quota import QuotaWindow
 
 __all__ = [
     "SessionStarted", "TextChunk", "ThinkingChunk", "ToolExecuted", "ToolOutput", "PendingToolCall",
-    "TurnUsage", "RateLimited", "Retrying", "TurnFinished", "ToolsPending", "TurnFailed",
-    "LoginRequired", "CliEvent", "TERMINAL", "ConversationSetup", "Turn", "ToolAnswer",
+    "TurnUsage", "RateLimited", "QuotaReport", "Retrying", "TurnFinished", "ToolsPending",
+    "TurnFailed", "LoginRequired", "CliEvent", "TERMINAL", "ConversationSetup", "Turn", "ToolAnswer",
     "CliHealth", "LoginState", "Mode", "StopReason",
 ]
 
@@ -98,6 +99,16 @@ class RateLimited:
 
 
 @dataclass(frozen=True, slots=True)
+class QuotaReport:
+    """The vendor's (or a count's) numbers for some of the account's usage
+    windows (:mod:`pool.quota`); the host merges them into the account's quota.
+    A driver builds the windows with :func:`pool.cli.quota_events.window` (bounded,
+    typed); the report is no failure and does not end a turn."""
+
+    windows: tuple[QuotaWindow, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Retrying:
     """The CLI retries an upstream call on its own (Claude ``system/api_retry``)."""
 
@@ -139,8 +150,8 @@ class LoginRequired:
 
 
 CliEvent = Union[SessionStarted, TextChunk, ThinkingChunk, ToolExecuted, ToolOutput,
-                 PendingToolCall, TurnUsage, RateLimited, Retrying, TurnFinished, ToolsPending,
-                 TurnFailed, LoginRequired]
+                 PendingToolCall, TurnUsage, RateLimited, QuotaReport, Retrying, TurnFinished,
+                 ToolsPending, TurnFailed, LoginRequired]
 #: every iterator a driver returns ends with exactly one of these
 TERMINAL = (TurnFinished, ToolsPending, TurnFailed, LoginRequired)
 

@@ -27,8 +27,9 @@ from ..model import (ChatRequest, Event, ExecutedTool, ExecutedToolPart, Finish,
                      TextDelta, TextPart, ToolCallDelta, ToolCallEnd, ToolCallPart, ToolCallStart,
                      Sampling, ToolResultPart, Usage)
 from .driver import CliDriver, Conversation, DriverConfig
-from .events import (CliHealth, ConversationSetup, LoginRequired, PendingToolCall, RateLimited,
-                     Retrying, SessionStarted, TextChunk, ThinkingChunk, ToolAnswer, ToolExecuted,
+from ..quota import AccountQuota, QuotaWindow
+from .events import (CliHealth, ConversationSetup, LoginRequired, PendingToolCall, QuotaReport,
+                     RateLimited, Retrying, SessionStarted, TextChunk, ThinkingChunk, ToolAnswer, ToolExecuted,
                      ToolOutput, ToolsPending, Turn, TurnFailed, TurnFinished, TurnUsage)
 from .failures import RATE_LIMIT_DEFAULT, client_error, naming
 from .scrub import account_secrets, scrub
@@ -46,6 +47,7 @@ _RATE_LIMIT_DEFAULT = 60.0  # seconds of cooldown when the CLI does not say when
 #: a discarded conversation is dead within this (interrupt, EOF, SIGTERM, SIGKILL, reap)
 DISCARD_DEADLINE = 10.0
 _INTERRUPT_SHARE = 0.3  # of the deadline, at most, for a polite interrupt before closing
+_MAX_QUOTA_WINDOWS = 16  # windows kept per account (the most recently seen)
 
 
 @dataclass(eq=False)
@@ -70,6 +72,9 @@ class CliHost:
         self.login_recheck = login_recheck
         self.health = CliHealth(login="logging_in")
         self.cooldown_until: float | None = None
+        self.quota = AccountQuota()  # the vendor's windows as last reported (pool/quota.py)
+        if hasattr(driver, "on_quota"):  # reports outside a turn (get_usage, rateLimits/read)
+            driver.on_quota = self.report_quota
         self.counts = {"hits": 0, "misses": 0, "rebuilds": 0}
         self._slots: list[_Slot] = []
         self._reaper: asyncio.Task[None] | None = None
@@ -106,7 +111,30 @@ class CliHost:
                 "conversations": len(self._slots),
                 "held_tool_calls": sum(len(s.pending) for s in self._slots),
                 "cooldown_until": self.cooldown_until if self._cooling() else None,
+                "quota": self.quota.to_json(time.time()),
                 "sessions": dict(self.counts)}
+
+    def report_quota(self, windows: tuple[QuotaWindow, ...]) -> None:
+        """Merge a :class:`QuotaReport`'s windows into the account's quota (at most
+        :data:`_MAX_QUOTA_WINDOWS` are kept: the most recently seen)."""
+        windows = tuple(w for w in windows if isinstance(w, QuotaWindow))
+        if not windows:
+            return
+        quota = self.quota.merged(windows)
+        if len(quota.windows) > _MAX_QUOTA_WINDOWS:
+            kept = sorted(quota.windows, key=lambda w: w.seen_at)[-_MAX_QUOTA_WINDOWS:]
+            quota = AccountQuota(tuple(w for w in quota.windows if w in kept))
+        self.quota = quota
+        log.info("cli.quota", worker=self.config.name, windows={
+            w.name: round(w.used_percent, 1) for w in windows})
+
+    def _spent_until(self) -> float | None:
+        """When the account's spent windows reset, by its quota (a limit whose
+        words give no reset: the vendor's window numbers still do)."""
+        now = time.time()
+        resets = [w.resets_at for w in self.quota.windows
+                  if w.resets_at is not None and w.current(now) and w.used_percent >= 100]
+        return max(resets) if resets else None
 
     def _cooling(self) -> bool:
         return self.cooldown_until is not None and time.time() < self.cooldown_until
@@ -338,11 +366,13 @@ class CliHost:
                                            ev.cache_creation_tokens)):
                     usage[i] += value or 0
             elif kind is RateLimited:
-                until = ev.reset_at or time.time() + RATE_LIMIT_DEFAULT
+                until = ev.reset_at or self._spent_until() or time.time() + RATE_LIMIT_DEFAULT
                 if not self._cooling() or until > (self.cooldown_until or 0):
                     self.cooldown_until = until
                 log.warning("cli.rate_limited", worker=self.config.name,
                             cooldown_until=self.cooldown_until)
+            elif kind is QuotaReport:
+                self.report_quota(ev.windows)
             elif kind is Retrying:
                 log.info("cli.upstream_retry", worker=self.config.name, attempt=ev.attempt,
                          status=ev.status, error=self._scrub(str(ev.error)) if ev.error else None)

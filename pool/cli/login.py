@@ -197,8 +197,13 @@ class ClaudeLogin:
         return _scrub(lines[-1] if lines else "no output", self._code)[:200]
 
 
+#: no proxy: the pasted callback is this host's, and the code in it goes nowhere else
+#: (urlopen would send it through any proxy the gateway's environment names)
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def _fetch(url: str, timeout: float) -> None:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
+    with _DIRECT.open(url, timeout=timeout) as response:
         response.read()
 
 

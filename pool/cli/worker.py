@@ -16,6 +16,7 @@ import contextlib
 import os
 import sys
 import time
+from hashlib import blake2b
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping
 
@@ -26,12 +27,13 @@ from ..childenv import child_environment
 from ..egress import proxy_reachable
 from ..errors import GatewayError
 from ..accumulate import Accumulator
-from ..model import ChatRequest, Event, Finish
+from ..model import ChatRequest, Event, Finish, Usage
 from ..process import ProcessSpec, ProcessWorker
+from ..quota import AccountQuota
 from ..supervisor import SupervisorPolicy
 from ..worker import Capabilities, WorkerState
+from .counted import CountedQuota, CountedWindow
 from .history import answer_message, conversation_hash, split, system_text
-from .host import DEFAULT_SYSTEM_PROMPT
 from .index import SessionIndex
 from .limits import check_request
 from .sandbox import Sandbox
@@ -71,6 +73,10 @@ class CliSpec:
     supervision: SupervisorPolicy = field(default_factory=SupervisorPolicy)
     # the account's egress proxy (its variables are in env); checked on the health interval
     proxy: str | None = field(default=None, repr=False)
+    # windows the gateway counts the account's tokens in (for CLIs that report no quota)
+    quota_windows: tuple[CountedWindow, ...] = ()
+    # percent of the quota kept back from new conversations (pool/headroom.py); None: the model's
+    quota_reserve: float | None = None
 
     @property
     def cwd(self) -> str:
@@ -123,6 +129,9 @@ class CliWorker(ProcessWorker):
         self._poller: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Future[None]] = set()
         self._proxy_down = False
+        self._signer: str | None = None  # the account that signs (see signing_account)
+        self._quota = AccountQuota()
+        self._counted = CountedQuota(spec.quota_windows)
 
     # --- status -------------------------------------------------------------------------
 
@@ -130,6 +139,23 @@ class CliWorker(ProcessWorker):
     login_override: str | None = None
     #: the account's state machine (pool/cli/account.py), set by the gateway
     account: Any = None
+
+    @property
+    def signs_per_account(self) -> bool:
+        """Whether this account's signed thinking is refused by any other
+        (Claude's is: pool/signatures.py keeps it home)."""
+        return self.cli_spec.cli == "claude"
+
+    @property
+    def signing_account(self) -> str:
+        """Who signs this worker's thinking: the account the CLI reports (its
+        e-mail, hashed), else its API key (hashed), else the worker's name.
+        Not the name alone: replicas on other hosts run other accounts under
+        the same worker names, and share what they noted through Redis."""
+        who = self._status.get("account") or self.cli_spec.env.get("ANTHROPIC_API_KEY")
+        if who:  # kept: a restart forgets the status, not whose account this is
+            self._signer = "cli:" + blake2b(str(who).encode(), digest_size=12).hexdigest()
+        return self._signer or f"cli:{self.name}"
 
     @property
     def process_state(self) -> WorkerState:
@@ -166,6 +192,20 @@ class CliWorker(ProcessWorker):
         until = self._status.get("cooldown_until")
         return until if until is not None and until > time.time() else None
 
+    @property
+    def quota(self) -> AccountQuota:
+        """The account's usage windows as the child last reported them (the
+        vendor's numbers), else as counted against ``quota_windows``; empty when
+        nothing is known. The numbers are the account's, not the process's: a
+        new incarnation that knows nothing yet leaves the last ones standing."""
+        return self._quota if self._quota.windows else self._counted.quota()
+
+    def _take_status(self, status: Any) -> None:
+        self._status = dict(status)
+        reported = AccountQuota.from_json(self._status.get("quota"))
+        if reported.windows:
+            self._quota = self._quota.merged(reported.windows)
+
     def info(self) -> dict[str, Any]:
         status = self._status
         return {**super().info(), "cli": self.cli_spec.cli, "version": status.get("version"),
@@ -173,6 +213,7 @@ class CliWorker(ProcessWorker):
                 "conversations": status.get("conversations", 0),
                 "held_tool_calls": status.get("held_tool_calls", 0),
                 "cooldown_until": self.cooldown_until, "mode": self.cli_spec.mode,
+                "quota": self.quota.to_json(time.time()),
                 "sandbox": self.cli_spec.sandbox.kind,
                 "account_state": self.account.state.value if self.account is not None else None}
 
@@ -192,7 +233,7 @@ class CliWorker(ProcessWorker):
             return
         with contextlib.suppress(GatewayError):
             status = await child.call("status", None, timeout=self.spec.health_timeout)
-            self._status = dict(status)  # type: ignore[call-overload]
+            self._take_status(status)
 
     async def start(self) -> bool:
         ready = await super().start()
@@ -214,7 +255,7 @@ class CliWorker(ProcessWorker):
         with contextlib.suppress(GatewayError):
             status = await child.call("probe_login", {"model": self.models[0]},
                                       timeout=self.spec.health_timeout + 120.0)
-            self._status = dict(status)  # type: ignore[call-overload]
+            self._take_status(status)
 
     async def aclose(self) -> None:
         if self._poller is not None:
@@ -244,19 +285,26 @@ class CliWorker(ProcessWorker):
     async def stream(self, request: ChatRequest) -> AsyncIterator[Event]:
         check_request(request)
         history, new = split(request)
-        system = system_text(request.messages) or DEFAULT_SYSTEM_PROMPT
+        # the index is read by request_prefix_hash: the client's system text, not the host's default
+        system = system_text(request.messages)
         answer = Accumulator()  # what the client will send back, for the session hash
         finished = False
+        tokens = [0, 0]  # the latest input and output counts (counted quota windows)
         try:
             async for event in super().stream(request):
                 answer.feed(event)
                 if type(event) is Finish:
                     finished = True
+                elif type(event) is Usage:
+                    tokens = [event.input_tokens if event.input_tokens is not None else tokens[0],
+                              event.output_tokens if event.output_tokens is not None
+                              else tokens[1]]
                 yield event
         except GatewayError as exc:
             self._note_failure(exc)
             raise
         finally:
+            self._counted.add(sum(tokens))
             self._soon(self.refresh())
             if self.sessions is not None:
                 if history:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from hashlib import blake2b
 from functools import partial
 from typing import Any, AsyncIterator, Callable, ClassVar, Mapping
 
@@ -79,6 +80,11 @@ class RemoteWorker:
         self._answered = False  # an upstream request got a 2xx since the last probe began
         self.started_at: float | None = None
         self._chat_url = URL(chat_url)  # parsed once, not on every request
+        # whose signed reasoning this worker's answers carry (pool/signatures.py): the
+        # upstream and the key, so two workers of one account are one signer
+        self.signs_per_account = spec.dialect == "anthropic"  # its thinking signatures
+        self.signing_account = "remote:" + blake2b(
+            f"{chat_url}\x00{spec.api_key or ''}".encode(), digest_size=12).hexdigest()
         self._health_url = health_url
         # configured headers override our defaults; the credentials override both.
         # identity: the body is parsed as it comes, never decompressed
@@ -281,7 +287,7 @@ class RemoteWorker:
     async def _send(self, request: ChatRequest) -> tuple[aiohttp.ClientResponse, frozenset[str]]:
         """POST ``request`` (its images vetted, its body built): the 2xx
         response, and the names of the request's custom tools."""
-        request = await vet_images(request, self.spec.policy)
+        request = await vet_images(request, self.spec.policy, self.spec.proxy)
         body, headers = self.prepare(request)
         if request.dialect == "openai_responses":
             dropped = _encrypted_reasoning(request)

@@ -9,6 +9,12 @@ loopback, link-local and other non-public addresses (checked on the address it
 connects to, so DNS cannot point it elsewhere), no redirects, at most
 ``image_max_bytes``, and sends it inline. ``"forward"``: URLs go on as sent
 (for a vendor API that fetches from the public internet).
+
+A worker with an egress ``proxy`` fetches through it, like the rest of its
+traffic (nothing goes direct). The proxy then resolves the name and connects:
+the gateway still refuses literal non-public addresses and names that
+resolve *here* to one; a name only the proxy can resolve is the proxy's to
+police.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
+from aiohttp_socks import ProxyConnectionError, ProxyConnector, ProxyError, ProxyTimeoutError
 
 from pool.errors import BadRequest
 from pool.model import ChatRequest, ImagePart, Message, ToolResultPart
@@ -35,9 +42,11 @@ __all__ = ["vet_images"]
 _FETCH_TIMEOUT = 10.0
 
 
-async def vet_images(request: ChatRequest, policy: PassPolicy) -> ChatRequest:
+async def vet_images(request: ChatRequest, policy: PassPolicy,
+                     proxy: str | None = None) -> ChatRequest:
     """``request`` as the worker may send it: unchanged, with its image URLs
-    fetched and inlined, or refused (``BadRequest``)."""
+    fetched (through ``proxy``, the worker's egress proxy, when it has one)
+    and inlined, or refused (``BadRequest``)."""
     if policy.image_urls == "forward" or not _any_url(request.messages):
         return request
     param = "input" if request.dialect == "openai_responses" else "messages"
@@ -48,7 +57,7 @@ async def vet_images(request: ChatRequest, policy: PassPolicy) -> ChatRequest:
     for message in request.messages:
         for url in _urls(message):
             if url not in fetched:
-                fetched[url] = await _fetch(url, policy.image_max_bytes, param)
+                fetched[url] = await _fetch(url, policy.image_max_bytes, param, proxy)
     messages = tuple(_inline(m, fetched) for m in request.messages)
     # the client's body still holds the URLs: send the translated request instead
     return replace(request, messages=messages, raw={})
@@ -116,7 +125,26 @@ class _PublicOnly(AbstractResolver):
         await self._inner.close()
 
 
-async def _fetch(url: str, max_bytes: int, param: str) -> ImagePart:
+async def _private_here(host: str) -> bool:
+    """Whether ``host`` resolves here to any non-public address (a name that
+    does not resolve here is left to the proxy)."""
+    try:
+        found = await asyncio.get_running_loop().getaddrinfo(host, None)
+    except OSError:
+        return False
+    return any(not _public(str(info[4][0])) for info in found)
+
+
+def _connector(proxy: str | None) -> tuple[aiohttp.BaseConnector, str | None]:
+    """The connector of one fetch, and the HTTP proxy its requests name."""
+    if proxy is None:
+        return aiohttp.TCPConnector(resolver=_PublicOnly()), None
+    if proxy.startswith("socks"):
+        return ProxyConnector.from_url(proxy, rdns=True), None  # the name resolved there
+    return aiohttp.TCPConnector(), proxy
+
+
+async def _fetch(url: str, max_bytes: int, param: str, proxy: str | None) -> ImagePart:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise BadRequest(f"{param}: image URLs must be http:// or https://.", param=param)
@@ -127,11 +155,15 @@ async def _fetch(url: str, max_bytes: int, param: str) -> ImagePart:
     if literal is not None and not _public(str(literal)):
         raise BadRequest(f"{param}: the image URL points to a private or loopback address.",
                          param=param)
-    connector = aiohttp.TCPConnector(resolver=_PublicOnly())
     try:
-        async with aiohttp.ClientSession(connector=connector) as session, \
-                asyncio.timeout(_FETCH_TIMEOUT):
-            async with session.get(url, allow_redirects=False) as resp:
+        async with asyncio.timeout(_FETCH_TIMEOUT):
+            if proxy is not None and await _private_here(parts.hostname):
+                raise OSError("a private address")
+            connector, via = _connector(proxy)
+            # trust_env off: the gateway's own proxy variables never route a fetch
+            async with aiohttp.ClientSession(connector=connector, trust_env=False,
+                                             proxy=via) as session, \
+                    session.get(url, allow_redirects=False) as resp:
                 if resp.status != 200:
                     raise BadRequest(f"{param}: fetching the image URL gave HTTP {resp.status}.",
                                      param=param)
@@ -146,7 +178,7 @@ async def _fetch(url: str, max_bytes: int, param: str) -> ImagePart:
         # our resolver's refusal arrives as a connector error
         raise BadRequest(f"{param}: the image URL points to a private or loopback address, or "
                          "cannot be reached.", param=param) from None
-    except (aiohttp.ClientError, TimeoutError):
+    except (aiohttp.ClientError, TimeoutError, ProxyConnectionError, ProxyError, ProxyTimeoutError):
         raise BadRequest(f"{param}: the image URL could not be fetched.", param=param) from None
     if len(data) > max_bytes:
         raise BadRequest(f"{param}: the image at the URL is larger than {max_bytes} bytes.",

@@ -293,11 +293,26 @@ class OpenAIRelay(Relay):
 
 
 class AnthropicRelay(Relay):
-    """An Anthropic Messages answer (a ``message`` or its events)."""
+    """An Anthropic Messages answer (a ``message`` or its events). It also
+    keeps the signed reasoning it passes on (``signed``: each thinking block's
+    signature, each redacted block's data), which the gateway notes against
+    the worker's account (:mod:`pool.signatures`); only the frames of an open
+    thinking block are searched for a signature."""
 
-    __slots__ = ()
+    __slots__ = ("signed", "_signature")
 
     usage_of = staticmethod(anthropic_messages.usage_of)
+
+    def __init__(self, model: str, stream: bool) -> None:
+        super().__init__(model, stream)
+        self.signed: list[str] | None = None
+        self._signature: str | None = None  # a thinking block is open: its signature so far
+
+    def _sign(self, value: Any) -> None:
+        if type(value) is str and value:
+            if self.signed is None:
+                self.signed = []
+            self.signed.append(value)
 
     def _scan_body(self, obj: dict[str, Any]) -> None:
         if obj.get("type") == "error" or (obj.get("error") is not None and "content" not in obj):
@@ -306,10 +321,20 @@ class AnthropicRelay(Relay):
         finish = anthropic_messages.finish_of(obj)
         if finish is not None:
             self.finish = finish.reason
+        content = obj.get("content")
+        for block in content if type(content) is list else ():
+            if type(block) is dict:
+                kind = block.get("type")
+                if kind == "thinking":
+                    self._sign(block.get("signature"))
+                elif kind == "redacted_thinking":
+                    self._sign(block.get("data"))
 
     def _frame(self, frame: bytes) -> bool | bytes:
         if frame.startswith(b"event: content_block_delta\n"):  # the hot one: no parse needed
             self.content_events += 1
+            if self._signature is not None and b'"signature_delta"' in frame:
+                self._signature_delta(loads_upstream(_data(frame)[1] or b"{}"))
             return True
         _, data = _data(frame)
         if not data:
@@ -318,11 +343,23 @@ class AnthropicRelay(Relay):
         kind = obj.get("type") if isinstance(obj, dict) else None
         if kind == "content_block_delta":
             self.content_events += 1
+            if self._signature is not None:
+                self._signature_delta(obj)
             return True
         if kind == "content_block_start":
             block = obj.get("content_block") or {}
-            if block.get("type") not in ("text", "thinking") or block.get("text"):
+            btype = block.get("type")
+            if btype not in ("text", "thinking") or block.get("text"):
                 self.content_events += 1
+            if btype == "thinking":
+                self._signature = block.get("signature") or ""
+            elif btype == "redacted_thinking":
+                self._sign(block.get("data"))
+            return True
+        if kind == "content_block_stop":
+            if self._signature is not None:
+                self._sign(self._signature)
+                self._signature = None
             return True
         if kind == "message_start":
             message = obj.get("message") or {}
@@ -342,7 +379,14 @@ class AnthropicRelay(Relay):
             raise error_from_object(obj)
         if kind is None:
             raise UpstreamUnavailable("upstream sent an unexpected stream event")
-        return True  # ping, content_block_stop, events this gateway does not model
+        return True  # ping and events this gateway does not model
+
+    def _signature_delta(self, obj: Any) -> None:
+        delta = obj.get("delta") if type(obj) is dict else None
+        if type(delta) is dict and delta.get("type") == "signature_delta":
+            piece = delta.get("signature")
+            if type(piece) is str:
+                self._signature = (self._signature or "") + piece
 
 
 def relay_for(dialect: str, request: ChatRequest, model: str) -> Relay | None:

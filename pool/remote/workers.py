@@ -85,7 +85,7 @@ class AnthropicMessagesWorker(RemoteWorker):
         """The upstream's ``input_tokens`` for ``request``, built like a
         messages request without the generation fields; ``None`` when the
         upstream has no count_tokens endpoint (404 or 405)."""
-        body, headers = self.prepare(await vet_images(request, self.spec.policy))
+        body, headers = self.prepare(await vet_images(request, self.spec.policy, self.spec.proxy))
         for key in _NOT_COUNTED:
             body.pop(key, None)
         try:
@@ -135,7 +135,7 @@ class GeminiWorker(RemoteWorker):
         """The upstream's ``totalTokens`` for ``request`` (``:countTokens`` with
         the whole request as ``generateContentRequest``); ``None`` when the
         upstream cannot count (404 or 405)."""
-        body, headers = self.prepare(await vet_images(request, self.spec.policy))
+        body, headers = self.prepare(await vet_images(request, self.spec.policy, self.spec.proxy))
         wrapped = {"generateContentRequest": {"model": f"models/{request.model}", **body}}
         url = URL(f"{self._root}/v1beta/models/{request.model}:countTokens", encoded=False)
         try:

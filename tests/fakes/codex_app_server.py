@@ -35,7 +35,13 @@ stdio, as recorded against it:
   ``willRetry: true`` (``model_providers.<p>.stream_max_retries`` of them,
   default 5), then ``willRetry: false`` and ``turn/completed`` ``failed``;
   401 → ``httpConnectionFailed``, a 429 ``usage_limit_reached`` →
-  ``usageLimitExceeded`` (not retried).
+  ``usageLimitExceeded`` (not retried);
+* quota: after every upstream answer with ``x-codex-primary-*`` headers, the
+  notification ``account/rateLimits/updated`` (no thread; ``primary`` /
+  ``secondary`` with ``usedPercent``, ``windowDurationMins``, ``resetsAt``);
+  ``account/rateLimits/read`` asks ``{chatgpt_base_url}/wham/usage`` for a
+  ChatGPT login (``auth_mode: chatgpt``, whose ``account/read`` is
+  ``{"type": "chatgpt", …}``) and is the real −32600 for an API key.
 
 Replies come from the Responses upstream named by ``-c
 model_providers.<p>.base_url=…`` (``POST <base_url>/responses``, streamed), with
@@ -69,7 +75,8 @@ from pathlib import Path
 from typing import Any
 
 from .codex_fake_state import (
-    Thread, Turn, Upstream, dynamic_tools, parse_config, text_item, turn_info,
+    Thread, Turn, Upstream, dynamic_tools, parse_config, rate_limits, text_item, turn_info,
+    wham_limits,
 )
 
 VERSION = "0.171.0"  # the pinned real Codex; its protocol is that of 0.169.0 (verified on both)
@@ -151,9 +158,21 @@ class Server:
 
     def rpc_account_read(self, params: dict[str, Any]) -> dict[str, Any]:
         account = {"type": "apiKey"} if self.upstream.key() else None
+        if account is not None and self.upstream.chatgpt():
+            account = {"type": "chatgpt", "email": "user@example.com", "planType": "pro"}
         return {"account": account, "userId": None,
                 "requiresOpenaiAuth": self.upstream.requires_openai_auth,
                 "workspaceRouting": None}
+
+    def rpc_account_rateLimits_read(self, params: dict[str, Any]) -> dict[str, Any]:
+        if not self.upstream.chatgpt():
+            raise LookupError("chatgpt authentication required to read rate limits")
+        try:
+            limits = wham_limits(self.upstream.wham_usage())
+        except (OSError, ValueError, KeyError) as exc:
+            raise LookupError(f"failed to fetch codex rate limits: {exc}") from None
+        return {"rateLimits": limits, "rateLimitsByLimitId": {"codex": limits},
+                "rateLimitResetCredits": None}
 
     def rpc_account_login_start(self, params: dict[str, Any]) -> dict[str, Any]:
         from .codex_fake_login import start_login  # see there
@@ -289,13 +308,18 @@ class Server:
                                                  "resets_in_seconds": 3600}}
             else:
                 status, answer = self.upstream.stream(body, turn)
+                limits = rate_limits(turn.rate_headers)
+                if limits is not None:  # every answer that carried them, as the real one
+                    notify("account/rateLimits/updated", {"rateLimits": limits})
             if status == 200:
                 return self.relay(turn, answer)
             message = (answer.get("error") or {}).get("message", "")
             error = answer.get("error") or {}
             if status == 429 and error.get("type") == "usage_limit_reached":
                 # the real text (0.169.0), the reset in the process's local time
-                at = time.localtime(time.time() + int(error.get("resets_in_seconds", 3600)))
+                reset = error.get("resets_at") or time.time() + int(
+                    error.get("resets_in_seconds", 3600))
+                at = time.localtime(reset)
                 clock = time.strftime("%I:%M %p", at).lstrip("0")
                 return self.fail(turn, "You\u2019ve hit your usage limit. Upgrade to Pro "
                                  "(https://chatgpt.com/explore/pro), visit https://chatgpt.com/"

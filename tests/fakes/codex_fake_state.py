@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import threading
 import uuid
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 __all__ = ["RESERVED_TOOLS", "parse_config", "Upstream", "Thread", "Turn", "dynamic_tools",
-           "text_item", "turn_info"]
+           "text_item", "turn_info", "rate_limits", "wham_limits"]
 
 RESERVED_TOOLS = ("exec_command", "shell_command", "request_user_input")
 
@@ -42,14 +43,36 @@ class Upstream:
         # only when its requires_openai_auth says so
         self.requires_openai_auth = bool(config.get(
             f"model_providers.{provider}.requires_openai_auth", provider == "openai"))
+        self.chatgpt_base_url = str(config.get("chatgpt_base_url",
+                                               "https://chatgpt.com/backend-api/"))
         self.home = home
 
-    def key(self) -> str | None:
+    def auth(self) -> dict[str, Any]:
         try:
             auth = json.loads((self.home / "auth.json").read_text())
         except (OSError, ValueError):
-            return None
-        return auth.get("OPENAI_API_KEY") or None
+            return {}
+        return auth if isinstance(auth, dict) else {}
+
+    def key(self) -> str | None:
+        return self.auth().get("OPENAI_API_KEY") or None
+
+    def chatgpt(self) -> bool:
+        return self.auth().get("auth_mode") == "chatgpt"
+
+    def wham_usage(self) -> dict[str, Any]:
+        """``GET {chatgpt_base_url}/wham/usage`` with the login's token (as Codex
+        asks it for ``account/rateLimits/read``)."""
+        url = urlsplit(self.chatgpt_base_url.rstrip("/") + "/wham/usage")
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+        try:
+            conn.request("GET", url.path, headers={"authorization": f"Bearer {self.key()}"})
+            response = conn.getresponse()
+            if response.status != 200:
+                raise OSError(f"wham/usage answered {response.status}")
+            return json.loads(response.read())
+        finally:
+            conn.close()
 
     def stream(self, body: dict[str, Any], turn: Turn) -> tuple[int, Any]:
         """POST and return (status, an iterator of SSE events or the error body)."""
@@ -61,6 +84,8 @@ class Upstream:
             headers["authorization"] = f"Bearer {key}"
         conn.request("POST", url.path, json.dumps(body), headers)
         response = conn.getresponse()
+        turn.rate_headers = {k.lower(): v for k, v in response.getheaders()
+                             if k.lower().startswith("x-codex-")}
         if response.status != 200:
             return response.status, json.loads(response.read() or b"{}")
         return 200, _sse_events(response)
@@ -102,6 +127,7 @@ class Turn:
         self.conn: http.client.HTTPConnection | None = None
         self.held: dict[str, threading.Event] = {}
         self.effort: str | None = None
+        self.rate_headers: dict[str, str] = {}  # the last upstream answer's x-codex-* headers
 
 
 def dynamic_tools(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -114,6 +140,36 @@ def dynamic_tools(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def text_item(role: str, text: str) -> dict[str, Any]:
     kind = "output_text" if role == "assistant" else "input_text"
     return {"type": "message", "role": role, "content": [{"type": kind, "text": text}]}
+
+
+def rate_limits(headers: dict[str, str]) -> dict[str, Any] | None:
+    """The ``rateLimits`` of ``account/rateLimits/updated`` from an answer's
+    ``x-codex-primary-*`` / ``x-codex-secondary-*`` headers (None: none there)."""
+    if "x-codex-primary-used-percent" not in headers:
+        return None
+    limits: dict[str, Any] = {"limitId": "codex", "limitName": None, "credits": None,
+                              "planType": None, "rateLimitReachedType": None}
+    for slot in ("primary", "secondary"):
+        used = headers.get(f"x-codex-{slot}-used-percent")
+        minutes = headers.get(f"x-codex-{slot}-window-minutes")
+        reset = headers.get(f"x-codex-{slot}-reset-at")
+        limits[slot] = None if used is None else {  # whole percents, as 0.171.0 sends them
+            "usedPercent": math.floor(float(used) + 0.5), "windowDurationMins": int(minutes) if minutes else None,
+            "resetsAt": int(reset) if reset else None}
+    return limits
+
+
+def wham_limits(usage: dict[str, Any]) -> dict[str, Any]:
+    """``account/rateLimits/read``'s ``rateLimits`` from a ``wham/usage`` answer."""
+    limits: dict[str, Any] = {"limitId": "codex", "limitName": None, "credits": None,
+                              "planType": usage.get("plan_type"), "rateLimitReachedType": None}
+    for slot in ("primary", "secondary"):
+        window = (usage.get("rate_limit") or {}).get(f"{slot}_window")
+        limits[slot] = None if not window else {
+            "usedPercent": window["used_percent"],
+            "windowDurationMins": window["limit_window_seconds"] // 60,
+            "resetsAt": window["reset_at"]}
+    return limits
 
 
 def turn_info(turn: Turn, status: str, error: dict[str, Any] | None = None) -> dict[str, Any]:

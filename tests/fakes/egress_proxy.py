@@ -2,7 +2,8 @@
 else's server (an operator's egress proxy), for tests.
 
 It speaks the forms a client uses: ``CONNECT host:port`` (a tunnel, what
-HTTPS and most proxy agents use; the bytes inside are piped as they are),
+HTTPS and most proxy agents use; the bytes inside are piped as they are; an
+upstream it cannot reach is a 502, as real proxies answer),
 absolute-form requests (``GET http://host:port/path HTTP/1.1``, what plain
 HTTP through a proxy is) and SOCKS5 CONNECT on the same port
 (``socks_url``). It runs on its own event loop in a thread::
@@ -11,6 +12,8 @@ HTTP through a proxy is) and SOCKS5 CONNECT on the same port
         proxy.url        # http://user:pass@127.0.0.1:PORT
         proxy.passed     # [("CONNECT", "127.0.0.1:4321"), ("POST", "http://…/v1/messages"), …]
         proxy.refused    # requests without the right Proxy-Authorization
+
+``hosts`` maps names the proxy resolves itself (``{"images.test": "127.0.0.1"}``).
 
 ``stop()`` closes the listening socket (and every tunnel): the proxy is down,
 its port refuses connections.
@@ -31,8 +34,11 @@ _MAX_HEAD = 64 * 1024
 
 
 class EgressProxy:
-    def __init__(self, credentials: str | None = None) -> None:
+    def __init__(self, credentials: str | None = None,
+                 hosts: dict[str, str] | None = None) -> None:
         self.credentials = credentials
+        # names the proxy resolves itself (its own DNS: a name the client cannot resolve)
+        self.hosts = dict(hosts or {})
         self.passed: list[tuple[str, str]] = []
         self.refused: list[str] = []
         self.port = 0
@@ -123,6 +129,9 @@ class EgressProxy:
         for writer in list(self._writers):
             writer.transport.abort()  # down: no flush, every connection cut
 
+    def _resolve(self, host: str) -> str:
+        return self.hosts.get(host, host)
+
     def _authorised(self, headers: dict[str, str]) -> bool:
         if self.credentials is None:
             return True
@@ -156,7 +165,14 @@ class EgressProxy:
             self.passed.append((method, target))
             if method == "CONNECT":
                 host, _, port = target.rpartition(":")
-                up_reader, up_writer = await asyncio.open_connection(host.strip("[]"), int(port))
+                try:
+                    up_reader, up_writer = await asyncio.open_connection(
+                        self._resolve(host.strip("[]")), int(port))
+                except OSError:  # as real proxies answer an upstream they cannot reach
+                    writer.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n"
+                                 b"Connection: close\r\n\r\n")
+                    await writer.drain()
+                    return
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 await writer.drain()
                 await self._pipe(reader, writer, up_reader, up_writer)
@@ -200,7 +216,7 @@ class EgressProxy:
             writer.write(b"\x05\x07\x00\x01" + bytes(6))
             return
         self.passed.append(("SOCKS5", f"{host}:{port}"))
-        up_reader, up_writer = await asyncio.open_connection(host.strip("[]"), port)
+        up_reader, up_writer = await asyncio.open_connection(self._resolve(host.strip("[]")), port)
         writer.write(b"\x05\x00\x00\x01" + bytes(6))
         await writer.drain()
         await self._pipe(reader, writer, up_reader, up_writer)
@@ -221,7 +237,8 @@ class EgressProxy:
             path += "?" + parts.query
         kept = [h for h in header_lines if h and not h.lower().startswith(
             ("proxy-", "connection:", "keep-alive:"))]
-        up_reader, up_writer = await asyncio.open_connection(parts.hostname, parts.port or 80)
+        up_reader, up_writer = await asyncio.open_connection(self._resolve(parts.hostname or ""),
+                                                             parts.port or 80)
         up_writer.write(("\r\n".join([f"{method} {path} {version}", *kept, "Via: 1.1 egress-proxy",
                                     "Connection: close"])
                          + "\r\n\r\n").encode("latin-1"))

@@ -9,7 +9,8 @@ line per content block, ``user`` tool results, ``result`` with the turn's
 usage; control ``initialize`` and ``interrupt``; the in-band SDK MCP server of
 ``--mcp-config`` (``mcp_message`` initialize, tools/list, a held tools/call);
 ``--session-id`` / ``--resume`` with ``$CLAUDE_CONFIG_DIR/projects/<cwd>/<sid>.jsonl``
-(an unknown session fails as the real one does); the not-logged-in pair when
+(an unknown session fails as the real one does; what a resume does to a
+session that ends in a tool call: fake_claude_resume.py); the not-logged-in pair when
 there is neither ``.credentials.json`` nor an API key; a 401 from the upstream
 as ``system/api_retry`` lines, ten of them, a second apart, as with an API key.
 
@@ -19,6 +20,18 @@ first text delta, ``hang`` reads a user message and never answers,
 ``rate-limited`` answers every turn with a rejected ``rate_limit_event`` and
 a 429 result (a 429 from the upstream does the same), ``leak-token`` prints
 its bearer token on stderr at the first user message and exits 1.
+
+Quota, as the real one reads it (docs/cli-workers.md, "Quota"): with a
+subscription login (``.credentials.json``, no API key) the upstream's
+``anthropic-ratelimit-unified-*`` headers become a ``rate_limit_event`` line
+whenever the derived info changes (``allowed_warning`` with the window's
+``utilization`` fraction by the real warning rule, ``rejected`` at the limit,
+else ``allowed``), with every window's numbers in ``unifiedWindows`` as 2.1.332
+sends them (``FAKE_CLAUDE_RATE_EVENTS=2.1.197``: without, as the older one);
+the control request ``get_usage`` answers every window's percent and ISO reset
+from the last answer's headers (``FAKE_CLAUDE_USAGE=hang``: never;
+``junk``: with junk). ``FAKE_CLAUDE_FAULT=junk-quota`` prints junk
+``rate_limit_event`` lines before each real one.
 
 ``auth login``: see fake_claude_login.py (the real prompts, the code read from a pty).
 """
@@ -37,6 +50,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+
+import fake_claude_resume as resume  # the same directory
 
 VERSION = "2.1.197"
 MCP_PREFIX = "mcp__gw__"
@@ -125,6 +140,7 @@ class Cli:
         self.project = os.path.join(self.home, "projects", re.sub(r"[^A-Za-z0-9]", "-", os.getcwd()))
         self.messages: list[dict] = []
         self.last_uuid: str | None = None
+        self.resume_turn = False  # the resumed session is an interrupted turn, run at start
         self.inbox: queue.Queue = queue.Queue()
         self.pending: dict[str, queue.Queue] = {}
         self.interrupted = threading.Event()
@@ -134,6 +150,8 @@ class Cli:
         mcp = opts.get("--mcp-config")
         self.mcp = json.loads(mcp)["mcpServers"] if mcp else {}
         self.token = self.credentials()
+        self.rate_info: dict | None = None  # the last rate_limit_info emitted
+        self.windows: dict[str, tuple[float, int]] = {}  # name -> (fraction, reset) from headers
 
     # --- state on disk ---
 
@@ -151,10 +169,14 @@ class Cli:
                 records = [json.loads(line) for line in fh if line.strip()]
         except OSError:
             return False
-        for record in records:
-            message = record["message"]
-            self.messages.append({"role": message["role"], "content": message["content"]})
-            self.last_uuid = record["uuid"]
+        self.messages = resume.messages_of(records)
+        self.last_uuid = next((r["uuid"] for r in reversed(records) if r.get("uuid")), None)
+        interrupted = resume.interrupted_results(self.messages)
+        if interrupted:
+            self.save({"role": "user", "content": interrupted})
+        self.resume_turn = resume.resumes_interrupted_turn(self.messages, ENV)
+        if not self.resume_turn and resume.ends_unanswered(self.messages):
+            self.save({"role": "assistant", "content": [{"type": "text", "text": resume.NO_RESPONSE}]})
         return True
 
     def save(self, message: dict) -> None:
@@ -201,6 +223,16 @@ class Cli:
                 waiter.put(None)
         elif subtype == "initialize":
             response = {"commands": [], "output_style": "default"}
+        elif subtype == "get_usage" and ENV.get("FAKE_CLAUDE_USAGE") == "hang":
+            return
+        elif subtype == "get_usage" and ENV.get("FAKE_CLAUDE_USAGE") == "junk":
+            response = {"rate_limits": {"five_hour": {"utilization": "lots"}, "x" * 500: {},
+                                        "seven_day": [1], "w": {"utilization": 1e308 * 10}}}
+        elif subtype == "get_usage":
+            response = {"subscription_type": "max", "rate_limits_available": True,
+                        "rate_limits": {name: {"utilization": round(fraction * 100, 2),
+                                               "resets_at": _iso(reset)}
+                                        for name, (fraction, reset) in self.windows.items()}}
         emit({"type": "control_response", "response": {
             "subtype": "success", "request_id": msg["request_id"], "response": response}})
 
@@ -235,7 +267,8 @@ class Cli:
                                            "input_schema": tool.get("inputSchema", {})})
         return self.mcp_tools
 
-    def turn(self, user: dict) -> None:
+    def turn(self, user: dict | None) -> None:
+        """One turn: of a prompt from stdin, or (None) the interrupted turn resumed."""
         self.interrupted.clear()
         emit({"type": "system", "subtype": "init", "session_id": self.session_id, "model": self.model,
               "tools": [t["name"] for t in self.tools()], "cwd": os.getcwd(),
@@ -245,7 +278,11 @@ class Cli:
         if self.token is None and not ENV.get("ANTHROPIC_API_KEY"):
             self.not_logged_in()
             return
-        self.save({"role": "user", "content": user["message"]["content"]})
+        if user is None:
+            self.save({"role": "user", "content": [{"type": "text", "text": resume.CONTINUE}]})
+        else:
+            self.save({"role": "user", "content": resume.prompt_content(
+                user["message"]["content"], self.messages)})
         usage = {"input_tokens": 0, "output_tokens": 0}
         texts: list[str] = []
         for step in range(1, 50):
@@ -304,7 +341,9 @@ class Cli:
                 "\n" + self.opts["--append-system-prompt"] if "--append-system-prompt" in self.opts else "")
         body = {"model": self.model, "max_tokens": int(ENV.get("CLAUDE_CODE_MAX_OUTPUT_TOKENS", "32000")),
                 "stream": True, "system": [{"type": "text", "text": system}],
-                "messages": self.messages, "metadata": {"user_id": self.session_id}}
+                "messages": resume.merged(self.messages), "metadata": {"user_id": self.session_id}}
+        if ENV.get("MAX_THINKING_TOKENS"):  # as the real CLI: extended thinking with that budget
+            body["thinking"] = {"type": "enabled", "budget_tokens": int(ENV["MAX_THINKING_TOKENS"])}
         tools = self.tools()
         if self.opts.get("--tools") != "" and not tools:
             tools = [{"name": "Read", "description": "Read a file", "input_schema": {"type": "object"}}]
@@ -328,7 +367,7 @@ class Cli:
                 response = _opener(base).open(request, timeout=600)
             except urllib.error.HTTPError as exc:
                 if exc.code == 429:
-                    return self.limited()
+                    return (429, {}) if self.read_quota(exc.headers) else self.limited()
                 if attempt > 10 or exc.code not in (401, 500, 529):
                     return exc.code, {}
                 emit({"type": "system", "subtype": "api_retry", "attempt": attempt, "max_retries": 10,
@@ -339,8 +378,58 @@ class Cli:
                 continue
             except urllib.error.URLError:  # the upstream (or the proxy) cannot be reached
                 return 503, {}
+            self.read_quota(response.headers)
             return self.relay(response, usage)
         return 500, {}
+
+    def read_quota(self, headers) -> bool:
+        """A subscription's ``rate_limit_event``, when the derived info changed;
+        False when the answer says nothing of the quota (or an API key is used)."""
+        p = "anthropic-ratelimit-unified-"
+        status = headers.get(p + "status")
+        if status is None or self.token is None or ENV.get("ANTHROPIC_API_KEY"):
+            return False
+        windows: dict[str, tuple[float, int]] = {}
+        unified: dict[str, dict] = {}
+        warned: tuple[str, float, int] | None = None
+        for abbr, name, length, rules in (("5h", "five_hour", 18000, ((0.9, 0.72),)),
+                                          ("7d", "seven_day", 604800,
+                                           ((0.75, 0.6), (0.5, 0.35), (0.25, 0.15)))):
+            used, reset = headers.get(f"{p}{abbr}-utilization"), headers.get(f"{p}{abbr}-reset")
+            if used is None or reset is None:
+                continue
+            windows[name] = (float(used), int(reset))
+            unified[name] = {"utilization": float(used), "resetsAt": int(reset),
+                             "status": headers.get(f"{p}{abbr}-status")}
+            elapsed = (time.time() - (int(reset) - length)) / length
+            if warned is None and (headers.get(f"{p}{abbr}-surpassed-threshold") is not None
+                                   or any(float(used) >= u and elapsed <= e for u, e in rules)):
+                warned = (name, float(used), int(reset))
+        self.windows = windows
+        info: dict = {"status": status, "resetsAt": int(headers.get(p + "reset") or 0),
+                      "rateLimitType": headers.get(p + "representative-claim"),
+                      "overageStatus": headers.get(p + "overage-status"),
+                      "overageDisabledReason": headers.get(p + "overage-disabled-reason"),
+                      "isUsingOverage": False}
+        if status != "rejected":
+            info["status"] = "allowed"
+            if warned is not None:
+                info.update(status="allowed_warning", rateLimitType=warned[0],
+                            resetsAt=warned[2], utilization=warned[1])
+        info = {k: v for k, v in info.items() if v is not None}
+        if unified and ENV.get("FAKE_CLAUDE_RATE_EVENTS") != "2.1.197":
+            info["unifiedWindows"] = unified
+        if ENV.get("FAKE_CLAUDE_FAULT") == "junk-quota":
+            for junk in (None, "x", [1], {"status": "allowed_warning", "utilization": "high",
+                                          "rateLimitType": {"a": 1}},
+                         {"status": "rejected", "rateLimitType": "five hour\n", "resetsAt": -5},
+                         {"unifiedWindows": {"z" * 200: {"utilization": 0.5}, "a": 7}}):
+                emit({"type": "rate_limit_event", "rate_limit_info": junk})
+        if info != self.rate_info:
+            self.rate_info = info
+            emit({"type": "rate_limit_event", "rate_limit_info": info,
+                  "uuid": str(uuid.uuid4()), "session_id": self.session_id})
+        return True
 
     def limited(self) -> tuple[object, dict]:
         """A subscription's limit: reported once with its reset time, not retried."""
@@ -435,6 +524,10 @@ class Cli:
         self.result(True, "success", text, usage, turns, api_error_status=status)
 
 
+def _iso(unix: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(unix))
+
+
 def main() -> int:
     argv = sys.argv[1:]
     if "--version" in argv:
@@ -455,6 +548,8 @@ def main() -> int:
         sys.stderr.write(f"No conversation found with session ID: {cli.session_id}\n")
         return 1
     threading.Thread(target=cli.read_stdin, daemon=True).start()
+    if cli.resume_turn:
+        cli.turn(None)
     while (msg := cli.inbox.get()) is not None:
         if ENV.get("FAKE_CLAUDE_FAULT") == "hang":
             time.sleep(3600)

@@ -99,6 +99,8 @@ class FakeIdP:
         self.flows: dict[str, dict[str, str]] = {}  # flow id -> authorize params + user
         self.codes: dict[str, dict[str, str]] = {}  # code -> flow
         self.tokens_issued: list[str] = []  # users, in order
+        # every request: (method, path, its Via header: None when it came direct)
+        self.requests: list[tuple[str, str, str | None]] = []
         self.lock = threading.Lock()
         self.server = _QuietServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
@@ -172,7 +174,14 @@ class FakeIdP:
                         return v
                 return None
 
+            def _seen(self) -> None:
+                # a request a proxy forwarded carries its Via header (tests/fakes/egress_proxy.py)
+                with idp.lock:
+                    idp.requests.append((self.command, urlsplit(self.path).path,
+                                         self.headers.get("via")))
+
             def do_GET(self) -> None:
+                self._seen()
                 url = urlsplit(self.path)
                 query = dict(parse_qsl(url.query))
                 if url.path == "/oauth/authorize":
@@ -198,6 +207,7 @@ class FakeIdP:
                     self._send(404, "<p id='error'>not found</p>")
 
             def do_POST(self) -> None:
+                self._seen()
                 path = urlsplit(self.path).path
                 form = self._form()
                 if path == "/login":

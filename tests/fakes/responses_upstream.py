@@ -20,6 +20,12 @@ message or a tool output, in the language of :mod:`tests.fakes.upstreams`:
   ``[[hang-after:N]]``, ``[[truncate-after:N]]``: as for the other dialects.
 
 ``max_output_tokens`` is a word limit (status ``incomplete``).
+
+``fake.quota[key] = FakeQuota(...)``: that key's answers carry the ChatGPT
+backend's ``x-codex-primary-*`` / ``x-codex-secondary-*`` headers, and a spent
+window is the backend's 429 ``usage_limit_reached``; ``GET
+/backend-api/wham/usage`` answers a ChatGPT login's quota (Codex's
+``account/rateLimits/read``; point ``chatgpt_base_url`` at ``fake.chatgpt_url``).
 """
 
 from __future__ import annotations
@@ -202,6 +208,20 @@ class ResponsesUpstream(FakeUpstream):
                  models: tuple[str, ...] = ("fake-model",)) -> None:
         super().__init__(api_key=api_key, models=models)
         self.app.router.routes.append(Route("/v1/responses", self._responses, methods=["POST"]))
+        self.app.router.routes.append(Route("/backend-api/wham/usage", self._wham_usage,
+                                            methods=["GET"]))
+
+    @property
+    def chatgpt_url(self) -> str:
+        """Codex's ``chatgpt_base_url`` pointed here."""
+        return f"http://127.0.0.1:{self.port}/backend-api/"
+
+    async def _wham_usage(self, request: Request) -> Response:
+        self.requests.append(Received(request.url.path, dict(request.headers), None))
+        quota = self.quota_of(request)
+        if quota is None:
+            return error_response(401, "openai", "Unknown account")
+        return JSONResponse(quota.wham_usage())
 
     @property
     def responses(self) -> list[Received]:
@@ -224,8 +244,15 @@ class ResponsesUpstream(FakeUpstream):
                 await asyncio.sleep(0.01)
         if script.error is not None:
             return error_response(script.error, "openai")
+        quota = self.quota_of(request)
+        headers = quota.codex_headers() if quota is not None else {}
+        if quota is not None and quota.spent:
+            return JSONResponse({"error": {"type": "usage_limit_reached", "message":
+                                           "The usage limit has been reached",
+                                           "resets_at": int(quota.reset_at())}},
+                                status_code=429, headers=headers)
         rid = f"resp_fake{next(self._ids)}"
         if body.get("stream"):
-            return _Frames(self, responses_frames(script, body, rid), script)
-        return JSONResponse(responses_body(script, body, rid))
+            return _Frames(self, responses_frames(script, body, rid), script, headers=headers)
+        return JSONResponse(responses_body(script, body, rid), headers=headers)
 

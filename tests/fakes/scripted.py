@@ -10,7 +10,7 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
@@ -19,9 +19,10 @@ __all__ = ["Script", "Plan", "script_openai", "script_anthropic", "make_plan", "
            "rough_tokens"]
 
 
-def signature_for(reasoning: str) -> str:
-    """The (deterministic, opaque-looking) signature of a thinking block."""
-    digest = hashlib.sha256(reasoning.encode()).digest()
+def signature_for(reasoning: str, key: str | None = None) -> str:
+    """The (deterministic, opaque-looking) signature of a thinking block; with
+    ``key``, valid only for that API key (as the real API's are per account)."""
+    digest = hashlib.sha256(reasoning.encode() + (b"\x00" + key.encode() if key else b"")).digest()
     return base64.b64encode(b"\x12\x8a" + digest * 3).decode()
 
 
@@ -294,7 +295,8 @@ def _event(name: str, data: dict[str, Any]) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + orjson.dumps({"type": name, **data}) + b"\n\n"
 
 
-def anthropic_frames(plan: Plan, body: dict[str, Any], rid: str) -> list[bytes]:
+def anthropic_frames(plan: Plan, body: dict[str, Any], rid: str,
+                     sign: Callable[[str], str] = signature_for) -> list[bytes]:
     message = {"id": rid, "type": "message", "role": "assistant", "model": body.get("model"),
                "content": [], "stop_reason": None, "stop_sequence": None,
                "usage": _anthropic_usage(plan, body, 1)}
@@ -307,7 +309,7 @@ def anthropic_frames(plan: Plan, body: dict[str, Any], rid: str) -> list[bytes]:
             "index": index, "delta": {"type": "thinking_delta", "thinking": w}})
             for w in plan.reasoning]
         frames.append(_event("content_block_delta", {"index": index, "delta": {
-            "type": "signature_delta", "signature": signature_for("".join(plan.reasoning))}}))
+            "type": "signature_delta", "signature": sign("".join(plan.reasoning))}}))
         frames.append(_event("content_block_stop", {"index": index}))
         index += 1
     if plan.text:
@@ -334,12 +336,13 @@ def anthropic_frames(plan: Plan, body: dict[str, Any], rid: str) -> list[bytes]:
     return frames
 
 
-def anthropic_body(plan: Plan, body: dict[str, Any], rid: str) -> dict[str, Any]:
+def anthropic_body(plan: Plan, body: dict[str, Any], rid: str,
+                   sign: Callable[[str], str] = signature_for) -> dict[str, Any]:
     content: list[dict[str, Any]] = []
     if plan.reasoning:
         thinking = "".join(plan.reasoning)
         content.append({"type": "thinking", "thinking": thinking,
-                        "signature": signature_for(thinking)})
+                        "signature": sign(thinking)})
     if plan.text:
         content.append({"type": "text", "text": "".join(plan.text)})
     content += [{"type": "tool_use", "id": cid, "name": name, "input": orjson.loads(args)}

@@ -12,6 +12,15 @@ uvicorn in a background thread on ``127.0.0.1`` with an ephemeral port::
         fake.peers          # the client (host, port) of each request
         fake.disconnects    # clients that went away while the fake held a stream
         fake.check_thinking = True  # 400s for thinking the real API refuses
+        fake.limit("sk-b", 30)      # that key's account is at its limit for 30 s
+
+``FakeUpstream(api_keys=("sk-a", "sk-b"))`` takes either key, as one vendor
+serving two accounts: each key's thinking signatures are its own
+(:func:`signature_for` with the key), and with ``check_thinking`` a block
+signed for another key is refused as the real API does ("Invalid
+`signature` in `thinking` block"). A limited key gets 429
+``rate_limit_error`` with ``retry-after`` and
+``anthropic-ratelimit-unified-reset`` until its reset.
 
 What it answers is scripted by the text of the last user message:
 
@@ -36,6 +45,11 @@ What it answers is scripted by the text of the last user message:
   frame (an overload whose message quotes the upstream key) and the end;
 * ``[[no-stream]]``: a stream request answered with the JSON body, as some
   servers do.
+
+``fake.quota[credential] = FakeQuota(five_hour=97, seven_day=40)``
+(tests/fakes/vendor_quota.py): the answers for that bearer token or API key
+carry the subscription's ``anthropic-ratelimit-unified-*`` headers (the
+Responses route: ``x-codex-*``), and a spent window is the vendor's 429.
 
 ``fake.answers`` holds the bytes of each answer's body as sent (for a stream,
 its frames joined).
@@ -62,6 +76,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from .vendor_quota import FakeQuota
 from .scripted import (
     Script, anthropic_body, anthropic_frames, make_plan, openai_body, openai_frames,
     reasoning_for, rough_tokens, script_anthropic, script_openai, signature_for,
@@ -128,15 +143,16 @@ class _Frames(Response):
     """SSE frames sent one ASGI message each, with the scripted failures."""
 
     def __init__(self, fake: FakeUpstream, frames: list[bytes], script: Script,
-                 dialect: str = "openai") -> None:
+                 dialect: str = "openai", headers: dict[str, str] | None = None) -> None:
         self.fake, self.frames, self.script, self.dialect = fake, frames, script, dialect
+        self.extra = [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
         self.background = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         s = self.script
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
-                                (b"cache-control", b"no-cache")]})
+                                (b"cache-control", b"no-cache"), *self.extra]})
         sent: list[bytes] = []
         self.fake.answers.append(b"")
         slot = len(self.fake.answers) - 1
@@ -162,10 +178,10 @@ class _Frames(Response):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def _thinking_refused(body: dict[str, Any]) -> str | None:
+def _thinking_refused(body: dict[str, Any], key: str | None = None) -> str | None:
     """What the real API says of the thinking in ``body``, or ``None`` when
     it takes it: a thinking block whose signature is not the one this fake
-    gave its text (:func:`signature_for`) is refused; with thinking on, so is
+    gave its text for ``key`` (:func:`signature_for`) is refused; with thinking on, so is
     ``top_k``, a ``temperature`` but 1 or a ``top_p`` under 0.95, and a last
     assistant message that uses a tool without starting with thinking."""
     messages = body["messages"]
@@ -177,7 +193,7 @@ def _thinking_refused(body: dict[str, Any]) -> str | None:
             continue
         for j, block in enumerate(content):
             if isinstance(block, dict) and block.get("type") == "thinking" and (
-                    block.get("signature") != signature_for(str(block.get("thinking")))):
+                    block.get("signature") != signature_for(str(block.get("thinking")), key)):
                 return f"messages.{i}.content.{j}: Invalid `signature` in `thinking` block"
     thinking = body.get("thinking")
     if not isinstance(thinking, dict) or thinking.get("type") != "enabled":
@@ -203,9 +219,12 @@ class FakeUpstream:
     """See the module docstring. ``api_key``: when set, requests must carry it
     (OpenAI ``Authorization: Bearer``; Anthropic ``x-api-key`` or Bearer)."""
 
-    def __init__(self, *, api_key: str | None = None,
+    def __init__(self, *, api_key: str | None = None, api_keys: tuple[str, ...] = (),
                  models: tuple[str, ...] = ("fake-model",)) -> None:
-        self.api_key = api_key
+        self.api_key = api_key or (api_keys[0] if api_keys else None)
+        # several accounts: each key signs its own thinking (signature_for(text, key))
+        self.api_keys = api_keys
+        self.limited: dict[str, float] = {}  # key -> Unix time its rate limit resets
         self.models = models
         self.requests: list[Received] = []
         self.peers: list[tuple[str, int] | None] = []  # client address of each request
@@ -216,6 +235,8 @@ class FakeUpstream:
         # refuse thinking as the real API does (_thinking_refused); off by default:
         # recorded fixtures carry other servers' signatures
         self.check_thinking = False
+        # per credential (bearer token or API key): the subscription's quota headers
+        self.quota: dict[str, FakeQuota] = {}
         self.port = 0
         self._ids = itertools.count(1)
         self._server: uvicorn.Server | None = None
@@ -280,6 +301,23 @@ class FakeUpstream:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def limit(self, key: str, seconds: float) -> None:
+        """Put ``key``'s account at its rate limit for ``seconds`` (0: lift it)."""
+        if seconds > 0:
+            self.limited[key] = time.time() + seconds
+        else:
+            self.limited.pop(key, None)
+
+    def _key(self, request: Request) -> str | None:
+        return request.headers.get("x-api-key") or (
+            request.headers.get("authorization") or "").removeprefix("Bearer ") or None
+
+    def _sign(self, key: str | None) -> Any:
+        """How thinking is signed for a request with ``key``."""
+        if not self.api_keys:
+            return signature_for
+        return lambda text: signature_for(text, key)
+
     async def wait_disconnects(self, count: int, timeout: float = 5.0) -> bool:
         """True once ``disconnects`` reached ``count`` (polled: the server runs
         in another thread)."""
@@ -301,9 +339,16 @@ class FakeUpstream:
     def _authorised(self, request: Request, dialect: str) -> bool:
         if self.api_key is None:
             return True
+        if self.api_keys:
+            return self._key(request) in self.api_keys
         if request.headers.get("authorization") == f"Bearer {self.api_key}":
             return True
         return dialect == "anthropic" and request.headers.get("x-api-key") == self.api_key
+
+    def quota_of(self, request: Request) -> FakeQuota | None:
+        """The quota of the credential ``request`` carries, if the test set one."""
+        bearer = (request.headers.get("authorization") or "").removeprefix("Bearer ")
+        return self.quota.get(bearer) or self.quota.get(request.headers.get("x-api-key") or "")
 
     async def _chat(self, request: Request) -> Response:
         body = await self._receive(request)
@@ -325,13 +370,31 @@ class FakeUpstream:
             return error_response(400, "anthropic", "max_tokens: Field required")
         if not isinstance(body.get("messages"), list):
             return error_response(400, "anthropic", "messages: Field required")
-        refused = _thinking_refused(body) if self.check_thinking else None
+        key = self._key(request)
+        reset = self.limited.get(key or "")
+        if reset is not None and reset > time.time():
+            response = error_response(429, "anthropic", "This request would exceed your "
+                                      "account's rate limit. Please try again later.")
+            response.headers["retry-after"] = str(max(1, round(reset - time.time())))
+            response.headers["anthropic-ratelimit-unified-status"] = "rejected"
+            response.headers["anthropic-ratelimit-unified-reset"] = str(int(reset))
+            return response
+        refused = (_thinking_refused(body, key if self.api_keys else None)
+                   if self.check_thinking else None)
         if refused is not None:
             return error_response(400, "anthropic", refused)
-        return await self._answer(script_anthropic(body), body, "anthropic", request)
+        quota = self.quota_of(request)
+        headers = quota.anthropic_headers() if quota is not None else {}
+        if quota is not None and quota.spent:  # the subscription's limit: the real 429
+            return JSONResponse({"type": "error", "error": {
+                "type": "rate_limit_error", "message": "Number of request tokens has exceeded "
+                "your rate limit"}}, status_code=429, headers=headers)
+        return await self._answer(script_anthropic(body), body, "anthropic", request, headers,
+                                  key)
 
     async def _answer(self, script: Script, body: dict[str, Any], dialect: str,
-                      request: Request) -> Response:
+                      request: Request, headers: dict[str, str] | None = None,
+                      key: str | None = None) -> Response:
         if script.sleep:
             # sleep, but notice a client that leaves meanwhile (counted in disconnects)
             deadline = time.monotonic() + script.sleep
@@ -352,11 +415,12 @@ class FakeUpstream:
         plan = make_plan(script, body, id_prefix="toolu_")
         rid = f"msg_fake{n}"
         if (body.get("stream") and not script.no_stream) or self.always_stream:
-            return _Frames(self, anthropic_frames(plan, body, rid), script, dialect)
-        return self._body(anthropic_body(plan, body, rid))
+            return _Frames(self, anthropic_frames(plan, body, rid, self._sign(key)), script,
+                           dialect, headers)
+        return self._body(anthropic_body(plan, body, rid, self._sign(key)), headers)
 
-    def _body(self, content: Any) -> Response:
-        response = JSONResponse(content)
+    def _body(self, content: Any, headers: dict[str, str] | None = None) -> Response:
+        response = JSONResponse(content, headers=headers)
         self.answers.append(bytes(response.body))
         return response
 

@@ -20,6 +20,7 @@ from app.account_settings import LoginSettings
 from app.factory import create_app
 from app.settings import ServerSettings, Settings
 from auth.autologin import CHROMIUM
+from tests.fakes.egress_proxy import EgressProxy
 from tests.fakes.idp import FakeIdP
 from tests.fakes.upstreams import FakeUpstream
 from tests.support.cli_accounts import fake_claude_worker, wait_for
@@ -52,7 +53,8 @@ def idp():
 
 def worker(tmp_path: Path, name: str, upstream: FakeUpstream, idp: FakeIdP, **extra):
     return fake_claude_worker(name, tmp_path / name, upstream.anthropic_url, tmp_path / f"{name}.log",
-                              env={"FAKE_CLAUDE_OAUTH_URL": idp.url}, **extra)
+                              env={"FAKE_CLAUDE_OAUTH_URL": idp.url, **extra.pop("env", {})},
+                              **extra)
 
 
 def gateway(*workers) -> ServerThread:
@@ -228,3 +230,53 @@ def test_a_hanging_page_times_out_is_retried_after_a_delay_and_kept_for_operator
             assert done["finished_at"] - done["started_at"] >= 4 + 2 + 4  # two attempts + delay
             metrics = http.get("/metrics").text
             assert 'poolgate_logins_failed_total{reason="timeout",worker="claude-a"} 2.0' in metrics
+
+
+PROXY_PASSWORD = "egress-pw-24681357"
+
+
+@needs_chromium
+def test_an_accounts_login_goes_through_its_egress_proxy_browser_and_cli_alike(
+        tmp_path: Path, upstream: FakeUpstream, idp: FakeIdP, capsys) -> None:
+    """The browser of the automatic login and the CLI's own login (its token
+    exchange) both leave through the account's proxy; then its turns do."""
+    # the IdP by a name only the proxy's DNS knows: nothing can reach it around the proxy
+    remote = f"http://idp.egress.test:{idp.server.server_address[1]}"
+    with EgressProxy(credentials=f"egress:{PROXY_PASSWORD}",
+                     hosts={"idp.egress.test": "127.0.0.1"}) as proxy:
+        w = worker(tmp_path, "claude-a", upstream, idp, proxy=proxy.url, login=LoginSettings(
+            recipe=RECIPE, username=SecretStr("alice@example.com"),
+            password=SecretStr("pw-alice"), timeout=60, relogin=False),
+            env={"FAKE_CLAUDE_OAUTH_URL": remote})
+        with gateway(w) as srv, httpx.Client(base_url=srv.url, timeout=120) as http:
+            wait_for(lambda: login_state(http, "claude-a")["login"] == "logged_out")
+            assert http.post("/internal/workers/claude-a/login", headers=ADMIN,
+                             json={"auto": True}).status_code == 202
+            done = settle(http, "claude-a")
+            assert done["state"] == "ready", done
+            paths = [p for _m, p, _via in idp.requests]
+            assert "/oauth/authorize" in paths and "/consent" in paths  # the browser's
+            assert "/oauth/token" in paths  # the CLI's own exchange
+            direct = [(m, p) for m, p, via in idp.requests if not via]
+            assert direct == []
+            turn(srv)
+            assert upstream.last.headers["authorization"].startswith("Bearer at-alice@example.com-")
+            assert any("/v1/messages" in t for _m, t in proxy.passed)
+            assert PROXY_PASSWORD not in str(login_state(http, "claude-a"))
+    assert PROXY_PASSWORD not in capsys.readouterr().out
+
+
+def test_the_operators_login_runs_the_cli_with_the_accounts_proxy(
+        tmp_path: Path, upstream: FakeUpstream, idp: FakeIdP) -> None:
+    with EgressProxy(credentials=f"egress:{PROXY_PASSWORD}") as proxy:
+        w = worker(tmp_path, "claude-a", upstream, idp, proxy=proxy.url)
+        with gateway(w) as srv, httpx.Client(base_url=srv.url, timeout=120) as http:
+            wait_for(lambda: login_state(http, "claude-a")["login"] == "logged_out")
+            status = http.post("/internal/workers/claude-a/login", headers=ADMIN,
+                               json={"auto": False}).json()
+            # the operator's own browser is theirs: not the account's proxy
+            code = sign_in_as_a_person(idp, status["url"], "alice@example.com", "pw-alice")
+            http.post("/internal/workers/claude-a/login/code", headers=ADMIN, json={"code": code})
+            assert settle(http, "claude-a")["state"] == "ready"
+            exchanges = [via for _m, p, via in idp.requests if p == "/oauth/token"]
+            assert exchanges and all(exchanges), idp.requests  # the CLI's, through the proxy

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from auth.autologin import (CHROMIUM, BrowserMissing, Credentials, LoginTimeout, MissingCredentials,
+from auth.autologin import (CHROMIUM, AutoLoginError, BrowserMissing, Credentials, LoginTimeout, MissingCredentials,
                             WrongPassword, auto_login)
 from auth.recipes import RecipeError, load_recipe, parse_recipe
+from tests.fakes.egress_proxy import EgressProxy
 from tests.fakes.idp import FakeIdP
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,6 +86,76 @@ async def test_two_logins_at_once_do_not_cross_credentials(idp: FakeIdP) -> None
         code, _, state = result.code.partition("#")
         assert code.startswith(f"c-{user}-") and state == states[user]
         assert idp.codes[code]["user"] == user and idp.codes[code]["state"] == states[user]
+
+
+PROXY_PASSWORD = "proxy-pw-5551234"
+IDP_HOST = "idp.egress.test"  # .test never resolves here: only the proxy's DNS knows it
+
+
+def _proxied(idp: FakeIdP) -> EgressProxy:
+    return EgressProxy(credentials=f"egress:{PROXY_PASSWORD}", hosts={IDP_HOST: "127.0.0.1"})
+
+
+@needs_chromium
+async def test_the_browser_goes_through_the_accounts_proxy_and_nowhere_else(idp: FakeIdP) -> None:
+    port = idp.server.server_address[1]
+    remote = f"http://{IDP_HOST}:{port}"
+    with _proxied(idp) as proxy:
+        url = idp.authorize_url(f"{remote}/oauth/code/callback", "s").replace(idp.url, remote)
+        result = await auto_login(load_recipe(RECIPE), url,
+                                  Credentials("alice@example.com", "pw-alice"), timeout=30,
+                                  proxy=proxy.url)
+        assert result.code.startswith("c-alice@example.com-")
+        # (Chromium's first try carries no credentials: the proxy's 407 asks for them)
+        assert f"{IDP_HOST}:{port}" in proxy.targets()
+        # every page, form post and redirect the IdP saw came through the proxy
+        assert idp.requests and all(via for _m, _p, via in idp.requests), idp.requests
+        seen = len(idp.requests)
+        proxy.stop()  # down: the login fails, nothing goes direct
+        with pytest.raises(AutoLoginError) as info:
+            await auto_login(load_recipe(RECIPE), url,
+                             Credentials("alice@example.com", "pw-alice"), timeout=15,
+                             proxy=proxy.url)
+        assert len(idp.requests) == seen
+        assert PROXY_PASSWORD not in info.value.message + (info.value.page_text or "")
+
+
+@needs_chromium
+async def test_a_redirect_to_this_hosts_callback_listener_does_not_go_through_the_proxy(
+        idp: FakeIdP) -> None:
+    """Codex's login ends at its own listener on 127.0.0.1: the proxy's host
+    cannot reach that, and the code must not pass there."""
+    port = idp.server.server_address[1]
+    remote = f"http://{IDP_HOST}:{port}"
+    with _proxied(idp) as proxy:
+        url = idp.authorize_url(f"http://127.0.0.1:{port}/oauth/code/callback", "s").replace(
+            idp.url, remote)
+        result = await auto_login(load_recipe(RECIPE), url,
+                                  Credentials("alice@example.com", "pw-alice"), timeout=30,
+                                  proxy=proxy.url)
+        assert result.code.startswith("c-alice@example.com-")
+        callbacks = [via for _m, p, via in idp.requests if p == "/oauth/code/callback"]
+        assert callbacks == [None]  # direct, on this host
+        assert f"127.0.0.1:{port}" not in proxy.targets()
+        at = [p for _m, p, _via in idp.requests].index("/oauth/code/callback")
+        assert all(via for _m, _p, via in idp.requests[:at]), idp.requests  # the IdP's pages
+
+
+@needs_chromium
+async def test_a_proxy_that_refuses_the_credentials_fails_the_login_without_them(
+        idp: FakeIdP) -> None:
+    port = idp.server.server_address[1]
+    remote = f"http://{IDP_HOST}:{port}"
+    with _proxied(idp) as proxy:
+        wrong = proxy.url.replace(PROXY_PASSWORD, "not-the-password-777")
+        with pytest.raises(AutoLoginError) as info:
+            await auto_login(load_recipe(RECIPE),
+                             idp.authorize_url(f"{remote}/oauth/code/callback", "s").replace(
+                                 idp.url, remote),
+                             Credentials("alice@example.com", "pw-alice"), timeout=15,
+                             proxy=wrong)
+        assert proxy.refused and idp.requests == []
+        assert "not-the-password-777" not in info.value.message + (info.value.page_text or "")
 
 
 async def test_a_missing_browser_is_said(idp: FakeIdP, tmp_path: Path) -> None:

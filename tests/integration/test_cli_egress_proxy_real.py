@@ -1,11 +1,14 @@
-"""The real Claude Code binary as a cli worker with ``proxy``: its requests to
-a fake Anthropic upstream pass through a real local proxy that logs them,
-even though the worker's env lists the upstream in NO_PROXY; with the proxy
-down, a turn fails and nothing reaches the upstream around it."""
+"""The real Claude Code and Gemini CLI binaries as cli workers with ``proxy``:
+their requests to a fake upstream pass through a real local proxy that logs
+them, even though the worker's env lists the upstream in NO_PROXY; with the
+proxy down, a turn fails and nothing reaches the upstream around it."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import time
 from pathlib import Path
 
 import openai
@@ -14,8 +17,10 @@ import pytest
 from app.factory import create_app
 from app.settings import ServerSettings, Settings, WorkerSettings
 from tests.fakes.egress_proxy import EgressProxy
+from tests.fakes.gemini_cli_upstream import GeminiCliUpstream
 from tests.fakes.upstreams import FakeUpstream
-from tests.integration.clis import CLAUDE_CODE, NPM_PREFIX, _base_env, ensure_cli
+from tests.integration.clis import (CLAUDE_CODE, GEMINI_CLI, GEMINI_PREFIX, NPM_PREFIX, _base_env,
+                                    ensure_cli)
 from tests.support.cli_accounts import claude_home
 from tests.support.server import ServerThread
 
@@ -71,3 +76,80 @@ def test_the_real_claude_reaches_its_upstream_only_through_the_proxy(tmp_path: P
                     model=MODEL, messages=[{"role": "user", "content": "around it?"}])
             assert PROXY_PASSWORD not in str(failed.value)
             assert len(upstream.requests) == seen
+
+
+# --- Gemini CLI 0.61.0 ---------------------------------------------------------------------
+
+GEMINI_MODEL = "gemini-2.5-pro"
+GEMINI_KEY = "gemini-real-account-key"
+
+
+@pytest.fixture(scope="module")
+def gemini_bin() -> str:
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not installed: cannot install Gemini CLI")
+    path = ensure_cli(*GEMINI_CLI, prefix=GEMINI_PREFIX)
+    assert path is not None
+    return path
+
+
+def _gemini_through(tmp_path: Path, gemini_bin: str, upstream: GeminiCliUpstream,
+                    proxy: EgressProxy, env: dict[str, str]) -> None:
+    """A turn of the real Gemini CLI behind poolgate with ``proxy``: it reaches
+    the upstream only through the proxy; with the proxy down, not at all."""
+    worker = WorkerSettings(
+        name="gemini-real", kind="cli", cli="gemini", models=(GEMINI_MODEL,),
+        home=str(tmp_path / "account"), command=(gemini_bin,), ready_timeout=60,
+        health_interval=1.0, proxy=proxy.url,
+        # the operator's NO_PROXY names the upstream: the proxy still takes it
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NO_PROXY": "127.0.0.1,localhost",
+             **env})
+    settings = Settings(server=ServerSettings(admin_token="admin-token",
+                                              api_keys={"team": GATEWAY_KEY}),
+                        workers=(worker,))
+    with ServerThread(create_app(settings)) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key=GATEWAY_KEY, max_retries=0,
+                               timeout=120)
+        answer = client.chat.completions.create(
+            model=GEMINI_MODEL, messages=[{"role": "user", "content": "hello through the proxy"}])
+        assert answer.choices[0].message.content == "echo: hello through the proxy"
+        upstream_host = upstream.url.removeprefix("http://")
+        assert upstream.generations() and upstream_host in proxy.targets()
+        assert proxy.refused == []
+        proxy.stop()
+        time.sleep(1.0)  # a background call (quota, experiments) tunnelled before the stop lands
+        seen = len(upstream.requests)
+        with pytest.raises(openai.APIError) as failed:
+            client.chat.completions.create(
+                model=GEMINI_MODEL, messages=[{"role": "user", "content": "around it?"}])
+        assert PROXY_PASSWORD not in str(failed.value)
+        assert len(upstream.requests) == seen
+
+
+def test_the_real_gemini_on_an_api_key_goes_only_through_the_proxy(tmp_path: Path,
+                                                                   gemini_bin: str) -> None:
+    with GeminiCliUpstream(api_key=GEMINI_KEY) as upstream, \
+            EgressProxy(credentials=f"egress:{PROXY_PASSWORD}") as proxy:
+        _gemini_through(tmp_path, gemini_bin, upstream, proxy,
+                        {"GOOGLE_GEMINI_BASE_URL": upstream.url, "GEMINI_API_KEY": GEMINI_KEY})
+        # a CONNECT tunnel: the Gemini API is https:// in real life, and undici tunnels both
+        assert all(method == "CONNECT" for method, _ in proxy.passed)
+
+
+def test_the_real_gemini_on_a_google_login_goes_only_through_the_proxy(tmp_path: Path,
+                                                                       gemini_bin: str) -> None:
+    """Code Assist (a Google login): the turns, and Google's own user-info call,
+    go through the proxy (the access token from the environment, so the CLI
+    does not need Google's token endpoint, which a test cannot reach)."""
+    home = tmp_path / "account" / ".gemini"
+    home.mkdir(parents=True)
+    (home / "oauth_creds.json").write_text(json.dumps({
+        "access_token": "ya29.fake", "refresh_token": "1//planted", "token_type": "Bearer",
+        "expiry_date": int((time.time() + 3600) * 1000)}))
+    with GeminiCliUpstream(oauth_token="ya29.fake") as upstream, \
+            EgressProxy(credentials=f"egress:{PROXY_PASSWORD}") as proxy:
+        _gemini_through(tmp_path, gemini_bin, upstream, proxy,
+                        {"CODE_ASSIST_ENDPOINT": upstream.url, "GOOGLE_GENAI_USE_GCA": "true",
+                         "GOOGLE_CLOUD_ACCESS_TOKEN": "ya29.fake"})
+        assert any(p.endswith(":loadCodeAssist") for p in (r.path for r in upstream.requests))
+        assert "www.googleapis.com:443" in proxy.targets()  # the user-info call, not direct

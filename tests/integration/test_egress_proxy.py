@@ -20,6 +20,7 @@ from pool.model import ChatRequest, Message, TextPart
 from pool.remote import RemoteSpec, make_remote_worker
 from app.settings import ServerSettings, Settings, WorkerSettings
 from tests.fakes.egress_proxy import EgressProxy
+from tests.fakes.gemini_upstream import FakeGemini
 from tests.fakes.upstreams import FakeUpstream
 from tests.support.server import ServerThread
 
@@ -190,3 +191,35 @@ async def test_a_socks5_proxy_that_refuses_our_credentials_is_unhealthy() -> Non
             assert proxy.refused and upstream.requests == []
         finally:
             await worker.aclose()
+
+
+def test_a_gemini_workers_relay_count_and_probe_go_through_the_proxy() -> None:
+    """The Gemini dialect's own paths (a relayed generateContent and its stream,
+    countTokens, the probe) take the proxy too: the upstream saw exactly what
+    passed the proxy, nothing more."""
+    with FakeGemini(api_key=KEY, models=("gemini-model",)) as fake, \
+            EgressProxy(credentials=f"egress:{PROXY_PASSWORD}") as proxy:
+        worker = WorkerSettings(name="gemini-up", dialect="gemini", url=fake.url, api_key=KEY,
+                                models=("gemini-model",), proxy=proxy.url)
+        settings = Settings(server=ServerSettings(admin_token="admin-token",
+                                                  api_keys={"team": GATEWAY_KEY},
+                                                  health_interval=0.2), workers=(worker,))
+        with ServerThread(create_app(settings)) as srv, \
+                httpx.Client(base_url=srv.url, timeout=30,
+                             headers={"x-goog-api-key": GATEWAY_KEY}) as http:
+            body = {"contents": [{"role": "user", "parts": [{"text": "through the proxy"}]}]}
+            for method, query in (("generateContent", ""), ("streamGenerateContent", "?alt=sse"),
+                                  ("countTokens", "")):
+                r = http.post(f"/v1beta/models/gemini-model:{method}{query}", json=body)
+                assert r.status_code == 200, (method, r.text)
+            with httpx.Client(base_url=srv.url, timeout=30, headers=ADMIN) as admin:
+                assert _wait_state(admin, "gemini-up", "ready") == "ready"
+            time.sleep(0.5)  # a few health probes
+            host = fake.url.removeprefix("http://").split("/")[0]
+            through = [t for _m, t in proxy.passed if host in t]
+            paths = [path for path, _body in fake.requests]
+            assert {"/v1beta/models/gemini-model:generateContent",
+                    "/v1beta/models/gemini-model:streamGenerateContent",
+                    "/v1beta/models/gemini-model:countTokens"} <= set(paths)
+            assert any(t.endswith("/models") or "/models?" in t for t in through)  # the probe
+            assert len(paths) <= len(through)  # none reached the upstream around the proxy

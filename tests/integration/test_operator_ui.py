@@ -190,7 +190,8 @@ def test_page_and_assets_are_public_and_carry_no_data(ui_gateway) -> None:
     assert page.headers["x-content-type-options"] == "nosniff"
     assets = re.findall(r'(?:src|href)="([^"]+)"', page.text)
     assert sorted(a for a in assets if a != "data:,") == [
-        "ui/static/chart.js", "ui/static/login.js", "ui/static/ui.css", "ui/static/ui.js"]
+        "ui/static/accounts.js", "ui/static/chart.js", "ui/static/login.js", "ui/static/ui.css",
+        "ui/static/ui.js"]
     bodies = [page.text]
     for asset in assets:
         if asset == "data:,":
@@ -210,6 +211,7 @@ def test_page_and_assets_are_public_and_carry_no_data(ui_gateway) -> None:
     # what the page calls still wants the admin token
     for method, path in (("GET", "/internal/workers"), ("POST", "/internal/workers/p0/drain"),
                          ("GET", "/internal/stats"), ("GET", "/internal/keys"),
+                         ("GET", "/internal/accounts"),
                          ("GET", "/internal/usage?group_by=key,model,day")):
         assert http.request(method, path).status_code == 401
         assert http.request(method, path,

@@ -167,7 +167,23 @@ def test_transcript_resume_layout(tmp_path):
     assert {r["sessionId"] for r in records} == {"sid-1"} and {r["cwd"] for r in records} == {cwd}
     assert records[1]["message"]["content"][1] == {
         "type": "tool_use", "id": "toolu_1", "name": "mcp__gw__get_weather", "input": {}}
-    assert records[2]["message"]["content"][0]["tool_use_id"] == "toolu_1"
+    # as Claude Code records a result: its text as a block (the CLI's reminders then
+    # go in blocks of their own), no is_error unless it is one
+    assert records[2]["message"]["content"] == [
+        {"tool_use_id": "toolu_1", "type": "tool_result", "content": [{"type": "text", "text": "sun"}]}]
+
+
+def test_transcript_records_a_failed_or_empty_tool_result(tmp_path):
+    history = (Message("assistant", (ToolCallPart("toolu_1", "t", "{}"),
+                                     ToolCallPart("toolu_2", "t", "{}"))),
+               Message("user", (ToolResultPart("toolu_1", (TextPart("boom"),), is_error=True),
+                                ToolResultPart("toolu_2", ()))))
+    path = write_transcript(str(tmp_path), "/w", "sid-1", "m", history, ["t"])
+    with open(path, encoding="utf-8") as fh:
+        results = [json.loads(line) for line in fh][1]["message"]["content"]
+    assert results == [{"tool_use_id": "toolu_1", "type": "tool_result", "is_error": True,
+                        "content": [{"type": "text", "text": "boom"}]},
+                       {"tool_use_id": "toolu_2", "type": "tool_result", "content": ""}]
 
 
 def test_memory_index_bounds_and_drops():

@@ -26,6 +26,6 @@ def test_the_page_references_exactly_the_assets_served() -> None:
     page = OperatorPage()
     refs = re.findall(rb'(?:src|href)="ui/static/([^"]+)"', page.index)
     assert sorted(r.decode() for r in refs) == sorted(page.assets) == [
-        "chart.js", "login.js", "ui.css", "ui.js"]
+        "accounts.js", "chart.js", "login.js", "ui.css", "ui.js"]
     assert {media.split(";")[0] for _, media in page.assets.values()} == {
         "text/css", "text/javascript"}

@@ -133,3 +133,47 @@ def test_bodies() -> None:
     with pytest.raises(UpstreamError):
         OpenAIRelay("x", False, usage_wanted=False).body(
             b'{"error":{"message":"no","type":"invalid_request_error","code":400}}')
+
+
+THINKING = (
+    _anthropic("message_start", {"message": {
+        "id": "m2", "type": "message", "role": "assistant", "model": "up-claude", "content": [],
+        "usage": {"input_tokens": 5, "output_tokens": 1}}})
+    + _anthropic("content_block_start", {"index": 0, "content_block": {
+        "type": "thinking", "thinking": "", "signature": ""}})
+    + _anthropic("content_block_delta", {"index": 0, "delta": {
+        "type": "thinking_delta", "thinking": "hmm"}})
+    + _anthropic("content_block_delta", {"index": 0, "delta": {
+        "type": "signature_delta", "signature": "EqQBsig=="}})
+    + _anthropic("content_block_stop", {"index": 0})
+    + _anthropic("content_block_start", {"index": 1, "content_block": {
+        "type": "redacted_thinking", "data": "EmwKAhgBredacted"}})
+    + _anthropic("content_block_stop", {"index": 1})
+    + _anthropic("content_block_start", {"index": 2, "content_block": {"type": "text", "text": ""}})
+    + _anthropic("content_block_delta", {"index": 2, "delta": {
+        "type": "text_delta", "text": 'a "signature_delta" in text'}})
+    + _anthropic("content_block_stop", {"index": 2})
+    + _anthropic("message_delta", {"delta": {"stop_reason": "end_turn"},
+                                   "usage": {"output_tokens": 9}})
+    + _anthropic("message_stop", {}))
+
+
+@pytest.mark.parametrize("split", range(0, len(THINKING) + 1, 11))
+def test_anthropic_stream_keeps_the_signed_reasoning_it_forwards(split: int) -> None:
+    relay = AnthropicRelay("client", True)
+    out = b"".join(_run(relay, THINKING, split))
+    assert out == THINKING.replace(b'"model":"up-claude"', b'"model":"client"', 1)
+    assert relay.signed == ["EqQBsig==", "EmwKAhgBredacted"]
+
+
+def test_anthropic_body_keeps_the_signed_reasoning_it_forwards() -> None:
+    relay = AnthropicRelay("client", False)
+    relay.body(orjson.dumps({"id": "m", "type": "message", "model": "up-claude", "content": [
+        {"type": "thinking", "thinking": "hmm", "signature": "EqQBsig=="},
+        {"type": "redacted_thinking", "data": "EmwKAhgBredacted"},
+        {"type": "text", "text": "hi"}], "stop_reason": "end_turn"}))
+    assert relay.signed == ["EqQBsig==", "EmwKAhgBredacted"]
+    plain = AnthropicRelay("client", False)
+    plain.body(orjson.dumps({"id": "m", "type": "message", "content": [{"type": "text",
+                                                                          "text": "hi"}]}))
+    assert plain.signed is None

@@ -312,6 +312,21 @@ async def test_a_lost_claim_follows_the_winner_when_it_can() -> None:
     assert (await policy.choose(REQUEST, session, workers)).name == rendezvous(session, workers).name
 
 
+async def test_held_by_names_an_explicit_sessions_worker_only() -> None:
+    """What the gateway asks before placing a cli conversation by quota: an
+    explicit session already bound keeps its account; a guess does not."""
+    policy, store = affinity()
+    workers = pool_of(3)
+    bound = await policy.choose(REQUEST, "header:abc", workers)
+    assert await policy.held_by(REQUEST, "header:abc") == bound.name
+    assert await policy.held_by(OTHER_MODEL, "header:abc") is None  # bindings are per model
+    await policy.choose(REQUEST, "content:xyz", workers)
+    assert await policy.held_by(REQUEST, "content:xyz") is None
+    assert await policy.held_by(REQUEST, None) is None
+    prefix = make_policy("prefix_cache", in_flight=lambda n: 0, store=store)
+    assert await prefix.held_by(REQUEST, "header:abc") == bound.name
+
+
 async def test_memory_claim_is_compare_and_set() -> None:
     clock = FakeClock()
     store = MemoryBindingStore(ttl=10, clock=clock)

@@ -61,6 +61,8 @@
     workerRows.clear();
     pastUsage = lastUsageRows = null;
     $("workers").tBodies[0].replaceChildren();
+    $("accounts").tBodies[0].replaceChildren();
+    $("accounts-panel").hidden = true;
     $("panels").hidden = true;
     $("sign-out").hidden = true;
     $("sign-in").hidden = false;
@@ -87,6 +89,7 @@
     $("panels").hidden = false;
     $("sign-out").hidden = false;
     renderWorkers(answer.body.workers || []);
+    refreshAccounts();
     refreshSlow();
     // a tab nobody looks at asks nothing; it catches up when shown again
     timers.push(setInterval(() => { if (!document.hidden) refreshWorkers(); },
@@ -111,6 +114,20 @@
       if (!answer.ok) { show($("workers-note"), errorText(answer, "Reading workers")); return; }
       show($("workers-note"), "");
       renderWorkers(answer.body.workers || []);
+      await refreshAccounts();
+    });
+  }
+
+  /** cli accounts and their quota; the panel shows only when there are some
+   * (a gateway without cli workers, or without the endpoint, has none). */
+  function refreshAccounts() {
+    return guarded("Accounts", async () => {
+      const answer = await api("/accounts");
+      const accounts = answer.ok ? answer.body.accounts || [] : [];
+      $("accounts-panel").hidden = answer.status === 404 || (answer.ok && !accounts.length);
+      if (!answer.ok) { show($("accounts-note"), errorText(answer, "Reading accounts")); return; }
+      show($("accounts-note"), "");
+      window.AccountQuota.render($("accounts"), accounts, Date.now() / 1000);
     });
   }
 
