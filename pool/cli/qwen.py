@@ -43,7 +43,7 @@ from .events import (
     CliEvent, CliHealth, ConversationSetup, LoginRequired, PendingToolCall, SessionStarted,
     ToolAnswer, ToolsPending, Turn, TurnFailed,
 )
-from .qwen_events import QwenTurnParser, UsageTotals, is_login_error
+from .qwen_events import QwenTurnParser, UsageTotals, is_login_error, refused_continue
 from .qwen_home import QwenHome
 from .qwen_tools import PREFIX, SdkToolServer
 from .qwen_transcript import forget_session, forget_sessions, write_transcript
@@ -399,7 +399,7 @@ class QwenConversation:
             if kind == "control_request":
                 await self._answer_control(obj)
                 continue
-            if kind == "control_response" and _refused(obj, self._continue_id):
+            if kind == "control_response" and refused_continue(obj, self._continue_id):
                 self._resumable = False  # the session holds results no turn will read
                 self._kill()
                 yield TurnFailed("upstream", "qwen: the CLI did not continue the rebuilt "
@@ -456,12 +456,3 @@ class QwenConversation:
             if self._prompt is not None:
                 self._prompt.remove()
 
-
-def _refused(obj: Mapping[str, Any], request_id: str | None) -> bool:
-    """The answer to ``request_id`` (a ``continue_last_turn``), refused or not
-    understood (a CLI before 0.24)."""
-    response = obj.get("response") or {}
-    if request_id is None or response.get("request_id") != request_id:
-        return False
-    return response.get("subtype") == "error" or (response.get("response") or {}).get(
-        "accepted") is False

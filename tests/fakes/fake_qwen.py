@@ -35,7 +35,9 @@ names a file it writes its own base prompt into at startup. Replies come from ``
 
 Test switches (not in the real CLI): a prompt containing ``[[crash]]`` makes the
 process exit 1 after the first text delta; ``FAKE_QWEN_LOG=<file>`` appends
-``{"pid", "argv"}`` at start and ``{"pid", "stdin"}`` for every input line.
+``{"pid", "argv"}`` at start and ``{"pid", "stdin"}`` for every input line;
+``FAKE_QWEN_NO_CONTINUE=1`` answers ``continue_last_turn`` with an error, as a
+CLI that does not know it.
 """
 
 from __future__ import annotations
@@ -413,6 +415,12 @@ def main() -> None:
                     sys.stderr.write("Operation cancelled.\n")
                     sys.stderr.flush()
                     os._exit(130)
+                if request.get("subtype") == "continue_last_turn" and \
+                        os.environ.get("FAKE_QWEN_NO_CONTINUE"):  # as a CLI that lacks it
+                    emit({"type": "control_response", "response": {
+                        "subtype": "error", "request_id": rid,
+                        "error": "Unknown control request subtype: continue_last_turn"}})
+                    continue
                 if request.get("subtype") == "continue_last_turn":
                     # 0.24.4: accepted when the session ends in the model's calls, their
                     # results or a prompt (a dangling call gets a made-up error result)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from app.settings import WorkerSettings
@@ -151,6 +152,26 @@ def test_qwen_anthropic_rebuilt_results_and_a_note_reach_the_model(tmp_path, kin
                        "content": [{"type": "text", "text": "Rain 12C"}]}
     assert "in Celsius please" in json.dumps(tail[2:])
     assert '"type":"tool_result"' not in json.dumps(tail, separators=(",", ":"))
+
+
+def test_qwen_that_cannot_continue_a_rebuilt_turn_fails_it_at_once(tmp_path):
+    with FakeUpstream(api_key=KEY, models=(QWEN_MODEL,)) as upstream:
+        worker = fake_cli_worker("qwen", "qwen-a", tmp_path / "acct", upstream.url,
+                                 tmp_path / "qwen.log", api_key=KEY, models=(QWEN_MODEL,),
+                                 env={"FAKE_QWEN_NO_CONTINUE": "1"}, idle_timeout=60)
+        with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=60) as http, \
+                openai_client(srv) as oai:
+            _ready(http, "qwen-a")
+            with pytest.raises(openai.InternalServerError) as failed:
+                oai.chat.completions.create(model=QWEN_MODEL, messages=OPENAI_HISTORY,
+                                            tools=WEATHER_OAI, timeout=20)
+            assert failed.value.status_code == 502
+            assert worker_info(http)["qwen-a"]["in_flight"] == 0
+            # the account serves the next conversation
+            fresh = oai.chat.completions.create(model=QWEN_MODEL, timeout=60, messages=[
+                {"role": "user", "content": "hello"}])
+            assert fresh.choices[0].message.content == "echo: hello"
+    assert upstream.last.body["messages"][-1]["content"][-1]["text"] == "hello"
 
 
 # --- Codex ------------------------------------------------------------------------------------
