@@ -154,6 +154,23 @@ def test_qwen_anthropic_rebuilt_results_and_a_note_reach_the_model(tmp_path, kin
     assert '"type":"tool_result"' not in json.dumps(tail, separators=(",", ":"))
 
 
+@pytest.mark.parametrize("kind", ["fake", CLI])
+def test_qwen_rebuilt_history_keeps_an_answered_tool_round_as_tool_messages(tmp_path, kind):
+    history = [*OPENAI_HISTORY, {"role": "assistant", "content": "tool said: Snow -3C"},
+               {"role": "user", "content": "and tomorrow?"}]
+    with FakeUpstream(api_key=KEY, models=(QWEN_MODEL,)) as upstream:
+        with serve(_qwen(kind, tmp_path, upstream)) as srv, \
+                httpx.Client(base_url=srv.url, timeout=60) as http, openai_client(srv) as oai:
+            _ready(http, "qwen-a")
+            answer = oai.chat.completions.create(model=QWEN_MODEL, messages=history,
+                                                 tools=WEATHER_OAI, timeout=60)
+    assert answer.choices[0].message.content == "echo: and tomorrow?"
+    tail = _tail(upstream)
+    assert [m["role"] for m in tail] == ["assistant", "tool", "assistant", "user"]
+    assert tail[1]["content"] == [{"type": "text", "text": "Snow -3C"}]
+    assert tail[3]["content"][-1] == {"type": "text", "text": "and tomorrow?"}
+
+
 def test_qwen_that_cannot_continue_a_rebuilt_turn_fails_it_at_once(tmp_path):
     with FakeUpstream(api_key=KEY, models=(QWEN_MODEL,)) as upstream:
         worker = fake_cli_worker("qwen", "qwen-a", tmp_path / "acct", upstream.url,
