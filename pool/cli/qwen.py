@@ -35,13 +35,15 @@ from typing import Any, AsyncIterator, Mapping, Sequence
 import structlog
 
 from ..errors import BadRequest
+from ..model import Message
+from .claude_resume import ends_in_tool_calls, results_message
 from .content import turn_blocks
 from .driver import DriverConfig, DriverError
 from .events import (
     CliEvent, CliHealth, ConversationSetup, LoginRequired, PendingToolCall, SessionStarted,
     ToolAnswer, ToolsPending, Turn, TurnFailed,
 )
-from .qwen_events import QwenTurnParser, UsageTotals, is_login_error
+from .qwen_events import QwenTurnParser, UsageTotals, is_login_error, refused_continue
 from .qwen_home import QwenHome
 from .qwen_tools import PREFIX, SdkToolServer
 from .qwen_transcript import forget_session, forget_sessions, write_transcript
@@ -143,11 +145,20 @@ class QwenDriver:
         if not safe_value(setup.model, 128):
             raise BadRequest("model: not a value the qwen CLI takes", param="model")
         conversation = QwenConversation(self, setup)
-        if setup.history:
-            conversation.resume_from(write_transcript(self.home, conversation.cwd, setup.history,
-                                                      version=self.version))
+        if setup.history and not ends_in_tool_calls(setup.history):
+            conversation.resume_from(self.transcript(conversation.cwd, setup))
+        elif setup.history:  # written with the results the first turn brings
+            conversation.results_first = True
         self._conversations.add(conversation)
         return conversation
+
+    def transcript(self, cwd: str, setup: ConversationSetup,
+                   results: Message | None = None) -> str:
+        """The conversation's history (and the results that answer its last
+        calls) written as a Qwen session; its id."""
+        history = setup.history if results is None else (*setup.history, results)
+        return write_transcript(self.home, cwd, history, version=self.version,
+                                client_tools=frozenset(t.name for t in setup.tools))
 
     async def stop(self) -> None:
         await asyncio.gather(*(c.close() for c in list(self._conversations)),
@@ -180,6 +191,9 @@ class QwenConversation:
         self._requests = 0
         self._sessions: set[str] = set()  # every session id it had: deleted on close
         self._prompt: PromptFile | None = None   # the system prompt (QWEN_SYSTEM_MD)
+        #: a history ending in tool calls: written at the first turn, with its results
+        self.results_first = False
+        self._continue_id: str | None = None  # its continue_last_turn request
 
     @property
     def session_id(self) -> str | None:
@@ -332,6 +346,7 @@ class QwenConversation:
             yield event
 
     async def _run(self, turn: Turn) -> AsyncIterator[CliEvent]:
+        continuing = self._write_history(turn)
         if self._proc is None or not self._proc.running:
             failure = await self._spawn()
             if failure is not None:
@@ -344,9 +359,25 @@ class QwenConversation:
         parser = QwenTurnParser(self._totals, client_tool_prefix=PREFIX if self._tools else None)
         if self._tools is not None:
             self._tools.new_turn()
-        self._send({"type": "user", "message": {"role": "user", "content": turn_blocks(turn)}})
+        if continuing:  # the results are in the session: Qwen runs that turn by itself
+            self._continue_id = self._control_id()
+            self._send({"type": "control_request", "request_id": self._continue_id,
+                        "request": {"subtype": "continue_last_turn"}})
+        else:
+            self._send({"type": "user", "message": {"role": "user",
+                                                    "content": turn_blocks(turn)}})
         async for event in self._pump(parser):
             yield event
+
+    def _write_history(self, turn: Turn) -> bool:
+        """Write a history that ends in tool calls, with the results ``turn``
+        brings; True when it brought some (Qwen is to continue that turn)."""
+        if not self.results_first:
+            return False
+        self.results_first = False
+        results = results_message(turn)
+        self.resume_from(self.driver.transcript(self.cwd, self.setup, results))
+        return results is not None
 
     async def _pump(self, parser: QwenTurnParser) -> AsyncIterator[CliEvent]:
         """Read the turn on to its end, or to client tool calls (then held)."""
@@ -368,6 +399,12 @@ class QwenConversation:
             if kind == "control_request":
                 await self._answer_control(obj)
                 continue
+            if kind == "control_response" and refused_continue(obj, self._continue_id):
+                self._resumable = False  # the session holds results no turn will read
+                self._kill()
+                yield TurnFailed("upstream", "qwen: the CLI did not continue the rebuilt "
+                                 "tool turn (continue_last_turn needs Qwen Code 0.24)")
+                return
             events = parser.feed(obj)
             if parser.done:  # before yielding: the consumer may stop at the terminal event
                 self._totals = parser.totals
@@ -418,3 +455,4 @@ class QwenConversation:
                 forget_session(config.home, self.cwd, session_id)
             if self._prompt is not None:
                 self._prompt.remove()
+

@@ -26,7 +26,7 @@ from .events import (
     ToolExecuted, ToolOutput, TurnFailed, TurnFinished, TurnUsage,
 )
 
-__all__ = ["QwenTurnParser", "UsageTotals", "classify_error", "is_login_error"]
+__all__ = ["QwenTurnParser", "UsageTotals", "classify_error", "is_login_error", "refused_continue"]
 
 UsageTotals = dict[str, int]
 _API_ERROR = "[API Error: "
@@ -193,3 +193,13 @@ class QwenTurnParser:
             events.append(usage)
         events.append(TurnFinished("end_turn"))
         return events
+
+
+def refused_continue(obj: Mapping[str, Any], request_id: str | None) -> bool:
+    """The answer to ``request_id`` (a ``continue_last_turn``), refused or not
+    understood (a CLI before 0.24)."""
+    response = obj.get("response") or {}
+    if request_id is None or response.get("request_id") != request_id:
+        return False
+    return response.get("subtype") == "error" or (response.get("response") or {}).get(
+        "accepted") is False

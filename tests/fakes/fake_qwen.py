@@ -26,11 +26,18 @@ names a file it writes its own base prompt into at startup. Replies come from ``
   ``notifications/initialized``, ``tools/list``) as ``mcp_message`` control
   requests, the tools offered upstream as ``mcp__<server>__<name>``, a call
   sent as ``tools/call`` after the ``assistant`` line that carries it, each
-  request sent again after 30 s without an answer (``FAKE_QWEN_MCP_TIMEOUT``).
+  request sent again after 30 s without an answer (``FAKE_QWEN_MCP_TIMEOUT``);
+* (0.24.4) a user message's blocks other than text reach the model as their JSON
+  text (a ``tool_result`` block too); a transcript's ``functionCall`` parts and
+  ``tool_result`` records are the model's calls and the tools' answers; the
+  ``continue_last_turn`` control request runs a session that ends in them
+  (a call with no answer gets a made-up error result) with no new user message.
 
 Test switches (not in the real CLI): a prompt containing ``[[crash]]`` makes the
 process exit 1 after the first text delta; ``FAKE_QWEN_LOG=<file>`` appends
-``{"pid", "argv"}`` at start and ``{"pid", "stdin"}`` for every input line.
+``{"pid", "argv"}`` at start and ``{"pid", "stdin"}`` for every input line;
+``FAKE_QWEN_NO_CONTINUE=1`` answers ``continue_last_turn`` with an error, as a
+CLI that does not know it.
 """
 
 from __future__ import annotations
@@ -50,6 +57,8 @@ TOOLS = ("list_directory", "read_file", "grep_search", "glob", "edit", "write_fi
          "run_shell_command", "todo_write", "web_fetch")
 _write_lock = threading.Lock()
 BASE_PROMPT = "You are Qwen Code, an interactive CLI agent."
+NOT_RECORDED = ("Tool execution result was not recorded \u2014 likely interrupted by network "
+                "failure, abort, or process exit. Treat as failure and retry if needed.")
 
 
 def log(entry: dict) -> None:
@@ -133,13 +142,31 @@ class Session:
         self.mcp = SdkMcp()
 
     def load(self, record: dict) -> None:
-        """One transcript record (Qwen's format: Gemini-style role/parts)."""
-        if record.get("type") not in ("user", "assistant"):
+        """One transcript record (Qwen's format: Gemini-style role/parts; a
+        ``functionCall`` part is a tool call, a ``tool_result`` record's
+        ``functionResponse`` parts are the tools' answers)."""
+        if record.get("type") not in ("user", "assistant", "tool_result"):
             return
-        text = "".join(p.get("text", "") for p in record["message"].get("parts", []))
-        role = "user" if record["type"] == "user" else "assistant"
-        self.history.append({"role": role, "content": [{"type": "text", "text": text}]
-                             if role == "user" else text})
+        parts = record["message"].get("parts", [])
+        text = "".join(p.get("text", "") for p in parts)
+        if record["type"] == "tool_result":
+            for part in parts:
+                answer = part.get("functionResponse") or {}
+                response = answer.get("response") or {}
+                self.history.append({"role": "tool", "tool_call_id": answer.get("id"), "content": [
+                    {"type": "text", "text": str(response.get("output", response.get("error")))}]})
+        elif record["type"] == "user":
+            self.history.append({"role": "user", "content": [{"type": "text", "text": text}]})
+        else:
+            entry: dict = {"role": "assistant", "content": text}
+            calls = [p["functionCall"] for p in parts if "functionCall" in p]
+            if calls:
+                entry["content"] = text or None
+                entry["tool_calls"] = [{"id": c["id"], "type": "function", "function": {
+                    "name": c["name"], "arguments": json.dumps(c.get("args") or {},
+                                                               separators=(",", ":"))}}
+                    for c in calls]
+            self.history.append(entry)
         usage = record.get("usageMetadata") or {}
         self.totals["input_tokens"] += usage.get("promptTokenCount", 0)
         self.totals["output_tokens"] += usage.get("candidatesTokenCount", 0)
@@ -201,15 +228,22 @@ class Session:
                   "parent_tool_use_id": None, "event": event})
 
     def turn(self, content) -> None:
+        """A user message's turn; None: ``continue_last_turn`` (the session ends
+        in tool results, sent upstream with no new user message)."""
         emit({"type": "system", "subtype": "init", "uuid": self.id, "session_id": self.id,
               "cwd": str(self.cwd), "tools": self.tools + self.mcp_tools(), "model": self.model,
               "mcp_servers": [{"name": n, "status": "connected"} for n in self.mcp.servers],
               "permission_mode": self.args.get("approval-mode", "default"),
               "qwen_code_version": VERSION, "agents": []})
+        if isinstance(content, list):  # as 0.24.4: any block but text is sent as its JSON
+            content = [b if b.get("type") == "text" and b.get("text") else
+                       {"type": "text", "text": json.dumps(b, separators=(",", ":"))}
+                       for b in content if isinstance(b, dict) and "type" in b]
         text_in = content if isinstance(content, str) else \
-            "\n".join(b.get("text", "") for b in content if isinstance(b, dict))
-        self.history.append({"role": "user", "content": content})
-        self.record("user", text_in)
+            "\n".join(b.get("text", "") for b in content or ())
+        if content is not None:
+            self.history.append({"role": "user", "content": content})
+            self.record("user", text_in)
         text, calls = self.call_model(text_in)
         while calls:  # tools run here, one upstream call per step, like the real CLI
             results = [self.run_tool(call) for call in calls]
@@ -381,6 +415,29 @@ def main() -> None:
                     sys.stderr.write("Operation cancelled.\n")
                     sys.stderr.flush()
                     os._exit(130)
+                if request.get("subtype") == "continue_last_turn" and \
+                        os.environ.get("FAKE_QWEN_NO_CONTINUE"):  # as a CLI that lacks it
+                    emit({"type": "control_response", "response": {
+                        "subtype": "error", "request_id": rid,
+                        "error": "Unknown control request subtype: continue_last_turn"}})
+                    continue
+                if request.get("subtype") == "continue_last_turn":
+                    # 0.24.4: accepted when the session ends in the model's calls, their
+                    # results or a prompt (a dangling call gets a made-up error result)
+                    last = session.history[-1] if session.history else {}
+                    accepted = last.get("role") in ("tool", "user") or bool(last.get("tool_calls"))
+                    if last.get("tool_calls"):
+                        session.history += [{"role": "tool", "tool_call_id": c["id"], "content": [
+                            {"type": "text", "text": NOT_RECORDED}]} for c in last["tool_calls"]]
+                    emit({"type": "control_response", "response": {
+                        "subtype": "success", "request_id": rid, "response": {
+                            "subtype": "continue_last_turn", "accepted": accepted,
+                            "interruption": "interrupted_prompt" if accepted else "none"}}})
+                    if accepted:
+                        with ready:
+                            turns.append(("continue",))
+                            ready.notify()
+                    continue
                 emit({"type": "control_response", "response": {
                     "subtype": "success", "request_id": rid, "response": {
                         "subtype": request.get("subtype"), "session_id": session.id,
@@ -408,7 +465,9 @@ def main() -> None:
             content = turns.pop(0)
         if content is None:
             return
-        if isinstance(content, tuple):
+        if content == ("continue",):
+            session.turn(None)
+        elif isinstance(content, tuple):
             session.mcp.connect(content[1])
         else:
             session.turn(content)
