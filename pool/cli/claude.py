@@ -32,7 +32,7 @@ import orjson
 import structlog
 
 from .claude_events import ClaudeStream
-from .claude_resume import ResultsFirst, ends_in_tool_calls
+from .claude_resume import ResultsFirst
 from .claude_transcript import (MCP_PREFIX, content_blocks, forget_session, forget_sessions,
                                 write_transcript)
 from ..errors import BadRequest
@@ -41,6 +41,7 @@ from .driver import DriverConfig, DriverError, credentials_stamp
 from ..quota import QuotaWindow
 from .events import (TERMINAL, CliEvent, CliHealth, ConversationSetup, ToolAnswer, Turn,
                      TurnFailed, TurnFinished)
+from .history import ends_in_tool_calls
 from .private import private_dir
 from .proc import JsonLineProcess, find_binary, run_probe
 from .prompt_file import PromptFile, remove_stale, safe_value

@@ -22,31 +22,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Sequence
 
-from ..model import Message, ToolCallPart, ToolResultPart
+from ..model import Message
 from .events import CliEvent, ToolAnswer, Turn, TurnFailed
+from .history import results_message
 
 if TYPE_CHECKING:
     from .claude import ClaudeConversation
 
-__all__ = ["ResultsFirst", "ends_in_tool_calls", "results_message"]
+__all__ = ["ResultsFirst"]
 
 #: starts the CLI on the history and these messages after it (none: the history alone)
 Start = Callable[[tuple[Message, ...]], Awaitable["ClaudeConversation"]]
-
-
-def ends_in_tool_calls(history: Sequence[Message]) -> bool:
-    """True when ``history`` ends with an assistant message that calls tools."""
-    return bool(history) and history[-1].role == "assistant" and any(
-        isinstance(p, ToolCallPart) for p in history[-1].parts)
-
-
-def results_message(turn: Turn) -> Message | None:
-    """The turn as the one user message that follows the calls (the tool results
-    first, as Anthropic wants them); None when it answers no call."""
-    parts = [p for m in turn.messages for p in m.parts]
-    if not any(isinstance(p, ToolResultPart) for p in parts):
-        return None
-    return Message("user", tuple(sorted(parts, key=lambda p: not isinstance(p, ToolResultPart))))
 
 
 class ResultsFirst:

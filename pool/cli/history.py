@@ -25,9 +25,11 @@ import orjson
 
 from ..model import (ChatRequest, ExecutedToolPart, ImagePart, Message, Part, TextPart, Tool,
                      ToolCallPart, ToolResultPart, executed_text)
+from .events import Turn
 
 __all__ = ["split", "system_text", "conversation_hash", "request_prefix_hash", "answer_message",
-           "flatten", "tool_result_text", "canonical_arguments"]
+           "flatten", "tool_result_text", "canonical_arguments", "ends_in_tool_calls",
+           "results_message"]
 
 
 def system_text(messages: Iterable[Message]) -> str | None:
@@ -80,6 +82,21 @@ def canonical_arguments(arguments: str) -> str:
 
 def tool_result_text(part: ToolResultPart) -> str:
     return _text(part.content)
+
+
+def ends_in_tool_calls(history: Sequence[Message]) -> bool:
+    """True when ``history`` ends with an assistant message that calls tools."""
+    return bool(history) and history[-1].role == "assistant" and any(
+        isinstance(p, ToolCallPart) for p in history[-1].parts)
+
+
+def results_message(turn: Turn) -> Message | None:
+    """The turn as the one user message that follows the calls (the tool results
+    first, as Anthropic wants them); None when it answers no call."""
+    parts = [p for m in turn.messages for p in m.parts]
+    if not any(isinstance(p, ToolResultPart) for p in parts):
+        return None
+    return Message("user", tuple(sorted(parts, key=lambda p: not isinstance(p, ToolResultPart))))
 
 
 def flatten(history: Sequence[Message], new: Sequence[Message]) -> Message:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from pool.cli.claude_resume import ResultsFirst, ends_in_tool_calls, results_message
+from pool.cli.claude_resume import ResultsFirst
+from pool.cli.history import ends_in_tool_calls, results_message
 from pool.cli.events import Turn, TurnFailed
 from pool.model import ImagePart, Message, TextPart, ToolCallPart, ToolResultPart
 
