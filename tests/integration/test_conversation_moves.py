@@ -12,6 +12,8 @@ SDKs (Responses with ``previous_response_id``)."""
 
 from __future__ import annotations
 
+import time
+
 from typing import Any, Iterator
 
 import anthropic
@@ -78,6 +80,11 @@ def _thinking_sent(fake: FakeUpstream) -> list[dict[str, Any]]:
 
 
 def _idle(gateway: Any) -> None:
+    # a stream's slot is released once the server has sent its last byte, which
+    # may be just after the client read it: wait a little, never forever
+    deadline = time.monotonic() + 5
+    while any(gateway.pool.in_flight.values()) and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert all(n == 0 for n in gateway.pool.in_flight.values()), gateway.pool.in_flight
 
 
