@@ -4,42 +4,18 @@ another, which must know the first account's signatures to leave them out."""
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Iterator
-
 import anthropic
-import pytest
 
 from app.factory import create_app
 from app.settings import ServerSettings, Settings, WorkerSettings
-from sessions.redis_link import RedisLink
 from sessions.signatures import RedisSignatureBook
 from tests.fakes.upstreams import FakeUpstream
-from tests.support.redis_server import RedisServer
+from tests.support.redis_fixtures import links, server  # noqa: F401 (pytest fixtures)
 from tests.support.server import ServerThread
 
 KEY = "sk-client"
 MODEL = "claude-moving"
 ACCOUNTS = {"acct-a": "sk-ant-account-a", "acct-b": "sk-ant-account-b"}
-
-
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    srv = RedisServer().start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
-@pytest.fixture
-async def links(server: RedisServer) -> AsyncIterator[tuple[RedisLink, RedisLink]]:
-    a, b = RedisLink(server.url, probe_interval=0.05), RedisLink(server.url, probe_interval=0.05)
-    assert await a.ping() and await b.ping()
-    try:
-        yield a, b
-    finally:
-        await a.aclose()
-        await b.aclose()
 
 
 async def test_a_note_on_one_replica_is_known_on_the_other(links):

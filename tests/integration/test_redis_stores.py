@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import AsyncIterator, Iterator
 
 import pytest
 
@@ -20,27 +19,8 @@ from sessions.redis_link import RedisLink, StoreUnavailable
 from sessions.redis_responses import RedisResponseStore
 from sessions.responses import BrokenChain, StoredResponse, dumps, load_chain
 from sessions.shared import LockTimeout, RedisDrainedSet, RedisLocks
+from tests.support.redis_fixtures import links, server  # noqa: F401 (pytest fixtures)
 from tests.support.redis_server import RedisServer
-
-
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    srv = RedisServer().start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
-@pytest.fixture
-async def links(server: RedisServer) -> AsyncIterator[tuple[RedisLink, RedisLink]]:
-    a, b = RedisLink(server.url, probe_interval=0.05), RedisLink(server.url, probe_interval=0.05)
-    assert await a.ping() and await b.ping()
-    try:
-        yield a, b
-    finally:
-        await a.aclose()
-        await b.aclose()
 
 
 def entry(rid: str, owner: str = "team-a", previous: str | None = None,
