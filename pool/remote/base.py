@@ -26,13 +26,14 @@ from yarl import URL
 
 from pool.deadline import Deadline
 from pool.errors import (
-    GatewayError, UpstreamCredentialsRefused, UpstreamTimeout, UpstreamUnavailable,
+    BadRequest, GatewayError, UpstreamCredentialsRefused, UpstreamTimeout, UpstreamUnavailable,
 )
 from pool.accumulate import fold, fold_answer
 from pool.model import ChatRequest, Completion, Event, ReasoningPart, Start
 from pool.sse import SSEDecoder
 from pool.worker import Capabilities, WorkerState, flatten
 
+from . import h1
 from .errors import error_from_body, scrub_error
 from .idle import IdleTimeout, IdleWatch
 from .images import vet_images
@@ -90,7 +91,10 @@ class RemoteWorker:
         # identity: the body is parsed as it comes, never decompressed
         self._default_headers = {"user-agent": "poolgate", **(default_headers or {}),
                                  **spec.headers, **auth_headers, "accept-encoding": "identity"}
+        # without an egress proxy the requests go through our lean HTTP/1.1 client
+        # (pool.remote.h1); through a proxy, through aiohttp (and aiohttp-socks)
         self._session: aiohttp.ClientSession | None = None
+        self._h1: h1.Origin | None = None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"  # no URL: it may carry credentials
@@ -125,8 +129,8 @@ class RemoteWorker:
     # --- lifecycle ------------------------------------------------------------
 
     async def start(self) -> None:
-        if self._session is None:
-            self._session = self._new_session()
+        if self._session is None and self._h1 is None:
+            self._open_client()
         self.state = WorkerState.READY
         self.started_at = time.time()
 
@@ -142,10 +146,25 @@ class RemoteWorker:
 
     async def restart(self) -> None:
         """Drop pooled connections and start afresh (the upstream itself is not ours)."""
+        await self._close_client()
+        await self.start()
+
+    def _open_client(self) -> None:
+        """The lean client (:mod:`.h1`), or an aiohttp session when a proxy is set."""
+        if self.spec.proxy is None:
+            self._h1 = h1.Origin(self._chat_url, limit=self.spec.max_connections,
+                                 connect_timeout=self.spec.connect_timeout,
+                                 headers=self._default_headers)
+        else:
+            self._session = self._new_session()
+
+    async def _close_client(self) -> None:
         session, self._session = self._session, None
+        origin, self._h1 = self._h1, None
         if session is not None:
             await session.close()
-        await self.start()
+        if origin is not None:
+            await origin.aclose()
 
     def _new_session(self) -> aiohttp.ClientSession:
         proxy = self.spec.proxy
@@ -168,9 +187,7 @@ class RemoteWorker:
 
     async def aclose(self) -> None:
         self.state = WorkerState.STOPPED
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
+        await self._close_client()
 
     async def health(self) -> bool:
         """Reachable and taking our credentials: the upstream answered the model
@@ -184,9 +201,13 @@ class RemoteWorker:
         answered, self._answered = self._answered, False
         refused = False
         try:
-            session = self._session or await self._ensure_session()
+            client = self._h1 or self._session or await self._ensure_client()
             async with asyncio.timeout(min(_HEALTH_TIMEOUT, self.spec.first_byte_timeout)):
-                async with session.get(self._health_url, allow_redirects=False) as resp:
+                if type(client) is h1.Origin:
+                    probe: Any = await client.request("GET", self._health_url, {})
+                else:
+                    probe = client.get(self._health_url, allow_redirects=False)
+                async with probe as resp:
                     refused = resp.status in (401, 403)
                     # 407: the egress proxy refused us, the upstream was not reached
                     ok = resp.status < 500 and not refused and resp.status != 407
@@ -220,13 +241,13 @@ class RemoteWorker:
             return f"the upstream of worker {self.name} refused the gateway's credentials"
         return None
 
-    async def _ensure_session(self) -> aiohttp.ClientSession:
-        """The session, opened on first use when ``start()`` was skipped."""
+    async def _ensure_client(self) -> h1.Origin | aiohttp.ClientSession:
+        """The client, opened on first use when ``start()`` was skipped."""
         if self.state is WorkerState.STOPPED:
             raise UpstreamUnavailable(f"worker {self.name} is stopped")
-        if self._session is None:
-            self._session = self._new_session()
-        return self._session
+        if self._session is None and self._h1 is None:
+            self._open_client()
+        return self._h1 or self._session  # type: ignore[return-value]
 
     # --- the request ------------------------------------------------------------
 
@@ -314,7 +335,10 @@ class RemoteWorker:
             # by what came, not what was asked: some servers stream regardless
             streamed = "event-stream" in resp.headers.get("content-type", "")
             if streamed and self.spec.lean:
-                lean_response(resp)  # ≈ 2 KiB less for as long as it streams
+                if type(resp) is h1.Response:
+                    resp.lean()  # its headers, read, are let go while it streams
+                else:
+                    lean_response(resp)  # ≈ 2 KiB less for as long as it streams
             if relay is not None and streamed == relay.stream:
                 if streamed:
                     content = resp.content
@@ -399,13 +423,18 @@ class RemoteWorker:
                     url: str | URL | None = None) -> aiohttp.ClientResponse:
         """POST ``body`` to ``url`` (default: the chat endpoint); a non-2xx
         answer is raised as the mapped :class:`GatewayError`."""
-        session = self._session or await self._ensure_session()
+        client = self._h1 or self._session or await self._ensure_client()
         spec = self.spec
         try:
             with Deadline(spec.first_byte_timeout):
-                resp = await session.post(url or self._chat_url, data=body, headers=headers,
-                                          allow_redirects=False)
-        except aiohttp.ConnectionTimeoutError:
+                if type(client) is h1.Origin:
+                    resp: Any = await client.request("POST", url or self._chat_url, headers, body)
+                else:
+                    resp = await client.post(url or self._chat_url, data=body, headers=headers,
+                                             allow_redirects=False)
+        except h1.InvalidHeader as exc:  # a header a client sent on that cannot go out
+            raise BadRequest(str(exc)) from None
+        except (aiohttp.ConnectionTimeoutError, h1.ConnectTimeout):
             log.warning("remote.connect_timeout", worker=self.name)
             raise UpstreamTimeout(f"could not connect to upstream {self.name} within "
                                   f"{spec.connect_timeout:g}s") from None
@@ -417,7 +446,7 @@ class RemoteWorker:
             log.warning("remote.proxy_connect_failed", worker=self.name)
             raise UpstreamUnavailable(f"cannot connect to the egress proxy of upstream "
                                       f"{self.name}") from None
-        except aiohttp.ClientConnectorError:
+        except (aiohttp.ClientConnectorError, h1.ConnectFailed):
             log.warning("remote.connect_failed", worker=self.name)
             raise UpstreamUnavailable(f"cannot connect to upstream {self.name}") from None
         except (aiohttp.ClientError, OSError) as exc:

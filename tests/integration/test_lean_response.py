@@ -4,12 +4,14 @@ without holding its headers."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import aiohttp
 import structlog
 
 from pool.remote.lean import LeanQueue, lean_response, lean_state
 from pool.remote.lean_check import self_test
+from tests.fakes.egress_proxy import EgressProxy
 
 from .conftest import OPENAI_MODEL, UPSTREAM_KEY
 
@@ -84,13 +86,19 @@ def test_the_gateway_checks_the_swap_at_start(fake_upstream) -> None:
 
 
 async def test_a_worker_whose_swap_is_off_leaves_aiohttp_as_it_is(fake_upstream) -> None:
+    with EgressProxy() as proxy:
+        await _swap_off_leaves_aiohttp(fake_upstream, proxy)
+
+
+async def _swap_off_leaves_aiohttp(fake_upstream: Any, proxy: EgressProxy) -> None:
     from dataclasses import replace
 
     from pool.model import ChatRequest, Message, TextPart
     from pool.remote import RemoteSpec, make_remote_worker
 
+    # a worker reaches its upstream through aiohttp only by an egress proxy (else pool.remote.h1)
     spec = RemoteSpec(name="up", dialect="openai", url=fake_upstream.url, api_key=UPSTREAM_KEY,
-                      models=(OPENAI_MODEL,))
+                      models=(OPENAI_MODEL,), proxy=proxy.url)
     seen: list[dict[str, bool]] = []
     for lean in (True, False):
         worker = make_remote_worker(replace(spec, lean=lean))
