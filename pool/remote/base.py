@@ -1,5 +1,6 @@
-"""Shared HTTP plumbing of the ``remote`` workers: one aiohttp session per
-worker, timeouts, error mapping and the streaming loop.
+"""Shared HTTP plumbing of the ``remote`` workers: one client per worker
+(:mod:`.h1`, or an aiohttp session when the worker has an egress proxy),
+timeouts, error mapping and the streaming loop.
 
 A dialect subclass supplies only the endpoint, the body and headers for a
 request, and its sans-IO parser (:mod:`.openai_chat`, :mod:`.anthropic_messages`).

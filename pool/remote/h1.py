@@ -17,7 +17,7 @@ so one worker reads either; a worker with an egress proxy keeps aiohttp
 (HTTP CONNECT and SOCKS proxies are aiohttp's and aiohttp-socks' work).
 
 What it does not do, on purpose: redirects (the workers never follow them),
-cookies, decompression (it asks for ``identity``), retries of a POST (as
+cookies, decompression (the workers ask for ``identity``), retries of a POST (as
 aiohttp: a request whose connection broke fails; the pool decides), HTTP/2.
 A header value with a line break or NUL is refused before anything is sent
 (:class:`InvalidHeader`): nothing a client sends can add a header or a request.
@@ -31,14 +31,13 @@ import time
 from collections import deque
 from typing import Any, Mapping
 
-import httptools
-from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
+
+from .h1_conn import Connection, Disconnected, Response
 
 __all__ = ["Origin", "Response", "ConnectTimeout", "ConnectFailed", "Disconnected",
            "InvalidHeader", "origin_of"]
 
-_HIGH_WATER = 128 * 1024  # unread body bytes at which the connection stops reading
 _IDLE_LIMIT = 15.0        # an idle connection older than this is closed, not reused (as aiohttp)
 _BAD = ("\r", "\n", "\0")
 _ssl_context: ssl.SSLContext | None = None
@@ -50,10 +49,6 @@ class ConnectTimeout(TimeoutError):
 
 class ConnectFailed(OSError):
     """The upstream could not be connected to (refused, unreachable, no such name, TLS)."""
-
-
-class Disconnected(ConnectionError):
-    """The connection ended (or sent what is not HTTP) before the answer was complete."""
 
 
 class InvalidHeader(ValueError):
@@ -84,273 +79,6 @@ def _header_block(headers: Mapping[str, str]) -> bytes:
     return "".join(parts).encode("utf-8")
 
 
-class Response:
-    """One upstream answer: status and headers, and its body as it arrives
-    (``content`` is the response itself: the reader methods are here)."""
-
-    __slots__ = ("status", "content_type", "_raw", "_headers", "_conn", "_chunks", "_size",
-                 "_eof", "_exc", "_waiter", "_done")
-
-    def __init__(self, conn: _Connection) -> None:
-        self.status = 0
-        self.content_type = ""
-        self._raw: list[tuple[bytes, bytes]] | None = []
-        self._headers: CIMultiDictProxy[str] | None = None
-        self._conn: _Connection | None = conn
-        self._chunks: list[bytes] = []
-        self._size = 0
-        self._eof = False  # the whole body came
-        self._exc: BaseException | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self._done = False  # released or closed
-
-    @property
-    def content(self) -> Response:
-        return self
-
-    @property
-    def headers(self) -> CIMultiDictProxy[str]:
-        headers = self._headers
-        if headers is None:
-            raw = self._raw or ()
-            headers = self._headers = CIMultiDictProxy(CIMultiDict(
-                (name.decode("latin-1"), value.decode("latin-1")) for name, value in raw))
-        return headers
-
-    def lean(self) -> None:
-        """Let go of the headers (read before): nothing reads them while the body streams."""
-        self._raw = None
-        self._headers = None
-
-    # --- the body, as aiohttp's StreamReader ------------------------------------
-
-    def read_nowait(self) -> bytes:
-        """What arrived and was not read yet (``b""`` when nothing did)."""
-        if self._exc is not None:
-            raise self._exc
-        chunks = self._chunks
-        if not chunks:
-            return b""
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        chunks.clear()
-        if self._size > _HIGH_WATER and self._conn is not None:
-            self._conn.resume()
-        self._size = 0
-        return data
-
-    async def readany(self) -> bytes:
-        """The next bytes of the body, waiting for them; ``b""`` at its end."""
-        while not self._chunks and not self._eof and self._exc is None:
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await waiter
-            finally:
-                self._waiter = None
-        return self.read_nowait()
-
-    def is_eof(self) -> bool:
-        """The whole body came (some of it may be unread)."""
-        return self._eof
-
-    def at_eof(self) -> bool:
-        return self._eof and not self._chunks
-
-    def set_exception(self, exc: BaseException) -> None:
-        """Fail the reads from now on (the pending one at once) with ``exc``."""
-        self._exc = exc
-        self._wake()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    # --- fed by the connection ------------------------------------------------
-
-    def _feed(self, data: bytes) -> bool:
-        """Take body bytes; ``True`` when the reader is behind enough to pause reading."""
-        self._chunks.append(data)
-        self._size += len(data)
-        self._wake()
-        return self._size > _HIGH_WATER
-
-    def _finish(self) -> None:
-        self._eof = True
-        self._wake()
-
-    def _fail(self, exc: BaseException) -> None:
-        if not self._eof and self._exc is None:
-            self.set_exception(exc)
-
-    # --- the end ---------------------------------------------------------------
-
-    def release(self) -> None:
-        """Done with it: the connection goes back to the pool when the whole body
-        came and the upstream keeps it alive, else it is closed."""
-        if self._done:
-            return
-        self._done = True
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.finished(self, reusable=self._eof and self._exc is None)
-
-    def close(self) -> None:
-        """Done with it, and the connection closed (the upstream sees the client go)."""
-        if self._done:
-            return
-        self._done = True
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.finished(self, reusable=False)
-
-    async def __aenter__(self) -> Response:
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        self.release()
-
-
-class _Connection(asyncio.Protocol):
-    """One keep-alive connection: the protocol httptools' parser calls back."""
-
-    __slots__ = ("origin", "transport", "parser", "response", "headers_came", "closed",
-                 "idle_since", "paused", "keep_alive", "_length_known", "_informational")
-
-    def __init__(self, origin: Origin) -> None:
-        self.origin = origin
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.response: Response | None = None
-        self.headers_came: asyncio.Future[Response] | None = None
-        self.closed = False
-        self.idle_since = 0.0
-        self.paused = False
-        self.keep_alive = False  # the last answer came whole, and the upstream keeps the connection
-        self._length_known = False  # content-length or chunked: its end is in the stream
-        self._informational = False
-
-    # --- asyncio ---------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        if self.response is None:  # bytes nobody asked for: this connection is done
-            self.close()
-            return
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            self._broken(Disconnected("the upstream's answer is not valid HTTP/1.1"))
-        except httptools.HttpParserUpgrade:
-            self._broken(Disconnected("the upstream switched protocols"))
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        response = self.response
-        if response is not None and not response._eof:
-            if self.headers_came is None and not self._length_known:
-                response._finish()  # a body without a length ends with its connection
-            else:
-                self._broken(Disconnected("the upstream closed the connection early"))
-        self.origin.lost(self)
-
-    def pause_writing(self) -> None:  # the request goes out in one write; nothing to pause
-        pass
-
-    def resume_writing(self) -> None:
-        pass
-
-    # --- httptools -------------------------------------------------------------
-
-    def on_message_begin(self) -> None:
-        response = self.response
-        if response is not None and response._eof:  # a second answer nobody asked for
-            self.response = None
-            self.close()
-        self._length_known = False
-        self._informational = False
-        self.keep_alive = False
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        response = self.response
-        if response is None or self._informational:
-            return
-        lower = name.lower()
-        if lower == b"content-type":
-            response.content_type = value.decode("latin-1")
-        elif lower == b"content-length" or lower == b"transfer-encoding":
-            self._length_known = True
-        raw = response._raw
-        if raw is not None:
-            raw.append((name, value))
-
-    def on_headers_complete(self) -> None:
-        status = self.parser.get_status_code()
-        if 100 <= status < 200:  # 100 Continue and the like: the answer follows
-            self._informational = True
-            return
-        response = self.response
-        waiter = self.headers_came
-        self.headers_came = None
-        if response is None or waiter is None:
-            return
-        response.status = status
-        if not waiter.done():
-            waiter.set_result(response)
-
-    def on_body(self, body: bytes) -> None:
-        response = self.response
-        if response is not None and not self._informational and response._feed(body) \
-                and not self.paused and self.transport is not None:
-            self.paused = True
-            self.transport.pause_reading()
-
-    def on_message_complete(self) -> None:
-        if self._informational:
-            self._informational = False
-            if self.response is not None:
-                self.response._raw = [] if self.response._raw is not None else None
-            return
-        self.keep_alive = self.parser.should_keep_alive()  # (llhttp forgets it after this)
-        response = self.response
-        if response is not None:
-            response._finish()
-            if response._done:  # released before the end: nothing else reads it
-                self.response = None
-
-    # --- ours --------------------------------------------------------------------
-
-    def resume(self) -> None:
-        if self.paused and not self.closed and self.transport is not None:
-            self.paused = False
-            self.transport.resume_reading()
-
-    def _broken(self, exc: BaseException) -> None:
-        waiter = self.headers_came
-        self.headers_came = None
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(exc)
-        if self.response is not None:
-            self.response._fail(exc)
-        self.close()
-
-    def close(self) -> None:
-        if self.transport is not None and not self.closed:
-            self.closed = True
-            self.transport.close()
-
-    def finished(self, response: Response, *, reusable: bool) -> None:
-        """``response`` is let go: keep the connection for the next request, or close it."""
-        if self.response is response:
-            self.response = None
-        if reusable and not self.closed and self.keep_alive:
-            self.resume()
-            self.origin.put_back(self)
-        else:
-            self.close()
-
-
 class Origin:
     """The keep-alive connections to one upstream origin, at most ``limit``
     open (0: no bound; a request waits for one to free up)."""
@@ -369,9 +97,9 @@ class Origin:
         self.host_header = host if self.port == default_port else f"{host}:{self.port}"
         self.limit = limit
         self.connect_timeout = connect_timeout
-        self._idle: list[_Connection] = []
+        self._idle: list[Connection] = []
         self._open = 0  # connections open or being opened
-        self._waiters: deque[asyncio.Future[_Connection | None]] = deque()
+        self._waiters: deque[asyncio.Future[Connection | None]] = deque()
         self._closed = False
         headers = {name.lower(): value for name, value in (headers or {}).items()}
         headers.pop("host", None)
@@ -425,7 +153,7 @@ class Origin:
 
     # --- the connections ---------------------------------------------------------
 
-    async def _acquire(self) -> _Connection:
+    async def _acquire(self) -> Connection:
         idle = self._idle
         while True:
             if self._closed:
@@ -438,7 +166,7 @@ class Origin:
                 conn.close()
             if not self.limit or self._open < self.limit:
                 break
-            waiter: asyncio.Future[_Connection | None] = asyncio.get_running_loop().create_future()
+            waiter: asyncio.Future[Connection | None] = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
             try:
                 handed = await waiter
@@ -463,13 +191,13 @@ class Origin:
             self._wake()
             raise
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self) -> Connection:
         loop = asyncio.get_running_loop()
         tls = (self.tls or _tls()) if self.scheme == "https" else None
         try:
             async with asyncio.timeout(self.connect_timeout):
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(self), self.host, self.port, ssl=tls,
+                    lambda: Connection(self), self.host, self.port, ssl=tls,
                     server_hostname=self.host if tls is not None else None)
         except TimeoutError:
             raise ConnectTimeout(f"no connection within {self.connect_timeout:g}s") from None
@@ -477,7 +205,7 @@ class Origin:
             raise ConnectFailed(type(exc).__name__) from None
         return conn
 
-    def put_back(self, conn: _Connection) -> None:
+    def put_back(self, conn: Connection) -> None:
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
@@ -489,7 +217,7 @@ class Origin:
         conn.idle_since = time.monotonic()
         self._idle.append(conn)
 
-    def lost(self, conn: _Connection) -> None:
+    def lost(self, conn: Connection) -> None:
         """``conn`` closed (either side): its place is free."""
         self._open -= 1
         try:

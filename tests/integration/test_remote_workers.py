@@ -17,7 +17,8 @@ import structlog
 
 from pool.accumulate import accumulate
 from pool.errors import (
-    GatewayError, UpstreamCredentialsRefused, UpstreamError, UpstreamTimeout, UpstreamUnavailable,
+    BadRequest, GatewayError, UpstreamCredentialsRefused, UpstreamError, UpstreamTimeout,
+    UpstreamUnavailable,
 )
 from pool.model import (
     ChatRequest, Completion, Event, Message, ReasoningPart, Sampling, Start, TextDelta, TextPart,
@@ -240,6 +241,20 @@ async def test_anthropic_version_defaults_when_client_sent_none(make: MakeWorker
                                passthrough_headers={"anthropic-beta": "b1,web-fetch-2025-09-10"}))
     assert fake.last.headers["anthropic-version"] == "2023-06-01"
     assert fake.last.headers["anthropic-beta"] == "b1"
+
+
+async def test_a_passed_header_with_a_line_break_is_a_bad_request_and_nothing_is_sent(
+        make: MakeWorker, fake: FakeUpstream) -> None:
+    worker = await make("anthropic")
+    raw = {"model": "a", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]}
+    before = len(fake.requests)
+    request = chat("x", dialect="anthropic", raw=raw, passthrough_headers={
+        "anthropic-version": "2023-06-01\r\nx-api-key: sk-someone-else"})
+    with pytest.raises(BadRequest, match="anthropic-version"):
+        await collect(worker, request)
+    assert len(fake.requests) == before
+    await collect(worker, chat("x", dialect="anthropic", raw=raw))  # the worker goes on
+    assert fake.last.headers["anthropic-version"] == "2023-06-01"
 
 
 # --- failures ----------------------------------------------------------------------------
