@@ -22,12 +22,10 @@ from typing import Any, AsyncIterator, Callable, ClassVar, Mapping
 import aiohttp
 import orjson
 import structlog
-from aiohttp_socks import ProxyConnectionError, ProxyConnector, ProxyError, ProxyTimeoutError
 from yarl import URL
 
-from pool.deadline import Deadline
 from pool.errors import (
-    BadRequest, GatewayError, UpstreamCredentialsRefused, UpstreamTimeout, UpstreamUnavailable,
+    GatewayError, UpstreamCredentialsRefused, UpstreamTimeout, UpstreamUnavailable,
 )
 from pool.accumulate import fold, fold_answer
 from pool.model import ChatRequest, Completion, Event, ReasoningPart, Start
@@ -35,6 +33,7 @@ from pool.sse import SSEDecoder
 from pool.worker import Capabilities, WorkerState, flatten
 
 from . import h1
+from .client import SOCKS_ERRORS, UpstreamClient
 from .errors import error_from_body, scrub_error
 from .idle import IdleTimeout, IdleWatch
 from .images import vet_images
@@ -50,8 +49,6 @@ _HEALTH_TIMEOUT = 5.0
 _DRAIN_TIMEOUT = 0.5         # wait for the end of a finished body, to reuse the connection
 _MAX_ERROR_BODY = 64 * 1024  # read at most this much of a refusal
 _NO_TOOLS: frozenset[str] = frozenset()
-# aiohttp-socks' failures to reach (or be let through) a SOCKS proxy: not aiohttp's own
-_SOCKS_ERRORS = (ProxyConnectionError, ProxyError, ProxyTimeoutError)
 
 
 def _json_default(obj: Any) -> Any:
@@ -92,10 +89,7 @@ class RemoteWorker:
         # identity: the body is parsed as it comes, never decompressed
         self._default_headers = {"user-agent": "poolgate", **(default_headers or {}),
                                  **spec.headers, **auth_headers, "accept-encoding": "identity"}
-        # without an egress proxy the requests go through our lean HTTP/1.1 client
-        # (pool.remote.h1); through a proxy, through aiohttp (and aiohttp-socks)
-        self._session: aiohttp.ClientSession | None = None
-        self._h1: h1.Origin | None = None
+        self._client: UpstreamClient | None = None  # opened by start()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"  # no URL: it may carry credentials
@@ -130,8 +124,8 @@ class RemoteWorker:
     # --- lifecycle ------------------------------------------------------------
 
     async def start(self) -> None:
-        if self._session is None and self._h1 is None:
-            self._open_client()
+        if self._client is None:
+            self._client = UpstreamClient(self.spec, self._chat_url, self._default_headers)
         self.state = WorkerState.READY
         self.started_at = time.time()
 
@@ -150,41 +144,10 @@ class RemoteWorker:
         await self._close_client()
         await self.start()
 
-    def _open_client(self) -> None:
-        """The lean client (:mod:`.h1`), or an aiohttp session when a proxy is set."""
-        if self.spec.proxy is None:
-            self._h1 = h1.Origin(self._chat_url, limit=self.spec.max_connections,
-                                 connect_timeout=self.spec.connect_timeout,
-                                 headers=self._default_headers)
-        else:
-            self._session = self._new_session()
-
     async def _close_client(self) -> None:
-        session, self._session = self._session, None
-        origin, self._h1 = self._h1, None
-        if session is not None:
-            await session.close()
-        if origin is not None:
-            await origin.aclose()
-
-    def _new_session(self) -> aiohttp.ClientSession:
-        proxy = self.spec.proxy
-        connector: aiohttp.TCPConnector
-        if proxy is not None and proxy.startswith("socks"):
-            # the upstream's name resolved by the proxy (rdns), not here
-            connector = ProxyConnector.from_url(proxy, rdns=True, limit=self.spec.max_connections,
-                                                limit_per_host=0)
-            proxy = None
-        else:
-            connector = aiohttp.TCPConnector(limit=self.spec.max_connections, limit_per_host=0)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.spec.connect_timeout)
-        # no cookie jar: upstream cookies are never wanted (and it costs on every request).
-        # trust_env off: the gateway's own HTTP(S)_PROXY/NO_PROXY never route a worker;
-        # its configured proxy takes every request, the probe included, or none goes
-        return aiohttp.ClientSession(connector=connector, timeout=timeout,
-                                     headers=self._default_headers, auto_decompress=False,
-                                     raise_for_status=False, cookie_jar=aiohttp.DummyCookieJar(),
-                                     trust_env=False, proxy=proxy)
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
 
     async def aclose(self) -> None:
         self.state = WorkerState.STOPPED
@@ -202,17 +165,13 @@ class RemoteWorker:
         answered, self._answered = self._answered, False
         refused = False
         try:
-            client = self._h1 or self._session or await self._ensure_client()
+            client = self._client or await self._ensure_client()
             async with asyncio.timeout(min(_HEALTH_TIMEOUT, self.spec.first_byte_timeout)):
-                if type(client) is h1.Origin:
-                    probe: Any = await client.request("GET", self._health_url, {})
-                else:
-                    probe = client.get(self._health_url, allow_redirects=False)
-                async with probe as resp:
-                    refused = resp.status in (401, 403)
-                    # 407: the egress proxy refused us, the upstream was not reached
-                    ok = resp.status < 500 and not refused and resp.status != 407
-        except (aiohttp.ClientError, OSError, TimeoutError, UpstreamUnavailable, *_SOCKS_ERRORS):
+                status = await client.probe(self._health_url)
+            refused = status in (401, 403)
+            # 407: the egress proxy refused us, the upstream was not reached
+            ok = status < 500 and not refused and status != 407
+        except (aiohttp.ClientError, OSError, TimeoutError, UpstreamUnavailable, *SOCKS_ERRORS):
             ok = False
         if self.state is WorkerState.DRAINING or self.state is WorkerState.STOPPED:
             return ok
@@ -242,13 +201,13 @@ class RemoteWorker:
             return f"the upstream of worker {self.name} refused the gateway's credentials"
         return None
 
-    async def _ensure_client(self) -> h1.Origin | aiohttp.ClientSession:
+    async def _ensure_client(self) -> UpstreamClient:
         """The client, opened on first use when ``start()`` was skipped."""
         if self.state is WorkerState.STOPPED:
             raise UpstreamUnavailable(f"worker {self.name} is stopped")
-        if self._session is None and self._h1 is None:
-            self._open_client()
-        return self._h1 or self._session  # type: ignore[return-value]
+        if self._client is None:
+            self._client = UpstreamClient(self.spec, self._chat_url, self._default_headers)
+        return self._client
 
     # --- the request ------------------------------------------------------------
 
@@ -424,35 +383,8 @@ class RemoteWorker:
                     url: str | URL | None = None) -> aiohttp.ClientResponse:
         """POST ``body`` to ``url`` (default: the chat endpoint); a non-2xx
         answer is raised as the mapped :class:`GatewayError`."""
-        client = self._h1 or self._session or await self._ensure_client()
-        spec = self.spec
-        try:
-            with Deadline(spec.first_byte_timeout):
-                if type(client) is h1.Origin:
-                    resp: Any = await client.request("POST", url or self._chat_url, headers, body)
-                else:
-                    resp = await client.post(url or self._chat_url, data=body, headers=headers,
-                                             allow_redirects=False)
-        except h1.InvalidHeader as exc:  # a header a client sent on that cannot go out
-            raise BadRequest(str(exc)) from None
-        except (aiohttp.ConnectionTimeoutError, h1.ConnectTimeout):
-            log.warning("remote.connect_timeout", worker=self.name)
-            raise UpstreamTimeout(f"could not connect to upstream {self.name} within "
-                                  f"{spec.connect_timeout:g}s") from None
-        except TimeoutError:
-            log.warning("remote.first_byte_timeout", worker=self.name)
-            raise UpstreamTimeout(f"upstream {self.name} did not answer within "
-                                  f"{spec.first_byte_timeout:g}s") from None
-        except (aiohttp.ClientProxyConnectionError, *_SOCKS_ERRORS):
-            log.warning("remote.proxy_connect_failed", worker=self.name)
-            raise UpstreamUnavailable(f"cannot connect to the egress proxy of upstream "
-                                      f"{self.name}") from None
-        except (aiohttp.ClientConnectorError, h1.ConnectFailed):
-            log.warning("remote.connect_failed", worker=self.name)
-            raise UpstreamUnavailable(f"cannot connect to upstream {self.name}") from None
-        except (aiohttp.ClientError, OSError) as exc:
-            log.warning("remote.request_failed", worker=self.name, error=type(exc).__name__)
-            raise UpstreamUnavailable(f"upstream {self.name} failed before answering") from None
+        client = self._client or await self._ensure_client()
+        resp = await client.post(url or self._chat_url, body, headers)
         if 200 <= resp.status < 300:
             self._answered = True
             return resp

@@ -109,7 +109,7 @@ async def _swap_off_leaves_aiohttp(fake_upstream: Any, proxy: EgressProxy) -> No
             events = worker.stream(request)
             await events.__anext__()
             # the connection's protocol, with the open response's queue of responses
-            [protocol] = worker._session.connector._acquired
+            [protocol] = worker._client._session.connector._acquired
             seen.append({"responses": type(protocol._buffer) is LeanQueue})
             await events.aclose()
         finally:
