@@ -26,6 +26,8 @@ A header value with a line break or NUL is refused before anything is sent
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import socket
 import ssl
 import time
 from collections import deque
@@ -39,6 +41,7 @@ __all__ = ["Origin", "Response", "ConnectTimeout", "ConnectFailed", "Disconnecte
            "InvalidHeader", "origin_of"]
 
 _IDLE_LIMIT = 15.0        # an idle connection older than this is closed, not reused (as aiohttp)
+_DNS_TTL = 10.0           # an upstream's addresses are looked up again after this (as aiohttp)
 _BAD = ("\r", "\n", "\0")
 _ssl_context: ssl.SSLContext | None = None
 
@@ -85,7 +88,7 @@ class Origin:
 
     __slots__ = ("scheme", "host", "port", "host_header", "tls", "limit", "connect_timeout",
                  "_idle", "_open", "_waiters", "_closed", "_default", "_block", "_host",
-                 "_targets")
+                 "_targets", "_literal", "_addresses", "_addresses_until", "_lookup")
 
     def __init__(self, url: URL, *, limit: int = 0, connect_timeout: float = 10.0,
                  headers: Mapping[str, str] | None = None,
@@ -107,6 +110,14 @@ class Origin:
         self._block = _header_block(headers)
         self._host = self.host_header.encode("ascii")
         self._targets: dict[Any, bytes] = {}
+        try:
+            ipaddress.ip_address(self.host)
+            self._literal = True
+        except ValueError:
+            self._literal = False
+        self._addresses: list[str] = []
+        self._addresses_until = 0.0
+        self._lookup: asyncio.Task[list[str]] | None = None
 
     def same_origin(self, url: URL) -> bool:
         return url.scheme == self.scheme and url.raw_host == self.host and url.port == self.port
@@ -196,14 +207,42 @@ class Origin:
         tls = (self.tls or _tls()) if self.scheme == "https" else None
         try:
             async with asyncio.timeout(self.connect_timeout):
-                _, conn = await loop.create_connection(
-                    lambda: Connection(self), self.host, self.port, ssl=tls,
-                    server_hostname=self.host if tls is not None else None)
+                failure: OSError = OSError("the upstream's name has no address")
+                for address in await self._addressed(loop):  # each in turn, as asyncio does
+                    try:
+                        _, conn = await loop.create_connection(
+                            lambda: Connection(self), address, self.port, ssl=tls,
+                            server_hostname=self.host if tls is not None else None)
+                        return conn
+                    except OSError as exc:
+                        failure = exc
+                raise failure
         except TimeoutError:
             raise ConnectTimeout(f"no connection within {self.connect_timeout:g}s") from None
         except OSError as exc:  # refused, unreachable, no such name, a failed handshake
             raise ConnectFailed(type(exc).__name__) from None
-        return conn
+
+    async def _addressed(self, loop: asyncio.AbstractEventLoop) -> list[str]:
+        """The upstream's addresses: looked up once per ``_DNS_TTL``, one lookup
+        for all the connections opened meanwhile (a burst opens many at once)."""
+        if self._literal:
+            return [self.host]
+        if self._addresses and time.monotonic() < self._addresses_until:
+            return self._addresses
+        lookup = self._lookup
+        if lookup is None:
+            lookup = self._lookup = loop.create_task(self._resolve(loop))
+            lookup.add_done_callback(_retrieved)
+        return await asyncio.shield(lookup)  # a cancelled connect leaves it to the others
+
+    async def _resolve(self, loop: asyncio.AbstractEventLoop) -> list[str]:
+        try:
+            infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+        finally:
+            self._lookup = None
+        self._addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        self._addresses_until = time.monotonic() + _DNS_TTL
+        return self._addresses
 
     def put_back(self, conn: Connection) -> None:
         while self._waiters:
@@ -246,3 +285,8 @@ class Origin:
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_exception(Disconnected("the client is closed"))
+
+
+def _retrieved(task: asyncio.Task[list[str]]) -> None:
+    if not task.cancelled():
+        task.exception()  # a failed lookup all its waiters left is no unhandled error

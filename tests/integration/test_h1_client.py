@@ -386,6 +386,46 @@ async def test_nothing_listening_and_a_connect_that_hangs_are_told_apart() -> No
     assert hanging._open == 0
 
 
+async def test_a_name_is_looked_up_once_for_a_burst_of_connections(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    loop = asyncio.get_running_loop()
+    lookups: list[str] = []
+    real = loop.getaddrinfo
+
+    async def counted(host: str, *args: object, **kwargs: object) -> object:
+        lookups.append(host)
+        await asyncio.sleep(0.05)  # a resolver takes a while: the burst waits on one lookup
+        return await real(host, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loop, "getaddrinfo", counted)
+
+    async def slow(request: bytes, reader: asyncio.StreamReader,
+                   writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(0.05)
+        await answer()(request, reader, writer)
+
+    async with Upstream(slow) as up:
+        # "localhost" may come back as ::1 first, where nothing listens: the next address goes
+        url = up.url.with_host("localhost")
+        origin = h1.Origin(url)
+        results = await asyncio.gather(*(post(origin, url) for _ in range(6)))
+        assert results == [(200, b'{"ok":true}')] * 6
+        assert up.connections == 6 and lookups == ["localhost"]
+        assert await post(origin, url) == (200, b'{"ok":true}')  # cached, and reused
+        await origin.aclose()
+    assert lookups == ["localhost"]
+    head = up.requests[0].split(b"\r\n")
+    assert head[1] == f"host: localhost:{url.port}".encode()
+
+
+async def test_a_name_that_does_not_resolve_fails_the_connect() -> None:
+    url = URL("http://no-such-upstream.invalid:8080/v1")
+    origin = h1.Origin(url, connect_timeout=10)
+    with pytest.raises(h1.ConnectFailed, match="gaierror"):
+        await origin.request("POST", url, {}, b"{}")
+    assert origin._open == 0
+
+
 def _certificate(tmp: Path) -> tuple[Path, Path]:
     cert, key = tmp / "cert.pem", tmp / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
