@@ -189,6 +189,19 @@ def test_inproc_bench_serves_both_routes_through_the_asgi_app() -> None:
     assert all(float(r[3]) > 0 for r in rows)  # "min <us>"
 
 
+def test_client_cost_bench_measures_both_clients() -> None:
+    """bench/client_cost.py: aiohttp's and pool.remote.h1's CPU per request, and the ratio
+    (every answer non-empty: it exits otherwise)."""
+    done = subprocess.run([sys.executable, "-m", "bench.client_cost", "-n", "400", "-c", "4",
+                           "--repeat", "1"], capture_output=True, text=True, timeout=90,
+                          cwd=BENCH.parent)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if "us CPU/request" in line]
+    assert [r[0] for r in rows] == ["aiohttp", "h1"]
+    assert all(float(r[3]) > 0 for r in rows)  # "min <us>"
+    assert re.search(r"h1 / aiohttp, medians: [0-9.]+", done.stdout)
+
+
 def test_inproc_bench_isolates_the_access_line() -> None:
     """bench/inproc.py --access-log: a row per mode, and the access line's cost."""
     done = subprocess.run([sys.executable, "-m", "bench.inproc", "-n", "200", "-c", "4",
