@@ -1,8 +1,9 @@
 """poolgate's own CPU per request, without a server in front: requests handed
 straight to the ASGI app in this process (no uvicorn, no load generator), the
 upstream the demo upstream in a child process. What it measures is the gateway's
-application code plus its upstream client (pool.remote.h1), per request, with far less noise than
-an end-to-end run: compare two checkouts (or two commits) in one sitting.
+application code plus its upstream client (pool.remote.h1), per request, with far
+less noise than an end-to-end run: compare two checkouts (or two commits) in one
+sitting.
 
     .venv/bin/python -m bench.inproc                      # chat and messages, 20,000 each
     .venv/bin/python -m bench.inproc --routes chat -n 50000 --repeat 5
