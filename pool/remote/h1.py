@@ -26,6 +26,7 @@ A header value with a line break or NUL is refused before anything is sent
 from __future__ import annotations
 
 import asyncio
+import base64
 import ipaddress
 import socket
 import ssl
@@ -106,6 +107,9 @@ class Origin:
         self._closed = False
         headers = {name.lower(): value for name, value in (headers or {}).items()}
         headers.pop("host", None)
+        if url.user is not None and "authorization" not in headers:  # as aiohttp: Basic
+            pair = f"{url.user}:{url.password or ''}".encode("latin-1")
+            headers["authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
         self._default = headers
         self._block = _header_block(headers)
         self._host = self.host_header.encode("ascii")

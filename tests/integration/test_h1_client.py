@@ -134,6 +134,21 @@ async def test_a_request_goes_out_as_written_and_its_connection_is_reused() -> N
     assert body == b'{"a":1}'
 
 
+async def test_credentials_in_the_url_are_sent_as_basic_auth_never_in_the_head() -> None:
+    async with Upstream(answer()) as up:
+        url = up.url.with_user("proxyuser").with_password("pa ss")
+        origin = h1.Origin(url)
+        await post(origin, url)
+        keyed = h1.Origin(url, headers={"Authorization": "Bearer k"})  # a configured key wins
+        await post(keyed, url)
+        await origin.aclose()
+        await keyed.aclose()
+    first, second = (r.split(b"\r\n\r\n")[0].split(b"\r\n") for r in up.requests)
+    assert b"authorization: Basic cHJveHl1c2VyOnBhIHNz" in first  # base64 of "proxyuser:pa ss"
+    assert b"authorization: Bearer k" in second
+    assert not any(b"proxyuser" in line for line in first + second)
+
+
 async def test_a_request_header_overrides_the_default_of_the_same_name() -> None:
     async with Upstream(answer()) as up:
         origin = h1.Origin(up.url, headers={"anthropic-version": "2023-06-01", "x-api-key": "k"})
