@@ -22,6 +22,7 @@ from typing import Any, AsyncIterator
 
 import structlog
 
+from ..egress import proxy_down
 from ..errors import BadRequest, GatewayError, Overloaded, UpstreamUnavailable
 from ..model import (ChatRequest, Event, ExecutedTool, ExecutedToolPart, Finish, Message, ReasoningDelta, ReasoningEnd, Start,
                      TextDelta, TextPart, ToolCallDelta, ToolCallEnd, ToolCallPart, ToolCallStart,
@@ -388,6 +389,10 @@ class CliHost:
                 yield Finish("tool_calls" if kind is ToolsPending else _STOP.get(ev.stop_reason, "stop"))
                 return
             elif kind is LoginRequired:
+                if await proxy_down(self.config.env):  # the CLI cannot reach its vendor
+                    log.warning("cli.proxy_down", worker=self.config.name, request_id=request_id)
+                    raise UpstreamUnavailable(f"the egress proxy of worker {self.config.name} "
+                                              "cannot be reached" + naming(request_id))
                 self._refused = (self.health.detail.get("credentials"),)
                 self.health = CliHealth(login="logged_out", version=self.health.version,
                                         account=self.health.account)

@@ -31,7 +31,8 @@ What it copies from the real CLI (each seen on 0.61.0 against the same fake):
   the Code Assist API at ``CODE_ASSIST_ENDPOINT`` with the access token;
   a login Google does not accept (here: the access token ``revoked``) makes
   ``--acp`` print its interactive login on stdout and read two lines of its
-  stdin as codes, then exit 41, as 0.61.0 does with no network to Google;
+  stdin as codes, then exit 41, as 0.61.0 does with no network to Google
+  (so also with its ``HTTPS_PROXY`` set and not listening);
 * neither: ``session/new`` fails with -32000 "Gemini API key
   is missing or not configured."; an upstream error fails the prompt with a
   JSON-RPC error whose code is the HTTP status and whose message is the
@@ -58,6 +59,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import threading
 import urllib.error
@@ -109,6 +111,19 @@ def google_token() -> str | None:
     except (OSError, ValueError):
         return None
     return creds.get("access_token")
+
+
+def proxy_reachable() -> bool:
+    """The egress proxy in ``HTTPS_PROXY`` (if any) takes connections."""
+    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
+    if not proxy:
+        return True
+    parts = urllib.parse.urlsplit(proxy)
+    try:
+        socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 80), 2).close()
+    except OSError:
+        return False
+    return True
 
 
 def system_prompt() -> str:
@@ -331,7 +346,9 @@ def main() -> None:
     argv = sys.argv[1:]
     if "--acp" not in argv and "--version" not in argv:
         sys.exit(interactive_login())
-    if "--acp" in argv and google_token() == "revoked":  # 0.61.0: its login, on the ACP stream
+    token = google_token() if "--acp" in argv else None
+    if token is not None and (token == "revoked" or not proxy_reachable()):
+        # 0.61.0 with a login Google refuses, or no way to Google: its login, on the ACP stream
         for _ in range(2):
             print("Please visit the following URL to authorize the application:", flush=True)
             sys.stdin.readline()

@@ -11,6 +11,7 @@ import shutil
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -124,6 +125,12 @@ def _gemini_through(tmp_path: Path, gemini_bin: str, upstream: GeminiCliUpstream
                 model=GEMINI_MODEL, messages=[{"role": "user", "content": "around it?"}])
         assert PROXY_PASSWORD not in str(failed.value)
         assert len(upstream.requests) == seen
+        # the account is not taken for logged out (no alert, no automatic login through
+        # the proxy): the worker is unhealthy because its proxy is down
+        info = httpx.get(srv.url + "/internal/workers", timeout=10,
+                         headers={"authorization": "Bearer admin-token"}).json()["workers"][0]
+        assert info["login"] != "logged_out" and info["account_state"] != "logged_out", info
+        assert info["state"] == "unhealthy", info
 
 
 def test_the_real_gemini_on_an_api_key_goes_only_through_the_proxy(tmp_path: Path,

@@ -19,6 +19,7 @@ from pydantic import SecretStr
 from app.account_settings import LoginSettings
 from app.settings import WorkerSettings
 from auth.autologin import CHROMIUM
+from tests.fakes.egress_proxy import EgressProxy
 from tests.fakes.gemini_cli_upstream import GeminiCliUpstream
 from tests.fakes.idp import FakeIdP
 from tests.support.cli_accounts import read_log, wait_for
@@ -271,6 +272,41 @@ def test_a_google_login_the_cli_refuses_is_a_logged_out_account(tmp_path: Path):
                 oai.chat.completions.create(model=MODEL, messages=[
                     {"role": "user", "content": "hello"}])
             wait_for(lambda: worker_info(http)["gemini-a"]["login"] == "logged_out")
+
+
+def test_a_google_login_behind_a_proxy_that_is_down_is_not_logged_out(tmp_path: Path):
+    """With its egress proxy down, Gemini CLI cannot reach Google and falls into its
+    login, as with a refused one: the account is not logged out (no alert, no
+    automatic login through a dead proxy); the worker is unhealthy until the proxy
+    is back, and the client is told it is the proxy."""
+    home = tmp_path / "a"
+    (home / ".gemini").mkdir(parents=True)
+    (home / ".gemini" / "oauth_creds.json").write_text('{"access_token": "ya29.fake"}')
+    with GeminiCliUpstream(oauth_token="ya29.fake") as code_assist, EgressProxy() as proxy:
+        # probes 5 s apart: the request, not a probe, finds the proxy down
+        worker = gemini_worker("gemini-a", home, code_assist.url, tmp_path / "g.log",
+                               api_key=None, env_extra={"CODE_ASSIST_ENDPOINT": code_assist.url},
+                               proxy=proxy.url)
+        worker = worker.model_copy(update={"health_interval": 5.0})
+        with serve(worker) as srv, httpx.Client(base_url=srv.url, timeout=60) as http, \
+                openai_client(srv) as oai:
+            wait_for(lambda: worker_info(http)["gemini-a"]["login"] == "ready")
+            first = oai.chat.completions.create(model=MODEL, messages=[
+                {"role": "user", "content": "hello"}])
+            assert first.choices[0].message.content
+            proxy.stop()
+            with pytest.raises(openai.APIStatusError) as failed:
+                oai.chat.completions.create(model=MODEL, messages=[
+                    {"role": "user", "content": "a new conversation"}])
+            assert "egress proxy of worker gemini-a cannot be reached" in str(failed.value)
+            info = worker_info(http)["gemini-a"]
+            assert info["login"] != "logged_out" and info["account_state"] != "logged_out", info
+            assert info["state"] == "unhealthy", info
+            proxy.start()  # the next probe finds it up
+            wait_for(lambda: worker_info(http)["gemini-a"]["state"] == "ready", timeout=20)
+            again = oai.chat.completions.create(model=MODEL, messages=[
+                {"role": "user", "content": "back"}])
+            assert again.choices[0].message.content
 
 
 @pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason=f"Chromium is not at {CHROMIUM}")
