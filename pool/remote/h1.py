@@ -17,8 +17,11 @@ so one worker reads either; a worker with an egress proxy keeps aiohttp
 (HTTP CONNECT and SOCKS proxies are aiohttp's and aiohttp-socks' work).
 
 What it does not do, on purpose: redirects (the workers never follow them),
-cookies, decompression (the workers ask for ``identity``), retries of a POST (as
-aiohttp: a request whose connection broke fails; the pool decides), HTTP/2.
+cookies, decompression (the workers ask for ``identity``), HTTP/2, and retries,
+but one: a request sent on a kept connection that the upstream closed before a
+byte of its answer (the upstream's idle timeout met the request on the way;
+it never read it) goes once more on a new connection. Any other failure
+fails the request (the pool decides what next).
 A header value with a line break or NUL is refused before anything is sent
 (:class:`InvalidHeader`): nothing a client sends can add a header or a request.
 """
@@ -36,7 +39,7 @@ from typing import Any, Mapping
 
 from yarl import URL
 
-from .h1_conn import Connection, Disconnected, Response
+from .h1_conn import Connection, Disconnected, Response, Unanswered
 
 __all__ = ["Origin", "Response", "ConnectTimeout", "ConnectFailed", "Disconnected",
            "InvalidHeader", "origin_of"]
@@ -132,18 +135,32 @@ class Origin:
                       body: bytes | None = None) -> Response:
         """Send the request; the response once its status line and headers came."""
         head = self._head(method, url, headers, body)
-        conn = await self._acquire()
-        response = conn.response = Response(conn)
-        waiter = conn.headers_came = asyncio.get_running_loop().create_future()
-        try:
-            if conn.closed:  # gone while it was handed over
-                raise Disconnected("the upstream closed the connection")
-            conn.transport.write(head + body if body else head)  # type: ignore[union-attr]
-            return await waiter
-        except BaseException:
-            conn.headers_came = None
-            response.close()
-            raise
+        message = head + body if body else head
+        retried = False
+        while True:
+            conn = await self._acquire()
+            reused = conn.uses > 0
+            conn.uses += 1
+            conn.answered = False
+            response = conn.response = Response(conn)
+            waiter = conn.headers_came = asyncio.get_running_loop().create_future()
+            try:
+                if conn.closed:  # gone while it was handed over
+                    raise Unanswered("the upstream closed the connection")
+                conn.transport.write(message)  # type: ignore[union-attr]
+                return await waiter
+            except Unanswered:
+                conn.headers_came = None
+                response.close()
+                # a kept connection the upstream closed as the request went out (its
+                # idle timeout): it never read it; once more on a new connection
+                if not reused or retried:
+                    raise
+                retried = True
+            except BaseException:
+                conn.headers_came = None
+                response.close()
+                raise
 
     def _head(self, method: str, url: URL | str, headers: Mapping[str, str],
               body: bytes | None) -> bytes:

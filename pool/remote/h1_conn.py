@@ -15,13 +15,17 @@ from typing import Any, Protocol
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
-__all__ = ["Connection", "Response", "Disconnected", "Owner"]
+__all__ = ["Connection", "Response", "Disconnected", "Unanswered", "Owner"]
 
 _HIGH_WATER = 128 * 1024  # unread body bytes at which the connection stops reading
 
 
 class Disconnected(ConnectionError):
     """The connection ended (or sent what is not HTTP) before the answer was complete."""
+
+
+class Unanswered(Disconnected):
+    """The connection closed before a byte of the answer came."""
 
 
 class Owner(Protocol):
@@ -160,7 +164,7 @@ class Connection(asyncio.Protocol):
     """One keep-alive connection: the protocol httptools' parser calls back."""
 
     __slots__ = ("origin", "transport", "parser", "response", "headers_came", "closed",
-                 "idle_since", "paused", "keep_alive", "_length_known", "_informational")
+                 "idle_since", "paused", "keep_alive", "uses", "answered", "_length_known", "_informational")
 
     def __init__(self, origin: Owner) -> None:
         self.origin = origin
@@ -172,6 +176,8 @@ class Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.paused = False
         self.keep_alive = False  # the last answer came whole, and the upstream keeps the connection
+        self.uses = 0  # requests sent on it
+        self.answered = False  # a byte of the current request's answer came
         self._length_known = False  # content-length or chunked: its end is in the stream
         self._informational = False
 
@@ -184,6 +190,7 @@ class Connection(asyncio.Protocol):
         if self.response is None:  # bytes nobody asked for: this connection is done
             self.close()
             return
+        self.answered = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
@@ -197,6 +204,8 @@ class Connection(asyncio.Protocol):
         if response is not None and not response._eof:
             if self.headers_came is None and not self._length_known:
                 response._finish()  # a body without a length ends with its connection
+            elif not self.answered:
+                self._broken(Unanswered("the upstream closed the connection before answering"))
             else:
                 self._broken(Disconnected("the upstream closed the connection early"))
         self.origin.lost(self)

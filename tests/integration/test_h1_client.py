@@ -269,6 +269,48 @@ async def test_a_connection_closed_before_the_answer_fails_the_request_and_frees
         await origin.aclose()
 
 
+async def test_a_kept_connection_closed_as_the_request_went_out_is_retried_once_on_a_new_one() -> None:
+    async def idle_timeout_met(request: bytes, reader: asyncio.StreamReader,
+                               writer: asyncio.StreamWriter) -> None:
+        if b'"second"' in request and up.peers[-1] == 1:
+            writer.close()  # as a server whose idle timeout fired as the request came
+        else:
+            await answer()(request, reader, writer)
+
+    async with Upstream(idle_timeout_met) as up:
+        origin = h1.Origin(up.url)
+        assert await post(origin, up.url, b'"first"') == (200, b'{"ok":true}')
+        assert await post(origin, up.url, b'"second"') == (200, b'{"ok":true}')
+        await origin.aclose()
+    assert up.peers == [1, 1, 2]  # the second on the kept connection, then on a new one
+
+
+async def test_a_kept_connection_closed_twice_fails_and_a_partial_answer_is_never_retried() -> None:
+    async def always_closes(request: bytes, reader: asyncio.StreamReader,
+                            writer: asyncio.StreamWriter) -> None:
+        if b'"first"' in request:
+            await answer()(request, reader, writer)
+        elif b'"partial"' in request:
+            writer.write(b"HTTP/1.1 20")  # a byte of the answer came: it may have been read
+            await writer.drain()
+            writer.close()
+        else:
+            writer.close()
+
+    async with Upstream(always_closes) as up:
+        origin = h1.Origin(up.url)
+        assert await post(origin, up.url, b'"first"') == (200, b'{"ok":true}')
+        with pytest.raises(h1.Disconnected, match="before answering"):
+            await origin.request("POST", up.url, {}, b'"again"')
+        assert await post(origin, up.url, b'"first"') == (200, b'{"ok":true}')
+        with pytest.raises(h1.Disconnected, match="closed the connection early"):
+            await origin.request("POST", up.url, {}, b'"partial"')
+        await origin.aclose()
+    # "again" on the kept connection and once on a new one; "partial" once
+    assert [r.endswith(b'"again"') for r in up.requests].count(True) == 2
+    assert [r.endswith(b'"partial"') for r in up.requests].count(True) == 1
+
+
 async def test_a_request_cancelled_while_waiting_closes_its_connection_and_frees_its_place() -> None:
     async def late(request: bytes, reader: asyncio.StreamReader,
                    writer: asyncio.StreamWriter) -> None:
