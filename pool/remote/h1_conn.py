@@ -291,9 +291,11 @@ class Connection(asyncio.Protocol):
         self.close()
 
     def close(self) -> None:
+        """Now: nothing it still had to write matters, and a TLS connection does
+        not wait for the upstream's goodbye (up to 30 s, its place held meanwhile)."""
         if self.transport is not None and not self.closed:
             self.closed = True
-            self.transport.close()
+            self.transport.abort()
 
     def finished(self, response: Response, *, reusable: bool) -> None:
         """``response`` is let go: keep the connection for the next request, or close it."""
