@@ -164,7 +164,8 @@ class Connection(asyncio.Protocol):
     """One keep-alive connection: the protocol httptools' parser calls back."""
 
     __slots__ = ("origin", "transport", "parser", "response", "headers_came", "closed",
-                 "idle_since", "paused", "keep_alive", "uses", "answered", "_length_known", "_informational")
+                 "idle_since", "paused", "keep_alive", "uses", "answered", "_length_known",
+                 "_informational")
 
     def __init__(self, origin: Owner) -> None:
         self.origin = origin
@@ -264,8 +265,11 @@ class Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         if self._informational:
             self._informational = False
-            if self.response is not None:
-                self.response._raw = [] if self.response._raw is not None else None
+            response = self.response
+            if response is not None:  # what its headers said is not the answer's
+                response.content_type = ""
+                if response._raw is not None:
+                    response._raw = []
             return
         self.keep_alive = self.parser.should_keep_alive()  # (llhttp forgets it after this)
         response = self.response

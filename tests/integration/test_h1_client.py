@@ -355,13 +355,14 @@ async def test_a_waiter_cancelled_in_the_queue_leaves_no_trace() -> None:
 async def test_an_informational_answer_is_skipped_for_the_final_one() -> None:
     async def continue_first(request: bytes, reader: asyncio.StreamReader,
                              writer: asyncio.StreamWriter) -> None:
-        writer.write(b"HTTP/1.1 100 Continue\r\nx-ignored: 1\r\n\r\n")
+        writer.write(b"HTTP/1.1 100 Continue\r\nx-ignored: 1\r\ncontent-type: text/x-not-it\r\n\r\n")
         await answer(b"final", status="201 Created")(request, reader, writer)
 
     async with Upstream(continue_first) as up:
         origin = h1.Origin(up.url)
         response = await origin.request("POST", up.url, {}, b"{}")
         assert response.status == 201 and "x-ignored" not in response.headers
+        assert response.content_type == "application/json"
         assert await read_all(response) == b"final"
         response.release()
         await origin.aclose()
