@@ -1,4 +1,6 @@
-"""What an upstream client costs per request: aiohttp's against pool.remote.h1's.
+"""What an upstream client costs per request: pool.remote.h1's against aiohttp's
+(what the remote workers used before) and httpx's (``--with-httpx``; the test
+extra has it).
 
 Both POST the same chat completion to the demo upstream (a child process on
 core 0), ``-c`` requests at a time, and read the whole body; this process runs
@@ -8,6 +10,7 @@ median round.
 
     .venv/bin/python -m bench.client_cost              # 3 rounds of 20,000 each
     .venv/bin/python -m bench.client_cost -n 50000 --repeat 5
+    .venv/bin/python -m bench.client_cost --with-httpx
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from yarl import URL
 from pool.remote import h1
 
 ROOT = Path(__file__).resolve().parent.parent
+Client = tuple[Callable[[], Awaitable[bytes]], Callable[[], Awaitable[None]]]  # one request; close
 BODY = orjson.dumps({"model": "mock-gpt", "max_tokens": 16,
                      "messages": [{"role": "user", "content": "hi"}]})
 HEADERS = {"content-type": "application/json", "authorization": "Bearer sk-bench"}
@@ -44,7 +48,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def _aiohttp_client(url: URL) -> tuple[Callable[[], Awaitable[bytes]], Callable[[], Awaitable[None]]]:
+async def _aiohttp_client(url: URL) -> Client:
     # as pool.remote.client made it for a worker: no cookie jar, no decompression
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
                                     auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
@@ -58,7 +62,7 @@ async def _aiohttp_client(url: URL) -> tuple[Callable[[], Awaitable[bytes]], Cal
     return one, session.close
 
 
-async def _h1_client(url: URL) -> tuple[Callable[[], Awaitable[bytes]], Callable[[], Awaitable[None]]]:
+async def _h1_client(url: URL) -> Client:
     origin = h1.Origin(url, headers={"accept-encoding": "identity"})
 
     async def one() -> bytes:
@@ -71,6 +75,20 @@ async def _h1_client(url: URL) -> tuple[Callable[[], Awaitable[bytes]], Callable
     return one, origin.aclose
 
 
+async def _httpx_client(url: URL) -> Client:
+    import httpx  # the test extra's: only for this comparison
+
+    client = httpx.AsyncClient(limits=httpx.Limits(max_connections=None,
+                                                   max_keepalive_connections=None),
+                               headers={"accept-encoding": "identity"}, trust_env=False)
+    target = str(url)
+
+    async def one() -> bytes:
+        resp = await client.post(target, content=BODY, headers=HEADERS)
+        return resp.content
+    return one, client.aclose
+
+
 async def _round(one: Callable[[], Awaitable[bytes]], n: int, c: int) -> float:
     async def worker(k: int) -> None:
         for _ in range(k):
@@ -81,8 +99,11 @@ async def _round(one: Callable[[], Awaitable[bytes]], n: int, c: int) -> float:
     return (time.process_time() - started) / (n // c * c) * 1e6
 
 
-async def _measure(url: URL, n: int, c: int, repeat: int) -> dict[str, list[float]]:
+async def _measure(url: URL, n: int, c: int, repeat: int,
+                   with_httpx: bool) -> dict[str, list[float]]:
     clients = {"aiohttp": await _aiohttp_client(url), "h1": await _h1_client(url)}
+    if with_httpx:
+        clients["httpx"] = await _httpx_client(url)
     rounds: dict[str, list[float]] = {name: [] for name in clients}
     try:
         for one, _ in clients.values():  # warm: connections open, caches filled
@@ -102,6 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("-n", type=int, default=20000, help="requests per round")
     ap.add_argument("-c", type=int, default=16, help="requests at a time")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--with-httpx", action="store_true", help="and httpx's AsyncClient")
     a = ap.parse_args(argv)
     port = _free_port()
     upstream = subprocess.Popen(
@@ -118,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
         with contextlib.suppress(OSError):
             os.sched_setaffinity(0, {1})
         url = URL(f"http://127.0.0.1:{port}/v1/chat/completions")
-        rounds = uvloop.run(_measure(url, a.n, a.c, a.repeat))
+        rounds = uvloop.run(_measure(url, a.n, a.c, a.repeat, a.with_httpx))
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(upstream.pid, signal.SIGTERM)
