@@ -7,20 +7,17 @@ health interval and takes the account out while the proxy does not accept
 connections, rather than let turns fail one by one. (A remote worker needs
 no such check: its health probe goes through the proxy.) A CLI that cannot
 reach its vendor may say "log in" (Gemini CLI does, with no way to Google):
-:func:`proxy_down` tells the worker's host that it is the proxy, not the
-account.
+the worker's host checks the proxy then, so a proxy that is down is not
+taken for a logged-out account.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Mapping
 from urllib.parse import urlsplit
 
-from .childenv import PROXY_NAMES
-
-__all__ = ["proxy_reachable", "proxy_down"]
+__all__ = ["proxy_reachable"]
 
 
 async def proxy_reachable(url: str, timeout: float) -> bool:
@@ -42,9 +39,3 @@ async def proxy_reachable(url: str, timeout: float) -> bool:
         await writer.wait_closed()
     return True
 
-
-async def proxy_down(env: Mapping[str, str], timeout: float = 2.0) -> bool:
-    """A CLI child's egress proxy (in ``env``, as :func:`pool.childenv.proxy_environment`
-    puts it) does not take connections; ``False`` when it has none."""
-    proxy = next((env[name] for name in PROXY_NAMES if env.get(name)), None)
-    return proxy is not None and not await proxy_reachable(proxy, timeout)

@@ -41,7 +41,7 @@ def driver_config(data: dict[str, Any]) -> DriverConfig:
         options=dict(data.get("options") or {}), tool_timeout=float(data.get("tool_timeout", 300)),
         idle_timeout=float(data.get("idle_timeout", 300)),
         workspace_root=data.get("workspace_root") or "",
-        sandbox=Sandbox.from_dict(data.get("sandbox")))
+        sandbox=Sandbox.from_dict(data.get("sandbox")), proxy=data.get("proxy") or None)
 
 
 async def _main(data: dict[str, Any]) -> None:

@@ -107,6 +107,7 @@ class DriverConfig:
     idle_timeout: float = 300.0  # silence from the CLI mid-turn after which it counts as hung
     workspace_root: str = ""  # agent mode: one workspace per API key under it
     sandbox: Sandbox = field(default_factory=Sandbox)
+    proxy: str | None = field(default=None, repr=False)  # the account's egress proxy, if any
 
     def workspace(self, key: str | None) -> str:
         """The working directory of a conversation of ``key``: its own workspace

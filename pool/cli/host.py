@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator
 
 import structlog
 
-from ..egress import proxy_down
+from ..egress import proxy_reachable
 from ..errors import BadRequest, GatewayError, Overloaded, UpstreamUnavailable
 from ..model import (ChatRequest, Event, ExecutedTool, ExecutedToolPart, Finish, Message, ReasoningDelta, ReasoningEnd, Start,
                      TextDelta, TextPart, ToolCallDelta, ToolCallEnd, ToolCallPart, ToolCallStart,
@@ -49,6 +49,7 @@ _RATE_LIMIT_DEFAULT = 60.0  # seconds of cooldown when the CLI does not say when
 DISCARD_DEADLINE = 10.0
 _INTERRUPT_SHARE = 0.3  # of the deadline, at most, for a polite interrupt before closing
 _MAX_QUOTA_WINDOWS = 16  # windows kept per account (the most recently seen)
+_PROXY_CHECK = 2.0  # seconds for the egress proxy to take a connection, when a CLI asks for a login
 
 
 @dataclass(eq=False)
@@ -389,7 +390,8 @@ class CliHost:
                 yield Finish("tool_calls" if kind is ToolsPending else _STOP.get(ev.stop_reason, "stop"))
                 return
             elif kind is LoginRequired:
-                if await proxy_down(self.config.env):  # the CLI cannot reach its vendor
+                proxy = self.config.proxy  # a CLI that cannot reach its vendor may say "log in"
+                if proxy is not None and not await proxy_reachable(proxy, _PROXY_CHECK):
                     log.warning("cli.proxy_down", worker=self.config.name, request_id=request_id)
                     raise UpstreamUnavailable(f"the egress proxy of worker {self.config.name} "
                                               "cannot be reached" + naming(request_id))

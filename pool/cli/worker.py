@@ -100,6 +100,7 @@ class CliSpec:
                 "options": dict(self.options), "tool_timeout": self.tool_timeout,
                 "conversation_idle": self.conversation_idle, "idle_timeout": self.idle_timeout,
                 "workspace_root": self.workspaces, "sandbox": self.sandbox.to_dict(),
+                "proxy": self.proxy,  # (also in env): the host tells it down from a logout
                 # a logged-out account is probed again on the health interval
                 "login_recheck": self.supervision.health_interval}
 
