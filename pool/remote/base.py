@@ -24,9 +24,7 @@ import orjson
 import structlog
 from yarl import URL
 
-from pool.errors import (
-    GatewayError, UpstreamCredentialsRefused, UpstreamTimeout, UpstreamUnavailable,
-)
+from pool.errors import GatewayError, UpstreamCredentialsRefused, UpstreamUnavailable
 from pool.accumulate import fold, fold_answer
 from pool.model import ChatRequest, Completion, Event, ReasoningPart, Start
 from pool.sse import SSEDecoder
@@ -34,11 +32,12 @@ from pool.worker import Capabilities, WorkerState, flatten
 
 from . import h1
 from .client import SOCKS_ERRORS, UpstreamClient
-from .errors import error_from_body, scrub_error
+from .errors import scrub_error
 from .idle import IdleTimeout, IdleWatch
 from .images import vet_images
 from .lean import lean_response
 from .spec import RemoteSpec, StreamParser
+from .reads import BodyReads, UpstreamResponse
 from .relay import Relay, relay_for
 
 __all__ = ["RemoteSpec", "RemoteWorker", "StreamParser"]
@@ -46,8 +45,6 @@ __all__ = ["RemoteSpec", "RemoteWorker", "StreamParser"]
 log = structlog.get_logger("pool.remote")
 
 _HEALTH_TIMEOUT = 5.0
-_DRAIN_TIMEOUT = 0.5         # wait for the end of a finished body, to reuse the connection
-_MAX_ERROR_BODY = 64 * 1024  # read at most this much of a refusal
 _NO_TOOLS: frozenset[str] = frozenset()
 
 
@@ -57,7 +54,7 @@ def _json_default(obj: Any) -> Any:
     raise TypeError
 
 
-class RemoteWorker:
+class RemoteWorker(BodyReads):
     """A worker that forwards to an HTTP upstream (see :class:`pool.worker.Worker`)."""
 
     kind = "remote"
@@ -99,22 +96,6 @@ class RemoteWorker:
     def prepare(self, request: ChatRequest) -> tuple[dict[str, Any], Mapping[str, str]]:
         """The upstream body (a dict) and the per-request headers."""
         raise NotImplementedError
-
-    async def _read_count(self, resp: aiohttp.ClientResponse, field: str) -> int:
-        """The token count in ``field`` of a counting endpoint's answer."""
-        try:
-            raw = await self._read_all(resp)
-        except BaseException:
-            resp.close()
-            raise
-        resp.release()
-        try:
-            count = orjson.loads(raw).get(field)
-        except (orjson.JSONDecodeError, AttributeError):
-            count = None
-        if type(count) is not int or count < 0:
-            raise UpstreamUnavailable(f"upstream {self.name} sent an invalid token count")
-        return count
 
     def url_for(self, request: ChatRequest) -> URL | None:
         """The endpoint for ``request`` when it is not the one chat URL (the
@@ -265,7 +246,7 @@ class RemoteWorker:
         finally:
             self._settle(resp, watch, reusable)
 
-    async def _send(self, request: ChatRequest) -> tuple[aiohttp.ClientResponse, frozenset[str]]:
+    async def _send(self, request: ChatRequest) -> tuple[UpstreamResponse, frozenset[str]]:
         """POST ``request`` (its images vetted, its body built): the 2xx
         response, and the names of the request's custom tools."""
         request = await vet_images(request, self.spec.policy, self.spec.proxy)
@@ -282,7 +263,7 @@ class RemoteWorker:
                                 url=self.url_for(request)), custom
 
     async def _run(self, request: ChatRequest, relay: Relay | None,
-                   resp: aiohttp.ClientResponse | None = None,
+                   resp: UpstreamResponse | None = None,
                    custom: frozenset[str] = _NO_TOOLS) -> AsyncIterator[Any]:
         """The answer item by item (see :meth:`forward`); ``resp``: the
         response when it was already asked for (by :meth:`complete`)."""
@@ -368,19 +349,8 @@ class RemoteWorker:
             return scrub_error(exc, self.spec.api_key)
         return self._read_failed(exc)  # the relay loop's reads
 
-    @staticmethod
-    def _settle(resp: aiohttp.ClientResponse, watch: IdleWatch | None, reusable: bool) -> None:
-        if watch is not None:
-            watch.close()
-        if reusable:
-            resp.release()
-        else:
-            # the client went away or the answer broke: drop the connection
-            # now so the upstream sees the disconnect and stops generating
-            resp.close()
-
     async def _post(self, body: bytes, headers: Mapping[str, str],
-                    url: str | URL | None = None) -> aiohttp.ClientResponse:
+                    url: str | URL | None = None) -> UpstreamResponse:
         """POST ``body`` to ``url`` (default: the chat endpoint); a non-2xx
         answer is raised as the mapped :class:`GatewayError`."""
         client = self._client or await self._ensure_client()
@@ -395,74 +365,6 @@ class RemoteWorker:
         if isinstance(refusal, UpstreamCredentialsRefused):
             self._credentials_refused(refusal)
         raise refusal
-
-    async def _refusal(self, resp: aiohttp.ClientResponse) -> GatewayError:
-        parts: list[bytes] = []
-        size = 0
-        try:
-            async with asyncio.timeout(min(self.spec.idle_timeout, 10.0)):
-                while size < _MAX_ERROR_BODY and (chunk := await resp.content.readany()):
-                    parts.append(chunk)
-                    size += len(chunk)
-        except (aiohttp.ClientError, OSError, TimeoutError):
-            pass  # what arrived is enough to name the error, if anything
-        raw = b"".join(parts)[:_MAX_ERROR_BODY]
-        log.warning("remote.upstream_status", worker=self.name, status=resp.status)
-        return error_from_body(resp.status, raw, resp.headers, upstream=f"upstream {self.name}",
-                               secret=self.spec.api_key)
-
-    async def _read_chunk(self, resp: aiohttp.ClientResponse,
-                          watch: IdleWatch | None = None) -> bytes:
-        """The next body bytes (``b""`` at the end), within the idle timeout
-        (kept by ``watch`` when given: one timer per answer, not one per read)."""
-        content = resp.content
-        try:
-            # what already arrived needs no timer: most non-stream bodies come
-            # with the headers, and a fast stream is often ahead of its reader
-            chunk = content.read_nowait()
-            if chunk or content.is_eof():
-                return chunk
-            if watch is not None:
-                watch.begin()
-                try:
-                    return await content.readany()
-                finally:
-                    watch.end()
-            async with asyncio.timeout(self.spec.idle_timeout):
-                return await content.readany()
-        except (TimeoutError, IdleTimeout, aiohttp.ClientError, OSError) as exc:
-            raise self._read_failed(exc) from None
-
-    def _read_failed(self, exc: BaseException) -> GatewayError:
-        """The error of a body read that failed with ``exc`` (logged)."""
-        if isinstance(exc, (TimeoutError, IdleTimeout)):
-            log.warning("remote.idle_timeout", worker=self.name)
-            return UpstreamTimeout(f"upstream {self.name} stalled for more than "
-                                   f"{self.spec.idle_timeout:g}s")
-        log.warning("remote.stream_broken", worker=self.name)
-        return UpstreamUnavailable("upstream closed the stream early")
-
-    async def _read_all(self, resp: aiohttp.ClientResponse,
-                        watch: IdleWatch | None = None) -> bytes:
-        parts: list[bytes] = []
-        while chunk := await self._read_chunk(resp, watch):
-            parts.append(chunk)
-        return b"".join(parts)
-
-    @staticmethod
-    async def _drained(resp: aiohttp.ClientResponse) -> bool:
-        """Read what is left after the terminal event (the end of the chunked
-        body) so the connection can be reused; ``False`` if that does not come."""
-        content = resp.content
-        if content.is_eof():
-            return True
-        try:
-            async with asyncio.timeout(_DRAIN_TIMEOUT):
-                while await content.readany():
-                    pass
-        except (aiohttp.ClientError, OSError, TimeoutError):
-            return False
-        return True
 
 
 def _feed_each(parser: StreamParser, datas: list[str], out: list[Event]) -> None:
