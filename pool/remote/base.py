@@ -225,7 +225,7 @@ class RemoteWorker(BodyReads):
         gets it when ``relay`` forwards it, else the folded Completion. An
         upstream that streams anyway is read through :meth:`_run`."""
         resp, custom = await self._send(request)
-        if "event-stream" in resp.headers.get("content-type", ""):
+        if "event-stream" in resp.content_type:
             return await fold_answer(self._run(request, relay, resp, custom))
         reusable = False
         watch = None
@@ -274,7 +274,7 @@ class RemoteWorker(BodyReads):
         watch = IdleWatch(self.spec.idle_timeout, resp.content)
         try:
             # by what came, not what was asked: some servers stream regardless
-            streamed = "event-stream" in resp.headers.get("content-type", "")
+            streamed = "event-stream" in resp.content_type
             if streamed and self.spec.lean:
                 if type(resp) is h1.Response:
                     resp.lean()  # its headers, read, are let go while it streams

@@ -31,6 +31,7 @@ class UpstreamResponse(Protocol):
     """An answer as the workers read it (``h1.Response``, ``aiohttp.ClientResponse``)."""
 
     status: int
+    content_type: str  # h1: the Content-Type as sent; aiohttp: its media type
 
     @property
     def headers(self) -> Any: ...
