@@ -1,4 +1,4 @@
-"""Every OpenAI/Anthropic SDK client a test makes is closed by the test.
+"""Every OpenAI/Anthropic/Google GenAI SDK client a test makes is closed by the test.
 
 An unclosed one leaves its socket to the cyclic garbage collector, whose
 ResourceWarning fails whatever test runs when it collects (a CI rehearsal:
@@ -25,7 +25,7 @@ from pathlib import Path
 from tests.support.paths import REPO
 
 SDK_CLASSES = {("openai", "OpenAI"), ("openai", "AsyncOpenAI"),
-               ("anthropic", "Anthropic"), ("anthropic", "AsyncAnthropic")}
+               ("anthropic", "Anthropic"), ("anthropic", "AsyncAnthropic"), ("genai", "Client")}
 
 
 def _is_sdk_client(call: ast.Call) -> bool:
