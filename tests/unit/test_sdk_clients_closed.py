@@ -125,7 +125,10 @@ def unclosed_clients(modules: list[_Module]) -> list[tuple[str, int, str]]:
 
 
 def test_every_sdk_client_a_test_makes_is_closed() -> None:
-    assert unclosed_clients(_modules()) == []
+    unclosed = unclosed_clients(_modules())
+    assert not unclosed, "make each in a `with`, or hand it to closed_at_end " \
+        "(tests/support/sdk_clients.py): " + ", ".join(
+            f"{path}:{line} {what}" for path, line, what in unclosed)
 
 
 def _lines(source: str) -> list[tuple[int, str]]:
