@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import pytest
 
+from tests.support import sdk_clients
 from tests.support import tiny_model as tiny
+
+
+@pytest.fixture(autouse=True)
+def _close_sdk_clients() -> Iterator[None]:
+    """The SDK clients the test handed to ``closed_at_end`` are closed when it ends
+    (see tests/support/sdk_clients.py: left to the garbage collector, their sockets
+    fail a later test)."""
+    yield
+    sdk_clients.close_all()
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ from tests.fakes.upstreams import FakeUpstream
 from tests.integration.clis import (CLAUDE_CODE, NPM_PREFIX, PINNED_VERSIONS, _base_env,
                                     ensure_cli, result_event, run_claude)
 from tests.support.cli_accounts import claude_home
+from tests.support.sdk_clients import closed_at_end
 from tests.support.server import ServerThread
 
 pytestmark = [pytest.mark.cli, pytest.mark.slow]
@@ -83,7 +84,7 @@ def _counts(http: httpx.Client, expected: dict[str, int]) -> dict[str, int]:
 
 def test_turns_streamed_and_reused_through_the_real_claude(served):
     srv, http, upstream = served
-    oai = openai.OpenAI(base_url=srv.url + "/v1", api_key=GATEWAY_KEY, max_retries=0)
+    oai = closed_at_end(openai.OpenAI(base_url=srv.url + "/v1", api_key=GATEWAY_KEY, max_retries=0))
     history = [{"role": "system", "content": "Answer briefly."},
                {"role": "user", "content": "hello real claude"}]
     first = oai.chat.completions.create(model=MODEL, messages=history)
@@ -106,7 +107,7 @@ def test_turns_streamed_and_reused_through_the_real_claude(served):
 
 def test_client_tool_round_trip_through_the_real_claude(served):
     srv, http, upstream = served
-    ant = anthropic.Anthropic(base_url=srv.url, api_key=GATEWAY_KEY, max_retries=0)
+    ant = closed_at_end(anthropic.Anthropic(base_url=srv.url, api_key=GATEWAY_KEY, max_retries=0))
     tools = [{"name": "get_weather", "description": "The weather in a city.",
               "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
                                "required": ["city"]}}]
@@ -133,7 +134,7 @@ def test_client_tool_round_trip_through_the_real_claude(served):
 
 def test_a_history_the_cli_never_saw_is_rebuilt_with_resume(served):
     srv, http, upstream = served
-    oai = openai.OpenAI(base_url=srv.url + "/v1", api_key=GATEWAY_KEY, max_retries=0)
+    oai = closed_at_end(openai.OpenAI(base_url=srv.url + "/v1", api_key=GATEWAY_KEY, max_retries=0))
     history = [{"role": "user", "content": "made up opening"},
                {"role": "assistant", "content": "made up answer"},
                {"role": "user", "content": "and now"}]
@@ -171,7 +172,7 @@ def test_client_disconnect_interrupts_the_real_claude(served):
     while upstream.disconnects < 1:  # the CLI aborted its upstream call
         assert time.monotonic() < deadline, "the CLI kept streaming"
         time.sleep(0.05)
-    oai = openai.OpenAI(base_url=srv.url + "/v1", api_key=GATEWAY_KEY, max_retries=0)
+    oai = closed_at_end(openai.OpenAI(base_url=srv.url + "/v1", api_key=GATEWAY_KEY, max_retries=0))
     out = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "next"}])
     assert out.choices[0].message.content == "echo: next"
 
@@ -187,7 +188,7 @@ def test_a_revoked_token_logs_the_real_account_out_at_the_first_retry(tmp_path, 
         settings = Settings(server=ServerSettings(admin_token="admin-token"), workers=(worker,))
         with ServerThread(create_app(settings)) as srv, \
                 httpx.Client(base_url=srv.url, timeout=60, headers=ADMIN) as http:
-            oai = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+            oai = closed_at_end(openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0))
             started = time.monotonic()
             with pytest.raises(openai.APIStatusError) as err:
                 oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
@@ -203,7 +204,7 @@ PIXEL = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQ
 
 def test_an_image_reaches_the_upstream_through_the_real_claude(served):
     srv, http, upstream = served
-    oai = openai.OpenAI(base_url=srv.url + "/v1", api_key=GATEWAY_KEY, max_retries=0)
+    oai = closed_at_end(openai.OpenAI(base_url=srv.url + "/v1", api_key=GATEWAY_KEY, max_retries=0))
     out = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [
         {"type": "text", "text": "describe"},
         {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PIXEL}"}}]}])

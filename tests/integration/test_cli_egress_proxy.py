@@ -19,6 +19,7 @@ from app.settings import ServerSettings, Settings
 from tests.fakes.egress_proxy import EgressProxy
 from tests.fakes.upstreams import FakeUpstream
 from tests.support.cli_accounts import claude_home, fake_claude_worker
+from tests.support.sdk_clients import closed_at_end
 from tests.support.server import ServerThread
 
 TOKEN = "sk-ant-oat01-team-account"
@@ -37,7 +38,8 @@ def _wait_state(http: httpx.Client, state: str, timeout: float = 10.0) -> str:
 
 
 def _ask(srv, text: str) -> str:
-    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-team-a", max_retries=0)
+    client = closed_at_end(openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-team-a",
+                                         max_retries=0))
     answer = client.chat.completions.create(model=MODEL,
                                             messages=[{"role": "user", "content": text}])
     return answer.choices[0].message.content

@@ -23,6 +23,7 @@ from tests.fakes.upstreams import FakeUpstream
 from tests.integration.clis import (CLAUDE_CODE, GEMINI_CLI, GEMINI_PREFIX, NPM_PREFIX, _base_env,
                                     ensure_cli)
 from tests.support.cli_accounts import claude_home
+from tests.support.sdk_clients import closed_at_end
 from tests.support.server import ServerThread
 
 pytestmark = [pytest.mark.cli, pytest.mark.slow]
@@ -59,8 +60,8 @@ def test_the_real_claude_reaches_its_upstream_only_through_the_proxy(tmp_path: P
                                                   api_keys={"team": GATEWAY_KEY}),
                             workers=(worker,))
         with ServerThread(create_app(settings)) as srv:
-            client = openai.OpenAI(base_url=srv.url + "/v1", api_key=GATEWAY_KEY, max_retries=0,
-                                   timeout=120)
+            client = closed_at_end(openai.OpenAI(base_url=srv.url + "/v1", api_key=GATEWAY_KEY,
+                                                 max_retries=0, timeout=120))
             answer = client.chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": "hello through the proxy"}])
             assert answer.choices[0].message.content == "echo: hello through the proxy"
@@ -109,8 +110,8 @@ def _gemini_through(tmp_path: Path, gemini_bin: str, upstream: GeminiCliUpstream
                                               api_keys={"team": GATEWAY_KEY}),
                         workers=(worker,))
     with ServerThread(create_app(settings)) as srv:
-        client = openai.OpenAI(base_url=srv.url + "/v1", api_key=GATEWAY_KEY, max_retries=0,
-                               timeout=120)
+        client = closed_at_end(openai.OpenAI(base_url=srv.url + "/v1", api_key=GATEWAY_KEY,
+                                             max_retries=0, timeout=120))
         answer = client.chat.completions.create(
             model=GEMINI_MODEL, messages=[{"role": "user", "content": "hello through the proxy"}])
         assert answer.choices[0].message.content == "echo: hello through the proxy"

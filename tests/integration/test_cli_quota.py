@@ -29,6 +29,7 @@ from tests.fakes.vendor_quota import FakeQuota
 from tests.support.cli_accounts import claude_home, fake_claude_worker, read_log, wait_for
 from tests.support.cli_fakes import fake_cli_worker
 from tests.support.codex_accounts import CODEX_MODEL, codex_home, codex_worker, provider_options
+from tests.support.sdk_clients import closed_at_end
 from tests.support.server import ServerThread
 
 ADMIN = {"authorization": "Bearer admin-token"}
@@ -60,7 +61,8 @@ def claude(tmp_path: Path, upstream: FakeUpstream):
 
 
 def _ask(srv: ServerThread, text: str = "hello", model: str = MODEL) -> anthropic.types.Message:
-    client = anthropic.Anthropic(base_url=srv.url, api_key="sk-team-a", max_retries=0)
+    client = closed_at_end(anthropic.Anthropic(base_url=srv.url, api_key="sk-team-a",
+                                               max_retries=0))
     return client.messages.create(model=model, max_tokens=64,
                                   messages=[{"role": "user", "content": text}])
 
@@ -190,7 +192,8 @@ def test_a_get_usage_that_never_answers_holds_up_no_turn(upstream, tmp_path):
                                   env={"FAKE_CLAUDE_USAGE": "hang"})
     upstream.quota[TOKEN] = FakeQuota(five_hour=20, seven_day=5)
     with _serve(settings) as (srv, worker):
-        client = anthropic.Anthropic(base_url=srv.url, api_key="sk-team-a", max_retries=0)
+        client = closed_at_end(anthropic.Anthropic(base_url=srv.url, api_key="sk-team-a",
+                                                   max_retries=0))
         history = [{"role": "user", "content": "first"}]
         first = client.messages.create(model=MODEL, max_tokens=64, messages=history)
         history += [{"role": "assistant", "content": first.content[0].text},
@@ -263,7 +266,8 @@ def test_a_cli_that_reports_nothing_gets_its_tokens_counted_in_the_configured_wi
             # known before any turn: nothing used yet
             assert {w.name: w.used_percent for w in worker.quota.windows} == {
                 "five_hour": 0, "day": 0}
-            client = openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-team-a", max_retries=0)
+            client = closed_at_end(openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-team-a",
+                                                 max_retries=0))
             used = 0
             for text in ("one", "two words"):
                 out = client.chat.completions.create(model="qwen-coder", messages=[

@@ -26,6 +26,7 @@ from tests.integration.clis import CLAUDE_CODE, CODEX, NPM_PREFIX, _base_env, en
 from tests.integration.test_cli_quota import _serve, _windows
 from tests.support.cli_accounts import claude_home, wait_for
 from tests.support.codex_accounts import CODEX_MODEL, codex_home, codex_worker
+from tests.support.sdk_clients import closed_at_end
 
 pytestmark = [pytest.mark.cli, pytest.mark.slow]
 
@@ -64,7 +65,8 @@ def _claude(tmp_path: Path, claude_bin: str, upstream: FakeUpstream) -> WorkerSe
 
 
 def _ask(srv, text: str, model: str = MODEL) -> None:
-    client = anthropic.Anthropic(base_url=srv.url, api_key="sk-team-a", max_retries=0)
+    client = closed_at_end(anthropic.Anthropic(base_url=srv.url, api_key="sk-team-a",
+                                               max_retries=0))
     client.messages.create(model=model, max_tokens=64,
                            messages=[{"role": "user", "content": text}])
 

@@ -41,6 +41,7 @@ from tests.support.image_venv import image_venv
 from tests.support.ports import free_port
 from tests.support.postgres_server import PostgresServer
 from tests.support.redis_server import require_redis_server
+from tests.support.sdk_clients import closed_at_end
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -157,8 +158,8 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 
 def test_a_chat_request_is_answered_by_the_default_model(up: dict[str, Any]) -> None:
-    client = openai.OpenAI(base_url=up["url"] + "/v1", api_key=CLIENT_KEY, max_retries=0,
-                           timeout=120)
+    client = closed_at_end(openai.OpenAI(base_url=up["url"] + "/v1", api_key=CLIENT_KEY,
+                                         max_retries=0, timeout=120))
     models = [m.id for m in client.models.list().data]
     assert models == [DEFAULT_MODEL]
     reply = client.chat.completions.create(
@@ -168,8 +169,8 @@ def test_a_chat_request_is_answered_by_the_default_model(up: dict[str, Any]) -> 
     assert reply.choices[0].message.content.strip()
     assert reply.usage.completion_tokens > 0
     with pytest.raises(openai.AuthenticationError):  # the compose file's keys are in force
-        openai.OpenAI(base_url=up["url"] + "/v1", api_key="sk-wrong", max_retries=0
-                      ).models.list()
+        closed_at_end(openai.OpenAI(base_url=up["url"] + "/v1", api_key="sk-wrong",
+                                    max_retries=0)).models.list()
 
 
 def test_readyz_is_ready_and_redis_and_postgres_are_used(up: dict[str, Any]) -> None:
@@ -216,7 +217,8 @@ def test_the_gpu_profiles_join_command_registers_its_upstream(up: dict[str, Any]
         proc = subprocess.run([str(up["venv"] / "bin" / argv[0]), *argv[1:]], env=env,
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        client = openai.OpenAI(base_url=up["url"] + "/v1", api_key=CLIENT_KEY, max_retries=0)
+        client = closed_at_end(openai.OpenAI(base_url=up["url"] + "/v1", api_key=CLIENT_KEY,
+                                             max_retries=0))
         reply = client.chat.completions.with_raw_response.create(
             model=served, messages=[{"role": "user", "content": "through vllm"}])
         assert reply.headers["x-poolgate-worker"] == "vllm"

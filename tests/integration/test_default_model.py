@@ -25,6 +25,7 @@ import pytest
 from pool.local.defaults import (
     DEFAULT_GGUF, DEFAULT_HUB_URL, DEFAULT_SHA256, NoDefaultModel, embedded_gguf, find_default_model,
 )
+from tests.support.sdk_clients import closed_at_end
 from tests.support.server_http import with_server_http
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -74,19 +75,19 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def test_the_default_model_is_listed(served: str) -> None:
-    client = openai.OpenAI(base_url=served + "/v1", api_key="unused", max_retries=0)
+    client = closed_at_end(openai.OpenAI(base_url=served + "/v1", api_key="unused", max_retries=0))
     assert [m.id for m in client.models.list().data] == [MODEL]
 
 
 def test_it_answers_in_english_in_both_dialects(served: str) -> None:
     question = [{"role": "user", "content": "Which city is the capital of France?"}]
-    client = openai.OpenAI(base_url=served + "/v1", api_key="unused", max_retries=0)
+    client = closed_at_end(openai.OpenAI(base_url=served + "/v1", api_key="unused", max_retries=0))
     r = client.chat.completions.create(model=MODEL, messages=question, max_tokens=48, temperature=0)
     text = r.choices[0].message.content
     assert "Paris" in text, text
     assert r.choices[0].finish_reason == "stop"  # it ended its turn by itself
     assert sum(w.lower() in {"the", "is", "of", "a", "and"} for w in text.split()) >= 2, text
-    claude = anthropic.Anthropic(base_url=served, api_key="unused", max_retries=0)
+    claude = closed_at_end(anthropic.Anthropic(base_url=served, api_key="unused", max_retries=0))
     with claude.messages.stream(model=MODEL, max_tokens=48, messages=question,
                                 extra_body={"temperature": 0}) as stream:
         streamed = "".join(stream.text_stream)
@@ -102,7 +103,7 @@ def test_a_gemini_client_gets_the_same_answer(served: str) -> None:
     from google.genai import types
 
     question = "Which city is the capital of France?"
-    oai = openai.OpenAI(base_url=served + "/v1", api_key="unused", max_retries=0)
+    oai = closed_at_end(openai.OpenAI(base_url=served + "/v1", api_key="unused", max_retries=0))
     expected = oai.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=48,
         temperature=0)

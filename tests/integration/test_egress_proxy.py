@@ -22,6 +22,7 @@ from app.settings import ServerSettings, Settings, WorkerSettings
 from tests.fakes.egress_proxy import EgressProxy
 from tests.fakes.gemini_upstream import FakeGemini
 from tests.fakes.upstreams import FakeUpstream
+from tests.support.sdk_clients import closed_at_end
 from tests.support.server import ServerThread
 
 KEY = "sk-upstream-key-0123456789"
@@ -65,9 +66,10 @@ def served() -> Iterator[tuple[Any, httpx.Client, FakeUpstream, EgressProxy]]:
 def test_chat_count_tokens_and_probe_go_through_the_proxy(served: Any) -> None:
     srv, http, upstream, proxy = served
     with structlog.testing.capture_logs() as logs:
-        answer = openai.OpenAI(base_url=srv.url + "/v1", api_key=GATEWAY_KEY).chat.completions.create(
+        answer = closed_at_end(openai.OpenAI(base_url=srv.url + "/v1",
+                                             api_key=GATEWAY_KEY)).chat.completions.create(
             model="openai-model", messages=[{"role": "user", "content": "through the proxy"}])
-        claude = anthropic.Anthropic(base_url=srv.url, api_key=GATEWAY_KEY)
+        claude = closed_at_end(anthropic.Anthropic(base_url=srv.url, api_key=GATEWAY_KEY))
         message = claude.messages.create(model="anthropic-model", max_tokens=50,
                                          messages=[{"role": "user", "content": "hello there"}])
         counted = claude.messages.count_tokens(model="anthropic-model",
@@ -99,7 +101,8 @@ def test_a_proxy_that_is_down_makes_the_worker_unhealthy_not_direct(served: Any)
     seen = len(upstream.requests)
     assert _wait_state(http, "openai-up", "unhealthy") == "unhealthy"
     assert _wait_state(http, "anthropic-up", "unhealthy") == "unhealthy"
-    client = openai.OpenAI(base_url=srv.url + "/v1", api_key=GATEWAY_KEY, max_retries=0)
+    client = closed_at_end(openai.OpenAI(base_url=srv.url + "/v1", api_key=GATEWAY_KEY,
+                                         max_retries=0))
     with pytest.raises(openai.APIStatusError) as refused:
         client.chat.completions.create(model="openai-model",
                                        messages=[{"role": "user", "content": "direct?"}])

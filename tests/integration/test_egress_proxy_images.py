@@ -18,6 +18,7 @@ from app.factory import create_app
 from app.settings import ServerSettings, Settings, WorkerSettings
 from tests.fakes.egress_proxy import EgressProxy
 from tests.fakes.upstreams import FakeUpstream
+from tests.support.sdk_clients import closed_at_end
 from tests.support.server import ServerThread
 
 KEY = "sk-upstream-key-images-0123"
@@ -54,7 +55,8 @@ def images() -> Iterator[ThreadingHTTPServer]:
 
 
 def _chat(srv: ServerThread, url: str) -> Any:
-    client = openai.OpenAI(base_url=srv.url + "/v1", api_key=GATEWAY_KEY, max_retries=0)
+    client = closed_at_end(openai.OpenAI(base_url=srv.url + "/v1", api_key=GATEWAY_KEY,
+                                         max_retries=0))
     return client.chat.completions.create(model="gpt-fetch", messages=[{"role": "user", "content": [
         {"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": url}}]}])
 

@@ -10,17 +10,14 @@ import openai
 import pytest
 
 from tests.fakes.upstreams import reasoning_for, signature_for
+from tests.support.sdk_clients import closed_at_end
 
 from .conftest import ANTHROPIC_MODEL, CLIENT_KEY, OPENAI_MODEL
 
 
-_open: list = []
-
-
 def oai(gateway) -> openai.OpenAI:
-    client = openai.OpenAI(base_url=gateway.openai_base, api_key=CLIENT_KEY, max_retries=0)
-    _open.append(client)
-    return client
+    return closed_at_end(openai.OpenAI(base_url=gateway.openai_base, api_key=CLIENT_KEY,
+                                       max_retries=0))
 
 
 def aoai(gateway) -> openai.AsyncOpenAI:
@@ -29,20 +26,12 @@ def aoai(gateway) -> openai.AsyncOpenAI:
 
 
 def ant(gateway) -> anthropic.Anthropic:
-    client = anthropic.Anthropic(base_url=gateway.url, api_key=CLIENT_KEY, max_retries=0)
-    _open.append(client)
-    return client
+    return closed_at_end(anthropic.Anthropic(base_url=gateway.url, api_key=CLIENT_KEY,
+                                             max_retries=0))
 
 
 def aant(gateway) -> anthropic.AsyncAnthropic:
     return anthropic.AsyncAnthropic(base_url=gateway.url, api_key=CLIENT_KEY, max_retries=0)
-
-
-@pytest.fixture(autouse=True)
-def _close_clients():
-    yield
-    while _open:
-        _open.pop().close()
 
 
 WEATHER_TOOL_OPENAI = {"type": "function", "function": {

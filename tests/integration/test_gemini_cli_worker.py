@@ -32,10 +32,9 @@ def served(tmp_path: Path):
                                     upstream.anthropic_url, log)
         settings = Settings(server=ServerSettings(api_keys={"team-a": KEY}), workers=(worker,))
         with ServerThread(create_app(settings)) as srv:
-            client = genai.Client(api_key=KEY, http_options=types.HttpOptions(
-                base_url=srv.url, api_version="v1beta"))
-            yield client, upstream, log
-            client.close()
+            with genai.Client(api_key=KEY, http_options=types.HttpOptions(
+                    base_url=srv.url, api_version="v1beta")) as client:
+                yield client, upstream, log
 
 
 def test_turns_reuse_the_cli_session(served):

@@ -23,6 +23,7 @@ from app.key_settings import KeySettings
 from app.settings import ServerSettings, Settings, WorkerSettings
 from tests.fakes.gemini_upstream import FakeGemini, gemini_signature
 from tests.fakes.scripted import reasoning_for
+from tests.support.sdk_clients import closed_at_end
 from tests.support.server import ServerThread
 
 KEY = "sk-gemini-client"
@@ -88,7 +89,7 @@ def test_gemini_client_thought_signature_round_trip(url: str, fake: FakeGemini) 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_openai_client_tool_round_trip(url: str, fake: FakeGemini, stream: bool) -> None:
-    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+    client = closed_at_end(openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0))
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
     messages: list = [{"role": "user", "content": 'weather? [[tool:get_weather {"city": "Oslo"}]]'}]
     if stream:
@@ -115,7 +116,7 @@ def test_openai_client_tool_round_trip(url: str, fake: FakeGemini, stream: bool)
 
 
 def test_anthropic_client(url: str, fake: FakeGemini) -> None:
-    client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+    client = closed_at_end(anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0))
     out = client.messages.create(model=MODEL, max_tokens=50, system="be brief",
                                  messages=[{"role": "user", "content": "hi there"}])
     with client.messages.stream(model=MODEL, max_tokens=2,
@@ -136,7 +137,7 @@ def test_count_tokens_is_the_upstreams(url: str, fake: FakeGemini) -> None:
     wrapped = fake.last["generateContentRequest"]
     assert wrapped["model"] == f"models/{MODEL}"
     assert counted.total_tokens == max(1, len(orjson.dumps(wrapped["contents"])) // 4)
-    client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+    client = closed_at_end(anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0))
     raw = client.messages.with_raw_response.count_tokens(
         model=MODEL, messages=[{"role": "user", "content": "hi"}])
     client.close()

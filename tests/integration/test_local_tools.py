@@ -13,6 +13,7 @@ import pytest
 
 from app.factory import create_app
 from app.settings import load_settings
+from tests.support.sdk_clients import closed_at_end
 from tests.support.server import ServerThread
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -36,14 +37,14 @@ def srv(request: pytest.FixtureRequest, tiny_model_trained: Any) -> Iterator[Ser
 
 
 def test_a_plain_turn_ends_with_the_end_of_turn_token(srv: ServerThread) -> None:
-    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    client = closed_at_end(openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0))
     r = client.chat.completions.create(model="tiny", messages=ASK, max_tokens=64, temperature=0)
     assert r.choices[0].finish_reason == "stop"
     assert r.choices[0].message.content and "<|im_end|>" not in r.choices[0].message.content
 
 
 def test_openai_tool_call_and_result_round_trip(srv: ServerThread) -> None:
-    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    client = closed_at_end(openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0))
     r = client.chat.completions.create(model="tiny", messages=ASK, tools=[WEATHER], max_tokens=64,
                                        temperature=0)
     choice = r.choices[0]
@@ -74,7 +75,7 @@ def test_openai_tool_call_and_result_round_trip(srv: ServerThread) -> None:
 
 
 def test_anthropic_tool_use(srv: ServerThread) -> None:
-    claude = anthropic.Anthropic(base_url=srv.url, api_key="x", max_retries=0)
+    claude = closed_at_end(anthropic.Anthropic(base_url=srv.url, api_key="x", max_retries=0))
     tool = {"name": "get_weather", "description": "The weather of a city.",
             "input_schema": WEATHER["function"]["parameters"]}
     m = claude.messages.create(model="tiny", max_tokens=64, messages=ASK, tools=[tool],
@@ -85,7 +86,7 @@ def test_anthropic_tool_use(srv: ServerThread) -> None:
 
 
 def test_a_named_tool_choice_forces_the_call(srv: ServerThread) -> None:
-    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    client = closed_at_end(openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0))
     lookup = {"type": "function", "function": {"name": "lookup_user", "parameters": {
         "type": "object", "properties": {"user_id": {"type": "string"}}}}}
     r = client.chat.completions.create(

@@ -14,6 +14,7 @@ import pytest
 
 from app.factory import create_app
 from app.settings import RoutingSettings, ServerSettings, Settings, WorkerSettings
+from tests.support.sdk_clients import closed_at_end
 from tests.support.server import ServerThread
 
 from .conftest import ANTHROPIC_MODEL, UPSTREAM_KEY
@@ -67,7 +68,7 @@ def test_48_identical_requests_12_at_a_time_spread_while_explicit_sessions_stay(
 
 
 def test_a_body_session_id_routes_and_is_not_sent_upstream(pool3, fake_upstream):
-    client = anthropic.Anthropic(base_url=pool3.url, api_key="sk-a", max_retries=0)
+    client = closed_at_end(anthropic.Anthropic(base_url=pool3.url, api_key="sk-a", max_retries=0))
     workers = set()
     for i in range(8):
         r = client.messages.with_raw_response.create(
@@ -98,7 +99,7 @@ def globbed(fake_upstream) -> Iterator[ServerThread]:
 
 def test_glob_aliases_catch_claude_codes_haiku_calls_and_default_model_the_rest(globbed,
                                                                                fake_upstream):
-    client = anthropic.Anthropic(base_url=globbed.url, api_key="sk-a", max_retries=0)
+    client = closed_at_end(anthropic.Anthropic(base_url=globbed.url, api_key="sk-a", max_retries=0))
     r = client.messages.with_raw_response.create(
         model="claude-haiku-4-5-20251001", max_tokens=16,
         messages=[{"role": "user", "content": "background title"}])

@@ -22,6 +22,7 @@ from app.settings import load_settings
 from tests.fakes.upstreams import FakeUpstream
 from tests.support.paths import REPO
 from tests.support.ports import free_port
+from tests.support.sdk_clients import closed_at_end
 from tests.support.server import ServerThread
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -58,7 +59,8 @@ def gateway(fake: FakeUpstream) -> Iterator[tuple[httpx.Client, Any]]:
 
 
 def _sdk(http: httpx.Client) -> openai.OpenAI:
-    return openai.OpenAI(base_url=str(http.base_url) + "/v1", api_key=CLIENT_KEY, max_retries=0)
+    return closed_at_end(openai.OpenAI(base_url=str(http.base_url) + "/v1", api_key=CLIENT_KEY,
+                                       max_retries=0))
 
 
 def _workers(http: httpx.Client) -> dict[str, dict[str, Any]]:
@@ -91,7 +93,8 @@ def test_a_registered_worker_serves_both_sdks_and_is_listed(gateway, fake) -> No
     assert raw.parse().choices[0].message.content == "echo: hello joined"
     assert fake.last.headers["authorization"] == f"Bearer {UPSTREAM_SECRET}"  # api_key_env
 
-    claude = anthropic.Anthropic(base_url=str(http.base_url), api_key=CLIENT_KEY, max_retries=0)
+    claude = closed_at_end(anthropic.Anthropic(base_url=str(http.base_url), api_key=CLIENT_KEY,
+                                               max_retries=0))
     message = claude.messages.create(model="joined-model", max_tokens=50,
                                      messages=[{"role": "user", "content": "via anthropic"}])
     assert message.content[0].text == "echo: via anthropic"
@@ -253,7 +256,8 @@ def test_poolgate_join_registers_through_the_admin_endpoint(gateway, fake) -> No
     assert closed.returncode == 1 and "cannot reach" in closed.stdout
     worker = _workers(http)["claude-up"]
     assert worker["aliases"] == {"cj": "claude-joined"} and worker["source"] == "registered"
-    claude = anthropic.Anthropic(base_url=str(http.base_url), api_key=CLIENT_KEY, max_retries=0)
+    claude = closed_at_end(anthropic.Anthropic(base_url=str(http.base_url), api_key=CLIENT_KEY,
+                                               max_retries=0))
     reply = claude.messages.create(model="cj", max_tokens=20,
                                    messages=[{"role": "user", "content": "joined by cli"}])
     assert reply.content[0].text == "echo: joined by cli"

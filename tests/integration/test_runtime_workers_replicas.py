@@ -20,6 +20,7 @@ from app.factory import create_app
 from app.settings import load_settings
 from tests.fakes.upstreams import FakeUpstream
 from tests.support.redis_server import RedisServer
+from tests.support.sdk_clients import closed_at_end
 from tests.support.server import ServerThread
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -72,7 +73,8 @@ def _until(check: Callable[[], bool], what: str) -> None:
 
 
 def _ask(http: httpx.Client, model: str, text: str = "hi") -> Any:
-    sdk = openai.OpenAI(base_url=str(http.base_url) + "/v1", api_key=CLIENT_KEY, max_retries=0)
+    sdk = closed_at_end(openai.OpenAI(base_url=str(http.base_url) + "/v1", api_key=CLIENT_KEY,
+                                      max_retries=0))
     return sdk.chat.completions.with_raw_response.create(
         model=model, messages=[{"role": "user", "content": text}])
 

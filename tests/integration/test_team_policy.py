@@ -14,6 +14,7 @@ import pytest
 from app.factory import create_app
 from app.key_settings import BudgetSettings, KeySettings
 from app.settings import ServerSettings, Settings, WorkerSettings
+from tests.support.sdk_clients import closed_at_end
 from tests.support.server import ServerThread
 
 from .conftest import ADMIN_TOKEN, ANTHROPIC_MODEL, OPENAI_MODEL, UPSTREAM_KEY
@@ -50,26 +51,12 @@ def gateway(fake_upstream):
         yield srv.url
 
 
-_OPEN: list = []
-
-
-@pytest.fixture(autouse=True)
-def _close_clients():
-    yield
-    while _OPEN:
-        _OPEN.pop().close()
-
-
 def oai(url: str, key: str) -> openai.OpenAI:
-    client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
-    _OPEN.append(client)
-    return client
+    return closed_at_end(openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0))
 
 
 def claude(url: str, key: str) -> anthropic.Anthropic:
-    client = anthropic.Anthropic(base_url=url, api_key=key, max_retries=0)
-    _OPEN.append(client)
-    return client
+    return closed_at_end(anthropic.Anthropic(base_url=url, api_key=key, max_retries=0))
 
 
 def ask(client: openai.OpenAI, text: str = "hi", model: str = OPENAI_MODEL) -> str:

@@ -14,6 +14,7 @@ import pytest
 
 from app.factory import create_app
 from app.settings import load_settings
+from tests.support.sdk_clients import closed_at_end
 from tests.support.server import ServerThread
 from tests.support.vllm_env import vllm_python
 
@@ -62,7 +63,7 @@ def test_chat_and_generate_through_vllm(srv: ServerThread, hf: Any) -> None:
     prompt = tok(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
                  add_special_tokens=False)["input_ids"]
     expect = greedy(hf, prompt, 10)
-    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    client = closed_at_end(openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0))
     r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=10, temperature=0,
                                        logprobs=True)
     assert r.usage.prompt_tokens == len(prompt)
