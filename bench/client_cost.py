@@ -19,13 +19,8 @@ import argparse
 import asyncio
 import contextlib
 import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Awaitable, Callable
 
 import aiohttp
@@ -33,19 +28,13 @@ import orjson
 import uvloop
 from yarl import URL
 
+from bench.inproc import _free_port, start_demo_upstream
 from pool.remote import h1
 
-ROOT = Path(__file__).resolve().parent.parent
 Client = tuple[Callable[[], Awaitable[bytes]], Callable[[], Awaitable[None]]]  # one request; close
 BODY = orjson.dumps({"model": "mock-gpt", "max_tokens": 16,
                      "messages": [{"role": "user", "content": "hi"}]})
 HEADERS = {"content-type": "application/json", "authorization": "Bearer sk-bench"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _aiohttp_client(url: URL) -> Client:
@@ -126,24 +115,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--with-httpx", action="store_true", help="and httpx's AsyncClient")
     a = ap.parse_args(argv)
     port = _free_port()
-    upstream = subprocess.Popen(
-        ["taskset", "-c", "0", sys.executable, "-m", "app.demo_upstream", "--port", str(port)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    upstream = start_demo_upstream(port, ("taskset", "-c", "0"))
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                break
-            if time.monotonic() > deadline or upstream.poll() is not None:
-                raise SystemExit("the demo upstream did not start")
-            time.sleep(0.1)
         with contextlib.suppress(OSError):
             os.sched_setaffinity(0, {1})
         url = URL(f"http://127.0.0.1:{port}/v1/chat/completions")
         rounds = uvloop.run(_measure(url, a.n, a.c, a.repeat, a.with_httpx))
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(upstream.pid, signal.SIGTERM)
+        upstream.terminate()
         upstream.wait(10)
     for name, values in rounds.items():
         shown = ", ".join(f"{v:.1f}" for v in values)

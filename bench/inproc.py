@@ -54,6 +54,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_demo_upstream(port: int, prefix: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+    """``python -m app.demo_upstream`` on ``port`` (after ``prefix``, e.g. a
+    ``taskset``), once it takes connections; the caller ends it."""
+    upstream = subprocess.Popen([*prefix, sys.executable, "-m", "app.demo_upstream",
+                                 "--port", str(port)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return upstream
+        except OSError:
+            if time.monotonic() > deadline or upstream.poll() is not None:
+                upstream.kill()
+                upstream.wait(10)
+                raise SystemExit("the demo upstream did not start") from None
+            time.sleep(0.1)
+
+
 def _scope(path: str, body: bytes) -> dict[str, Any]:
     headers = [(b"host", b"127.0.0.1"), (b"user-agent", b"bench"), (b"accept", b"*/*"),
                (b"content-type", b"application/json"),
@@ -221,18 +240,8 @@ def main(argv: list[str] | None = None) -> None:
     if not modes or any(m not in ("off", "batched", "structlog") for m in modes):
         ap.error("--access-log takes off, batched and structlog")
     up_port = _free_port()
-    upstream = subprocess.Popen([sys.executable, "-m", "app.demo_upstream", "--port", str(up_port)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    upstream = start_demo_upstream(up_port)
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", up_port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or upstream.poll() is not None:
-                    raise SystemExit("the demo upstream did not start") from None
-                time.sleep(0.1)
         with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as sink:
             from app.factory import create_app
             from app.settings import load_settings

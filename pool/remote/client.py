@@ -60,7 +60,7 @@ class UpstreamClient:
                 return await self._session.post(url, data=body, headers=headers,
                                                 allow_redirects=False)
         except h1.InvalidHeader as exc:  # a header a client sent on that cannot go out
-            raise BadRequest(str(exc)) from None
+            raise BadRequest(str(exc), param=exc.name) from None
         except (aiohttp.ConnectionTimeoutError, h1.ConnectTimeout):
             log.warning("remote.connect_timeout", worker=self.name)
             raise UpstreamTimeout(f"could not connect to upstream {self.name} within "

@@ -61,6 +61,10 @@ class ConnectFailed(OSError):
 class InvalidHeader(ValueError):
     """A request header's name or value that would break the request head."""
 
+    def __init__(self, message: str, name: str) -> None:
+        super().__init__(message)
+        self.name = name
+
 
 def _tls() -> ssl.SSLContext:
     global _ssl_context
@@ -81,7 +85,7 @@ def _header_block(headers: Mapping[str, str]) -> bytes:
     for name, value in headers.items():
         if any(c in name or c in value for c in _BAD) or ":" in name or not name:
             raise InvalidHeader(f"the header {name[:40]!r} has a line break, NUL or colon "
-                                "where none may be")
+                                "where none may be", name[:40])
         parts.append(f"{name}: {value}\r\n")
     return "".join(parts).encode("utf-8")
 

@@ -4,22 +4,14 @@ replicas; a flushed Redis gets the counts back, a cancelled take leaks nothing."
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Iterator
+from typing import AsyncIterator
 
 import pytest
 
 from sessions.redis_link import RedisLink
 from sessions.redis_slots import LIFETIME, RedisSlots
+from tests.support.redis_fixtures import server  # noqa: F401 (a pytest fixture)
 from tests.support.redis_server import RedisServer
-
-
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    srv = RedisServer().start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture

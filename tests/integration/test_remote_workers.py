@@ -250,8 +250,10 @@ async def test_a_passed_header_with_a_line_break_is_a_bad_request_and_nothing_is
     before = len(fake.requests)
     request = chat("x", dialect="anthropic", raw=raw, passthrough_headers={
         "anthropic-version": "2023-06-01\r\nx-api-key: sk-someone-else"})
-    with pytest.raises(BadRequest, match="anthropic-version"):
+    with pytest.raises(BadRequest, match="anthropic-version") as refused:
         await collect(worker, request)
+    assert refused.value.param == "anthropic-version"
+    assert "sk-someone-else" not in str(refused.value)  # the value is not echoed
     assert len(fake.requests) == before
     await collect(worker, chat("x", dialect="anthropic", raw=raw))  # the worker goes on
     assert fake.last.headers["anthropic-version"] == "2023-06-01"
