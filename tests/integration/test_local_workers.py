@@ -63,13 +63,15 @@ def srv(request: pytest.FixtureRequest, tiny_model: Any) -> Iterator[ServerThrea
 
 
 @pytest.fixture
-def oai(srv: ServerThread) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+def oai(srv: ServerThread) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0) as client:
+        yield client
 
 
 @pytest.fixture
-def claude(srv: ServerThread) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0)
+def claude(srv: ServerThread) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0) as client:
+        yield client
 
 
 def greedy(hf: Any, ids: list[int], n: int) -> tuple[list[int], list[float]]:

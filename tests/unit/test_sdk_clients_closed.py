@@ -11,7 +11,12 @@ sources finds them all: each client is made
 * as the context of a ``with`` (or handed to ``enter_context``);
 * handed to ``closed_at_end`` (tests/support/sdk_clients.py);
 * assigned to a name that the ``try`` right after it closes in its ``finally``;
-* or returned by a factory function whose every call is one of these.
+* or returned by a factory function (or method) whose every call is one of these.
+
+A pytest fixture that returns a client leaks it: pytest closes nothing a
+fixture returns, so a fixture yields the client from inside a ``with``
+(a CI run failed ``test_count_tokens_is_the_tokenizers_count`` on the socket
+of ``test_local_workers.py``'s fixtures, which returned theirs).
 
 A client on an in-memory transport (``http_client=...(transport=...)``) holds no
 socket and is left alone.
@@ -95,6 +100,16 @@ class _Module:
                    for stmt_ in following[0].finalbody for node in ast.walk(stmt_))
 
 
+def _is_fixture(function: ast.AST) -> bool:
+    """Whether ``function`` is decorated ``@pytest.fixture`` / ``@fixture(...)``."""
+    for decorator in getattr(function, "decorator_list", []):
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", None)
+        if name == "fixture":
+            return True
+    return False
+
+
 def _modules() -> list[_Module]:
     return [_Module(path) for path in sorted((REPO / "tests").rglob("*.py"))]
 
@@ -108,16 +123,21 @@ def unclosed_clients(modules: list[_Module]) -> list[tuple[str, int, str]]:
             if not _is_sdk_client(call) or module.closed(call):
                 continue
             function = module.function_of(call)
-            if isinstance(module.parent.get(call), ast.Return) and function is not None:
+            if isinstance(module.parent.get(call), ast.Return) and function is not None \
+                    and not _is_fixture(function):
                 factories.add((module.name, function.name))  # its callers must close it
             else:
                 found.append((str(module.path), call.lineno, ast.unparse(call.func)))
     for module in modules:
         for call in module.calls():
-            if not isinstance(call.func, ast.Name):
+            if isinstance(call.func, ast.Name):
+                name = call.func.id
+                origin = module.imported.get(name, (module.name, name))
+            elif isinstance(call.func, ast.Attribute):  # a factory method: self.client()
+                name = call.func.attr
+                origin = (module.name, name)
+            else:
                 continue
-            name = call.func.id
-            origin = module.imported.get(name, (module.name, name))
             if origin in factories and not module.closed(call) \
                     and not isinstance(module.parent.get(call), ast.Return):
                 found.append((str(module.path), call.lineno, f"{name}()"))
@@ -150,8 +170,20 @@ def make(url):
 def test_one(url):
     make(url).models.list()
     openai.OpenAI(base_url=url).models.list()
+
+@pytest.fixture
+def oai(url):
+    return openai.OpenAI(base_url=url)
+
+class Rig:
+    def client(self):
+        return openai.OpenAI(base_url=self.url)
+
+def test_two(rig):
+    rig.client().models.list()
 '''
-    assert _lines(leaked) == [(5, "anthropic.Anthropic"), (12, "make()"), (13, "openai.OpenAI")]
+    assert _lines(leaked) == [(5, "anthropic.Anthropic"), (12, "make()"), (13, "openai.OpenAI"),
+                              (17, "openai.OpenAI"), (24, "client()")]
     closed = '''
 import contextlib, httpx, openai, anthropic
 from tests.support.sdk_clients import closed_at_end
@@ -174,6 +206,19 @@ def test_one(url):
 
 async def test_two(url):
     async with openai.AsyncOpenAI(base_url=url) as g:
+        pass
+
+@pytest.fixture
+def oai(url):
+    with openai.OpenAI(base_url=url) as client:
+        yield client
+
+class Rig:
+    def client(self):
+        return openai.OpenAI(base_url=self.url)
+
+def test_three(rig):
+    with rig.client() as client:
         pass
 '''
     assert _lines(closed) == []
