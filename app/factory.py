@@ -137,13 +137,15 @@ def local_spec(w: Any, settings: Any) -> LocalSpec:
         call_timeout=w.call_timeout, read_timeout=w.read_timeout)
 
 
-def cli_spec(w: Any, environment: Mapping[str, str] | None = None) -> CliSpec:
-    """A cli worker's spec; in agent mode its sandbox is resolved here, so a
-    machine that cannot give it refuses the worker (:class:`SandboxUnavailable`)."""
+def cli_spec(w: Any, environment: Mapping[str, str]) -> CliSpec:
+    """A cli worker's spec, its CLI's environment built from ``environment`` (the
+    one settings read, never this process's own: an empty one stays empty); in
+    agent mode its sandbox is resolved here, so a machine that cannot give it
+    refuses the worker (:class:`SandboxUnavailable`)."""
     # the egress proxy last: no variable of the worker's env routes around it
     env = {**w.env, **{name: _secret(value) or "" for name, value in w.env_secrets.items()},
            **proxy_environment(_secret(w.proxy))}
-    cli_env = {**child_environment(environment or os.environ, w.env_passthrough), **env}
+    cli_env = {**child_environment(environment, w.env_passthrough), **env}
     sandbox = resolve_sandbox(w.sandbox, name=w.name, mode=w.mode, cli=w.cli, home=w.home,
                               env=cli_env, command=tuple(w.command), paths=w.sandbox_paths,
                               options=w.cli_options)
