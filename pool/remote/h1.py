@@ -146,6 +146,7 @@ class Origin:
             reused = conn.uses > 0
             conn.uses += 1
             conn.answered = False
+            conn.head_bytes = 0
             response = conn.response = Response(conn)
             waiter = conn.headers_came = asyncio.get_running_loop().create_future()
             try:

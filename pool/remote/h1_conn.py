@@ -18,6 +18,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 __all__ = ["Connection", "Response", "Disconnected", "Unanswered", "Owner"]
 
 _HIGH_WATER = 128 * 1024  # unread body bytes at which the connection stops reading
+MAX_HEAD = 64 * 1024  # bytes of an answer's status line and headers (1xx heads included)
 
 
 class Disconnected(ConnectionError):
@@ -164,8 +165,8 @@ class Connection(asyncio.Protocol):
     """One keep-alive connection: the protocol httptools' parser calls back."""
 
     __slots__ = ("origin", "transport", "parser", "response", "headers_came", "closed",
-                 "idle_since", "paused", "keep_alive", "uses", "answered", "_length_known",
-                 "_informational")
+                 "idle_since", "paused", "keep_alive", "uses", "answered", "head_bytes",
+                 "_length_known", "_informational")
 
     def __init__(self, origin: Owner) -> None:
         self.origin = origin
@@ -179,6 +180,7 @@ class Connection(asyncio.Protocol):
         self.keep_alive = False  # the last answer came whole, and the upstream keeps the connection
         self.uses = 0  # requests sent on it
         self.answered = False  # a byte of the current request's answer came
+        self.head_bytes = 0  # bytes of the current answer read before its headers ended
         self._length_known = False  # content-length or chunked: its end is in the stream
         self._informational = False
 
@@ -196,8 +198,14 @@ class Connection(asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserError:
             self._broken(Disconnected("the upstream's answer is not valid HTTP/1.1"))
+            return
         except httptools.HttpParserUpgrade:
             self._broken(Disconnected("the upstream switched protocols"))
+            return
+        if self.headers_came is not None:  # still in the head, which httptools keeps whole
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_HEAD:
+                self._broken(Disconnected(f"the upstream's headers exceed {MAX_HEAD // 1024} KiB"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

@@ -380,6 +380,33 @@ async def test_an_answer_that_is_not_http_fails_the_request() -> None:
         await origin.aclose()
 
 
+async def test_a_head_past_64_kib_fails_the_request_and_one_below_is_read() -> None:
+    def headers(size: int) -> Reply:
+        async def reply(request: bytes, reader: asyncio.StreamReader,
+                        writer: asyncio.StreamWriter) -> None:
+            writer.write(b"HTTP/1.1 200 OK\r\n")
+            for n in range(size // 1024):  # 1 KiB a header, sent as it goes
+                writer.write(b"x-filler-%04d: %s\r\n" % (n, b"a" * 1005))
+                await writer.drain()
+            writer.write(b"content-length: 2\r\n\r\nok")
+            await writer.drain()
+        return reply
+
+    async with Upstream(headers(48 * 1024)) as up:
+        origin = h1.Origin(up.url)
+        response = await origin.request("POST", up.url, {}, b"{}")
+        assert len(response.headers) == 48 + 1 and await read_all(response) == b"ok"
+        response.release()
+        await origin.aclose()
+    async with Upstream(headers(4096 * 1024)) as up:  # an upstream gone wrong: 4 MiB of head
+        origin = h1.Origin(up.url, limit=1)
+        with pytest.raises(h1.Disconnected, match="headers exceed 64 KiB"):
+            await asyncio.wait_for(origin.request("POST", up.url, {}, b"{}"), 10)
+        up.reply = answer(b"next")  # its one place is free again
+        assert await asyncio.wait_for(post(origin, up.url), 5) == (200, b"next")
+        await origin.aclose()
+
+
 async def test_a_second_answer_nobody_asked_for_closes_the_connection() -> None:
     async def twice(request: bytes, reader: asyncio.StreamReader,
                     writer: asyncio.StreamWriter) -> None:
