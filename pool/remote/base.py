@@ -234,7 +234,7 @@ class RemoteWorker(BodyReads):
             raw = content.read_nowait()  # most bodies come with the headers: no timer then
             if not content.is_eof():
                 watch = IdleWatch(self.spec.idle_timeout, content)
-                raw += await self._read_all(resp, watch)
+                raw += await self._read_all(resp, watch, len(raw))
             if relay is not None and not relay.stream:
                 answer: bytes | Completion = relay.body(raw)
             else:

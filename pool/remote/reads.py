@@ -19,12 +19,13 @@ from .errors import error_from_body
 from .idle import IdleTimeout, IdleWatch
 from .spec import RemoteSpec
 
-__all__ = ["BodyReads", "UpstreamResponse"]
+__all__ = ["BodyReads", "UpstreamResponse", "MAX_BODY"]
 
 log = structlog.get_logger("pool.remote")
 
 _DRAIN_TIMEOUT = 0.5         # wait for the end of a finished body, to reuse the connection
 _MAX_ERROR_BODY = 64 * 1024  # read at most this much of a refusal
+MAX_BODY = 64 * 2**20  # a whole (non-stream) answer; one streamed event has pool.sse.MAX_LINE
 
 
 class UpstreamResponse(Protocol):
@@ -123,10 +124,18 @@ class BodyReads:
         log.warning("remote.stream_broken", worker=self.name)
         return UpstreamUnavailable("upstream closed the stream early")
 
-    async def _read_all(self, resp: UpstreamResponse,
-                        watch: IdleWatch | None = None) -> bytes:
+    async def _read_all(self, resp: UpstreamResponse, watch: IdleWatch | None = None,
+                        size: int = 0) -> bytes:
+        """The rest of the body (``size`` bytes of it already read): at most
+        :data:`MAX_BODY` in all, else the upstream failed (the caller drops the
+        connection)."""
         parts: list[bytes] = []
         while chunk := await self._read_chunk(resp, watch):
+            size += len(chunk)
+            if size > MAX_BODY:
+                log.warning("remote.body_too_large", worker=self.name)
+                raise UpstreamUnavailable(f"upstream {self.name} sent an answer over "
+                                          f"{MAX_BODY >> 20} MiB")
             parts.append(chunk)
         return b"".join(parts)
 

@@ -336,6 +336,20 @@ async def test_idle_timeout_mid_stream(make: MakeWorker, dialect: str) -> None:
     assert type(events[0]) is Start
 
 
+def _chat_answer(content: str) -> bytes:
+    """An OpenAI chat completion's JSON body saying ``content``."""
+    return orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion", "created": 1,
+                         "model": "fake-model", "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": content}}],
+                         "usage": {"prompt_tokens": 3, "completion_tokens": 3}})
+
+
+def _chat_request() -> ChatRequest:
+    """A non-stream chat request as the OpenAI dialect hands it over (its raw body too)."""
+    return chat("hi", dialect="openai_chat", raw={
+        "model": "fake-model", "messages": [{"role": "user", "content": "hi"}]})
+
+
 class _Trickling:
     """An OpenAI-compatible server (a fake of someone else's) that sends a JSON
     answer's headers and first half, pauses ``pause`` seconds, then the rest."""
@@ -388,16 +402,12 @@ async def test_a_body_that_comes_in_pieces_is_waited_for_within_the_idle_timeout
         make: MakeWorker, pause: float) -> None:
     """A non-stream answer whose body is still coming after the headers: read
     to its end (a short pause), or a 504 once it stalls past idle_timeout."""
-    answer = orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion", "created": 1,
-                           "model": "fake-model", "choices": [{"index": 0, "finish_reason": "stop",
-                           "message": {"role": "assistant", "content": "in two pieces"}}],
-                           "usage": {"prompt_tokens": 3, "completion_tokens": 3}})
+    answer = _chat_answer("in two pieces")
     upstream = _Trickling(answer, pause)
     url = await upstream.start()
     try:
         worker = await make("openai", url=url, idle_timeout=0.5)
-        request = chat("hi", dialect="openai_chat", raw={
-            "model": "fake-model", "messages": [{"role": "user", "content": "hi"}]})
+        request = _chat_request()
         for relay in (None, worker.relay(request, "fake-model")):
             if pause < 0.5:
                 whole = await worker.complete(request, relay)
@@ -410,6 +420,48 @@ async def test_a_body_that_comes_in_pieces_is_waited_for_within_the_idle_timeout
                 with pytest.raises(UpstreamTimeout) as info:
                     await worker.complete(request, relay)
                 assert "stalled" in info.value.message and time.monotonic() - started < 1.9
+    finally:
+        await upstream.close()
+
+
+class _Flooding(_Trickling):
+    """The same server, but while ``flood`` is set it answers with a
+    content-length of 1 GiB and sends megabyte after megabyte of it."""
+
+    flood = True
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.flood:
+            return await super()._serve(reader, writer)
+        task = asyncio.current_task()
+        assert task is not None
+        self.handlers.add(task)
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                         b"content-length: %d\r\n\r\n{\"id\": \"" % 2**30)
+            for _ in range(1024):  # stops when the worker hangs up
+                writer.write(b"x" * 2**20)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+async def test_a_body_past_64_mib_fails_the_answer_and_drops_the_connection(
+        make: MakeWorker) -> None:
+    upstream = _Flooding(_chat_answer("small"), 0.0)
+    url = await upstream.start()
+    try:
+        worker = await make("openai", url=url, max_connections=1)
+        request = _chat_request()
+        for relay in (None, worker.relay(request, "fake-model")):
+            with pytest.raises(UpstreamUnavailable) as info:
+                await worker.complete(request, relay)
+            assert info.value.message == "upstream openai-up sent an answer over 64 MiB"
+        upstream.flood = False  # the one connection's place is free for the next answer
+        assert (await asyncio.wait_for(worker.complete(request), 10)).text == "small"
     finally:
         await upstream.close()
 
