@@ -19,9 +19,12 @@ so one worker reads either; a worker with an egress proxy keeps aiohttp
 What it does not do, on purpose: redirects (the workers never follow them),
 cookies, decompression (the workers ask for ``identity``), HTTP/2, and retries,
 but one: a request sent on a kept connection that the upstream closed before a
-byte of its answer (the upstream's idle timeout met the request on the way;
-it never read it) goes once more on a new connection. Any other failure
-fails the request (the pool decides what next).
+byte of its answer, within a second of the request going out (the upstream's
+idle timeout met the request on the way; it never read it), goes once more on
+a new connection. A close later than that may be an upstream (or a proxy in
+front of it) that read the request and gave up while the model worked: sent
+again, the model would work twice, so it fails the request like any other
+failure (the pool decides what next).
 A header value with a line break or NUL is refused before anything is sent
 (:class:`InvalidHeader`): nothing a client sends can add a header or a request.
 """
@@ -46,6 +49,7 @@ __all__ = ["Origin", "Response", "ConnectTimeout", "ConnectFailed", "Disconnecte
 
 _IDLE_LIMIT = 15.0        # an idle connection older than this is closed, not reused (as aiohttp)
 _DNS_TTL = 10.0           # an upstream's addresses are looked up again after this (as aiohttp)
+_RETRY_WINDOW = 1.0       # closed unanswered this soon after the request went out: sent again
 _BAD = ("\r", "\n", "\0")
 _ssl_context: ssl.SSLContext | None = None
 
@@ -146,9 +150,10 @@ class Origin:
             reused = conn.uses > 0
             conn.uses += 1
             conn.answered = False
-            conn.head_bytes = 0
+            conn.head_bytes = conn.quiet_bytes = 0
             response = conn.response = Response(conn)
             waiter = conn.headers_came = asyncio.get_running_loop().create_future()
+            sent = time.monotonic()
             try:
                 if conn.closed:  # gone while it was handed over
                     raise Unanswered("the upstream closed the connection")
@@ -159,7 +164,7 @@ class Origin:
                 response.close()
                 # a kept connection the upstream closed as the request went out (its
                 # idle timeout): it never read it; once more on a new connection
-                if not reused or retried:
+                if not reused or retried or time.monotonic() - sent > _RETRY_WINDOW:
                     raise
                 retried = True
             except BaseException:
@@ -222,11 +227,17 @@ class Origin:
             # a place came free (or the connection handed over closed): look again
         self._open += 1
         try:
-            return await self._connect()
-        except BaseException:
+            conn = await self._connect()
+        except BaseException:  # (a connection made as it was cancelled is closed uncounted)
             self._open -= 1
             self._wake()
             raise
+        if conn.closed:  # gone before we resumed: lost() let it go uncounted
+            self._open -= 1
+            self._wake()
+            raise Unanswered("the upstream closed the connection as it was opened")
+        conn.counted = True  # from now on its place is freed by lost()
+        return conn
 
     async def _connect(self) -> Connection:
         loop = asyncio.get_running_loop()
@@ -283,7 +294,11 @@ class Origin:
         self._idle.append(conn)
 
     def lost(self, conn: Connection) -> None:
-        """``conn`` closed (either side): its place is free."""
+        """``conn`` closed (either side): its place is free (once :meth:`_acquire`
+        counted it; until then a failed connect frees it there)."""
+        if not conn.counted:
+            return
+        conn.counted = False
         self._open -= 1
         try:
             self._idle.remove(conn)

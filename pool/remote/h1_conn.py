@@ -2,9 +2,12 @@
 
 :class:`Connection` is the asyncio protocol httptools' parser calls back;
 :class:`Response` is one answer on it, its body kept as it arrives (reading
-stops while more than 128 KiB wait unread, and goes on as the reader catches
-up). The owner of the connections (:class:`Owner`, the client's pool) is told
-when one can be used again and when one closed.
+stops while more than 128 KiB wait unread, each piece counted 64 bytes more
+than its length, and goes on as the reader catches up). What httptools keeps
+whole is bounded: header lines (and trailers, which are not kept) to 64 KiB,
+and so is any stretch of the answer that brings no body byte. The owner of
+the connections (:class:`Owner`, the client's pool) is told when one can be
+used again and when one closed.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from multidict import CIMultiDict, CIMultiDictProxy
 __all__ = ["Connection", "Response", "Disconnected", "Unanswered", "Owner"]
 
 _HIGH_WATER = 128 * 1024  # unread body bytes at which the connection stops reading
-MAX_HEAD = 64 * 1024  # bytes of an answer's status line and headers (1xx heads included)
+MAX_HEAD = 64 * 1024  # bytes of an answer's headers (1xx heads included), or of any
+# stretch of the answer that brings no body byte (a head, trailers, chunk framing)
+_CHUNK_COST = 64  # what one held piece of body costs besides its bytes (the pause mark counts it)
 
 
 class Disconnected(ConnectionError):
@@ -121,7 +126,7 @@ class Response:
     def _feed(self, data: bytes) -> bool:
         """Take body bytes; ``True`` when the reader is behind enough to pause reading."""
         self._chunks.append(data)
-        self._size += len(data)
+        self._size += len(data) + _CHUNK_COST
         self._wake()
         return self._size > _HIGH_WATER
 
@@ -144,6 +149,7 @@ class Response:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.finished(self, reusable=self._eof and self._exc is None)
+        self._fail(Disconnected("the answer was let go before its end"))
 
     def close(self) -> None:
         """Done with it, and the connection closed (the upstream sees the client go)."""
@@ -153,6 +159,7 @@ class Response:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.finished(self, reusable=False)
+        self._fail(Disconnected("the answer was let go before its end"))
 
     async def __aenter__(self) -> Response:
         return self
@@ -165,8 +172,8 @@ class Connection(asyncio.Protocol):
     """One keep-alive connection: the protocol httptools' parser calls back."""
 
     __slots__ = ("origin", "transport", "parser", "response", "headers_came", "closed",
-                 "idle_since", "paused", "keep_alive", "uses", "answered", "head_bytes",
-                 "_length_known", "_informational")
+                 "idle_since", "paused", "keep_alive", "uses", "answered", "counted",
+                 "head_bytes", "quiet_bytes", "body_pieces", "_length_known", "_informational")
 
     def __init__(self, origin: Owner) -> None:
         self.origin = origin
@@ -180,7 +187,10 @@ class Connection(asyncio.Protocol):
         self.keep_alive = False  # the last answer came whole, and the upstream keeps the connection
         self.uses = 0  # requests sent on it
         self.answered = False  # a byte of the current request's answer came
-        self.head_bytes = 0  # bytes of the current answer read before its headers ended
+        self.counted = False  # its place in the origin's limit is taken (h1.Origin._acquire)
+        self.head_bytes = 0  # bytes of the current answer's header lines
+        self.quiet_bytes = 0  # bytes read since the last that brought body bytes
+        self.body_pieces = 0  # on_body calls (read to tell a stretch with no body)
         self._length_known = False  # content-length or chunked: its end is in the stream
         self._informational = False
 
@@ -194,6 +204,7 @@ class Connection(asyncio.Protocol):
             self.close()
             return
         self.answered = True
+        pieces = self.body_pieces
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
@@ -202,10 +213,14 @@ class Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._broken(Disconnected("the upstream switched protocols"))
             return
-        if self.headers_came is not None:  # still in the head, which httptools keeps whole
-            self.head_bytes += len(data)
-            if self.head_bytes > MAX_HEAD:
-                self._broken(Disconnected(f"the upstream's headers exceed {MAX_HEAD // 1024} KiB"))
+        # httptools keeps a header line (or a trailer) whole until it ends: bounded
+        # by the header lines seen, and by the bytes of any stretch with no body
+        if self.body_pieces != pieces:
+            self.quiet_bytes = 0
+        else:
+            self.quiet_bytes += len(data)
+        if self.head_bytes > MAX_HEAD or self.quiet_bytes > MAX_HEAD:
+            self._broken(Disconnected(f"the upstream's headers exceed {MAX_HEAD // 1024} KiB"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -237,19 +252,27 @@ class Connection(asyncio.Protocol):
         self.keep_alive = False
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_bytes += len(name) + len(value) + 4
         response = self.response
-        if response is None or self._informational:
+        # trailers (after the body) are not headers of the answer: let go
+        if response is None or self._informational or self.headers_came is None \
+                or self.head_bytes > MAX_HEAD:
             return
         lower = name.lower()
         if lower == b"content-type":
             response.content_type = value.decode("latin-1")
-        elif lower == b"content-length" or lower == b"transfer-encoding":
+        elif lower == b"content-length":
             self._length_known = True
+        elif lower == b"transfer-encoding":  # chunked last: its end is in the stream
+            self._length_known = value.rsplit(b",", 1)[-1].strip().lower() == b"chunked"
         raw = response._raw
         if raw is not None:
             raw.append((name, value))
 
     def on_headers_complete(self) -> None:
+        if self.head_bytes > MAX_HEAD:  # the answer is never handed over
+            self._broken(Disconnected(f"the upstream's headers exceed {MAX_HEAD // 1024} KiB"))
+            return
         status = self.parser.get_status_code()
         if 100 <= status < 200:  # 100 Continue and the like: the answer follows
             self._informational = True
@@ -264,6 +287,7 @@ class Connection(asyncio.Protocol):
             waiter.set_result(response)
 
     def on_body(self, body: bytes) -> None:
+        self.body_pieces += 1
         response = self.response
         if response is not None and not self._informational and response._feed(body) \
                 and not self.paused and self.transport is not None:
